@@ -1,0 +1,1 @@
+"""openalice-scheduler: a GPU/compute lease service."""

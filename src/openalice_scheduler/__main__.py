@@ -1,0 +1,3 @@
+from openalice_scheduler.cli import main
+
+main()

@@ -1,0 +1,20 @@
+"""Request dependencies as Annotated aliases, so routes stay one-liners."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from openalice_scheduler.service import LeaseService
+
+
+def _service(request: Request) -> LeaseService:
+    return request.app.state.service
+
+
+ServiceDep = Annotated[LeaseService, Depends(_service)]
+LeaseOwner = Annotated[
+    str | None,
+    Header(alias="X-Lease-Owner", description="Must equal the lease's owner_id when it has one."),
+]

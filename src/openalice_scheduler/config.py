@@ -1,0 +1,150 @@
+"""Every environment variable the service reads, in one place (SPEC.md, Configuration).
+
+Settings are built once, in the CLI or by the caller of `create_app`, and passed down."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KNOWN_LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "off")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)
+
+    internal_secret: SecretStr = Field(
+        description="Shared secret for the gated endpoints (header X-Internal-Secret)."
+    )
+    scheduler_host: str = Field("0.0.0.0", description="Address to listen on.")
+    scheduler_port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
+    scheduler_instance: str = Field(
+        "default",
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+        description="Name of this scheduler; labels its workers so it finds exactly its own.",
+    )
+    providers: str = Field("local-docker", description="Comma list of providers, in order.")
+    policy: Literal["ordered-first-available"] = "ordered-first-available"
+    database_url: str = Field("sqlite:///./openalice-scheduler.db")
+
+    renderer_image: str = "openalice-demo-worker:latest"
+    anim_image: str = "openalice-demo-worker:latest"
+    renderer_port: int = Field(8080, ge=1, le=65535)
+    anim_port: int = Field(8080, ge=1, le=65535)
+    docker_network: str = Field("openalice", min_length=1)
+    docker_host: str | None = Field(None, description="The Docker SDK's own; unset = local socket.")
+    local_gpu_devices: str | None = Field(
+        None, description="Comma list of GPU ids for gpu=entry; unset = what nvidia-smi lists."
+    )
+    local_docker_max_workers: int = Field(0, ge=0, description="Cap on live containers; 0 = none.")
+    local_docker_region: str | None = Field(
+        None, description="Region local Docker places in; unset = only requests without region."
+    )
+
+    sweep_interval_seconds: float = Field(30.0, gt=0, le=3600)
+    reconcile_interval_seconds: float = Field(60.0, gt=0, le=86400)
+    provision_timeout_seconds: float = Field(600.0, gt=0)
+
+    runpod_api_key: SecretStr | None = None
+    runpod_renderer_template: str | None = None
+    runpod_anim_template: str | None = None
+
+    otel_exporter_otlp_endpoint: str | None = None
+    otel_service_name: str = "openalice-scheduler"
+    rust_log: str | None = None
+    log_level: str | None = None
+    cors_origins: str | None = None
+
+    @field_validator("internal_secret")
+    @classmethod
+    def _secret_not_empty(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().strip():
+            raise ValueError("must be set and not empty: gated routes are never served open")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        if not re.match(r"^(sqlite|postgresql|postgres)(\+\w+)?://", value):
+            raise ValueError("must start with sqlite:/// or postgresql://")
+        return value
+
+    @field_validator("providers")
+    @classmethod
+    def _providers_not_empty(cls, value: str) -> str:
+        if not [name for name in value.split(",") if name.strip()]:
+            raise ValueError("lists no provider; give at least one, e.g. local-docker")
+        return value
+
+    @field_validator("rust_log", "log_level")
+    @classmethod
+    def _log_filter(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        for part in value.split(","):
+            level = part.split("=", 1)[-1].strip().lower()
+            if level not in KNOWN_LOG_LEVELS:
+                raise ValueError(f"unknown level {level!r}; use one of {', '.join(KNOWN_LOG_LEVELS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_gpu_devices(self) -> Settings:
+        if self.local_gpu_devices is not None:
+            for device in self.gpu_devices:
+                if not re.fullmatch(r"[A-Za-z0-9-]+", device):
+                    raise ValueError(f"LOCAL_GPU_DEVICES: {device!r} is not a GPU index or UUID")
+        return self
+
+    @property
+    def provider_names(self) -> list[str]:
+        return [name.strip() for name in self.providers.split(",") if name.strip()]
+
+    @property
+    def gpu_devices(self) -> list[str]:
+        if self.local_gpu_devices is None:
+            return _nvidia_smi_devices()
+        return [d.strip() for d in self.local_gpu_devices.split(",") if d.strip()]
+
+    @property
+    def cors_origin_list(self) -> list[str]:
+        if not self.cors_origins:
+            return []
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
+
+    @property
+    def log_filter(self) -> str:
+        return self.rust_log or self.log_level or "info"
+
+    def secrets(self) -> list[str]:
+        """Values that must never be printed, for the log redaction filter."""
+        found = [self.internal_secret.get_secret_value()]
+        if self.runpod_api_key is not None:
+            found.append(self.runpod_api_key.get_secret_value())
+        return [s for s in found if s]
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming the first offending variable, without echoing its value."""
+    first = exc.errors()[0]
+    name = str(first["loc"][0]).upper() if first["loc"] else "configuration"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "missing":
+        message = "is required but not set"
+    return f"invalid configuration: {name}: {message}"
+
+
+def _nvidia_smi_devices() -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return re.findall(r"^GPU (\d+):", out, flags=re.MULTILINE)

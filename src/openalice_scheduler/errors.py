@@ -1,0 +1,90 @@
+"""One exception tree. Each class has a stable `code` (the `error` field of the JSON body)
+and an HTTP status; the app has one handler for the base class."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class SchedulerError(Exception):
+    code: ClassVar[str] = "internal_error"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.code, "message": self.message, **self.details}
+
+
+class Unauthorized(SchedulerError):
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(SchedulerError):
+    code = "forbidden"
+    status = 403
+
+
+class LeaseNotFound(SchedulerError):
+    code = "lease_not_found"
+    status = 404
+
+
+class LeaseConflict(SchedulerError):
+    code = "lease_conflict"
+    status = 409
+
+
+class BodyTooLarge(SchedulerError):
+    code = "body_too_large"
+    status = 413
+
+
+class InvalidRequest(SchedulerError):
+    code = "invalid_request"
+    status = 422
+
+
+class NoProviderAvailable(SchedulerError):
+    """No provider can serve the request now; `reasons` says why, per provider."""
+
+    code = "no_provider_available"
+    status = 503
+
+
+class ProvisionFailed(SchedulerError):
+    """Every candidate provider failed to provision; `failures` lists each."""
+
+    code = "provision_failed"
+    status = 502
+
+
+class ReleaseFailed(SchedulerError):
+    code = "release_failed"
+    status = 502
+
+
+class StoreUnavailable(SchedulerError):
+    code = "store_unavailable"
+    status = 503
+
+
+# Raised by providers, translated by the service; never sent as they are.
+
+
+class ProviderError(Exception):
+    """A provider could not do what was asked. The message names the cause and never
+    contains secrets or worker env values."""
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.message = message
+        self.transient = transient
+
+
+class ProviderUnavailable(ProviderError):
+    """The backend cannot be reached at all (engine down, API unreachable)."""

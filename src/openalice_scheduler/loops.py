@@ -1,0 +1,188 @@
+"""Background loops as small services: `run_once()` does one pass (tests call it
+directly), `run()` repeats it, `stop()` ends it within a bounded time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from opentelemetry.trace import Tracer
+
+from openalice_scheduler.errors import ProviderError, StoreUnavailable
+from openalice_scheduler.models import LeaseState, ReleaseReason
+from openalice_scheduler.providers import Provider
+from openalice_scheduler.service import LeaseService
+from openalice_scheduler.store import LeaseRecord
+
+log = logging.getLogger(__name__)
+_MIN_WAIT_S = 0.005
+_MAX_PARALLEL_RELEASES = 16
+
+
+class LoopService:
+    name = "loop"
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def run_once(self) -> None:
+        raise NotImplementedError
+
+    async def next_wait(self) -> float:
+        return self.interval
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout)
+            except TimeoutError:
+                log.warning("%s did not stop within %.0f s; cancelled", self.name, timeout)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self.run_once()
+                wait = await self.next_wait()
+            except StoreUnavailable:
+                wait = min(self.interval, 1.0)
+            except Exception:
+                log.exception("%s pass failed", self.name)
+                wait = self.interval
+            if self._stopping:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(wait, _MIN_WAIT_S))
+            self._wake.clear()
+
+
+class Sweeper(LoopService):
+    """Releases expired leases and retries failed releases. Wakes at the next known
+    expiry or retry, so expiry never waits for a whole interval."""
+
+    name = "sweeper"
+
+    def __init__(self, service: LeaseService, tracer: Tracer, interval: float) -> None:
+        super().__init__(interval)
+        self.service = service
+        self.tracer = tracer
+        self._wake_at: float = 0.0  # monotonic time the loop will next wake
+        self._limit = asyncio.Semaphore(_MAX_PARALLEL_RELEASES)
+        service.on_due = self.notify
+
+    def notify(self, due_us: int) -> None:
+        """Something becomes due at `due_us`: wake now if that is before the next pass."""
+        due_in = (due_us - self.service.now_us()) / 1e6
+        if time.monotonic() + due_in < self._wake_at:
+            self.wake()
+
+    async def run_once(self) -> int:
+        with self.tracer.start_as_current_span("sweep") as span:
+            now = self.service.now_us()
+            claimed = await self.service.store.claim_expired(now=now)
+            claimed += await self.service.store.claim_retries(now=now)
+            span.set_attribute("leases", len(claimed))
+            if claimed:
+                await asyncio.gather(*(self._destroy(record) for record in claimed))
+            return len(claimed)
+
+    async def next_wait(self) -> float:
+        due = await self.service.store.next_due()
+        wait = self.interval
+        if due is not None:
+            wait = min(wait, max(0.0, (due - self.service.now_us()) / 1e6))
+        self._wake_at = time.monotonic() + wait
+        return wait
+
+    async def _destroy(self, record: LeaseRecord) -> None:
+        async with self._limit:
+            if record.release_reason == ReleaseReason.expired.value and not record.release_attempts:
+                log.info("lease %s expired; releasing", record.lease_id)
+            await self.service.destroy(record)
+
+
+class Reconciler(LoopService):
+    """Makes the store and the providers agree: crashed provisions are resolved,
+    orphan workers destroyed, leases whose worker vanished marked `lost`."""
+
+    name = "reconciler"
+
+    def __init__(
+        self, service: LeaseService, tracer: Tracer, interval: float, provision_timeout: float
+    ) -> None:
+        super().__init__(interval)
+        self.service = service
+        self.tracer = tracer
+        self.provision_timeout = provision_timeout
+        self.started_us = service.now_us()
+
+    async def run_once(self) -> dict[str, int]:
+        totals = {"failed": 0, "orphans": 0, "lost": 0}
+        with self.tracer.start_as_current_span("reconcile"):
+            for provider in self.service.providers:
+                try:
+                    found = await self._reconcile(provider)
+                except ProviderError as exc:
+                    log.warning("reconcile: %s unreachable, skipped: %s", provider.name, exc.message)
+                    continue
+                for key, value in found.items():
+                    totals[key] += value
+        if any(totals.values()):
+            log.info("reconcile: %s", ", ".join(f"{k}={v}" for k, v in totals.items()))
+        return totals
+
+    async def _reconcile(self, provider: Provider) -> dict[str, int]:
+        service, store = self.service, self.service.store
+        # Workers first, leases second: a worker exists only after its lease row was
+        # written, so every worker listed here has its lease among the rows read next.
+        listed_at = service.now_us()
+        workers = await provider.list_workers()
+        live = {r.lease_id: r for r in await store.live(provider.name)}
+        stale_before = service.now_us() - int(self.provision_timeout * 1e6)
+        counts = {"failed": 0, "orphans": 0, "lost": 0}
+
+        for record in live.values():
+            if record.state != LeaseState.provisioning or record.lease_id in service.in_flight:
+                continue
+            # Rows from before this process started were left by a crash; newer ones
+            # belong to another replica until they are older than any provision can take.
+            if record.updated_at < self.started_us or record.updated_at < stale_before:
+                await provider.release("", record.lease_id)
+                if await store.fail(record.lease_id, error="scheduler stopped while provisioning",
+                                    now=service.now_us()):
+                    service.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
+                    counts["failed"] += 1
+
+        for lease_id, infos in workers.items():
+            if lease_id in live or lease_id in service.in_flight:
+                continue
+            for info in infos:
+                await provider.release(info.provider_token, lease_id)
+                service.metrics.released.labels(provider.name, ReleaseReason.orphan.value).inc()
+                log.info("reconcile: destroyed orphan worker of lease %s on %s",
+                         lease_id, provider.name)
+                counts["orphans"] += 1
+
+        for record in live.values():
+            vanished = record.lease_id not in workers
+            if record.state == LeaseState.active and vanished and record.updated_at < listed_at:
+                if await store.mark_lost(record.lease_id, now=service.now_us()):
+                    service.metrics.released.labels(provider.name, ReleaseReason.lost.value).inc()
+                    log.warning("lease %s: worker vanished from %s; marked lost",
+                                record.lease_id, provider.name)
+                    counts["lost"] += 1
+        return counts

@@ -1,0 +1,69 @@
+"""Providers by name. `build_providers` turns PROVIDERS into instances, in order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from openalice_scheduler.config import Settings
+from openalice_scheduler.providers.base import (
+    Availability,
+    Provider,
+    Worker,
+    WorkerInfo,
+    WorkerSpec,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ProviderConfigError(ValueError):
+    """PROVIDERS cannot be turned into a usable list; the message says why."""
+
+
+def _local_docker(settings: Settings) -> Provider:
+    from openalice_scheduler.providers.docker import LocalDockerProvider
+
+    return LocalDockerProvider(settings)
+
+
+def _runpod(settings: Settings) -> Provider | None:
+    if settings.runpod_api_key is None or not settings.runpod_api_key.get_secret_value():
+        log.warning("PROVIDERS lists runpod but RUNPOD_API_KEY is not set: runpod skipped")
+        return None
+    raise ProviderConfigError("PROVIDERS: the runpod provider is not part of this build yet")
+
+
+REGISTRY: dict[str, Callable[[Settings], Provider | None]] = {
+    "local-docker": _local_docker,
+    "runpod": _runpod,
+}
+
+
+def build_providers(settings: Settings) -> list[Provider]:
+    names = settings.provider_names
+    unknown = [name for name in names if name not in REGISTRY]
+    if unknown:
+        raise ProviderConfigError(
+            f"PROVIDERS: unknown provider {unknown[0]!r}; valid names: {', '.join(REGISTRY)}"
+        )
+    if len(set(names)) != len(names):
+        raise ProviderConfigError("PROVIDERS: a provider is listed twice")
+    built = [p for p in (REGISTRY[name](settings) for name in names) if p is not None]
+    if not built:
+        raise ProviderConfigError(
+            f"PROVIDERS: no usable provider in {settings.providers!r} (see the warnings above)"
+        )
+    return built
+
+
+__all__ = [
+    "REGISTRY",
+    "Availability",
+    "Provider",
+    "ProviderConfigError",
+    "Worker",
+    "WorkerInfo",
+    "WorkerSpec",
+    "build_providers",
+]

@@ -1,0 +1,85 @@
+"""The contract every provider keeps. The service owns leases and their states; a
+provider only creates and destroys workers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from openalice_scheduler.models import GpuClass, WorkerKind
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What to create: one worker for one lease."""
+
+    lease_id: str
+    kind: WorkerKind
+    gpu: GpuClass
+    expires_at: datetime
+    owner_id: str | None = None
+    correlation_id: str | None = None
+    region: str | None = None
+    # Exclusive resource reserved for this lease by the store (a GPU device id).
+    resource: str | None = None
+    # Passed to the worker only; never logged, stored or traced.
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    endpoint: str
+    provider_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker found on the backend, for reconciliation."""
+
+    lease_id: str
+    provider_token: str
+    running: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    ok: bool
+    reason: str = ""
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A backend that creates and destroys workers.
+
+    - `available(spec)` is cheap and says whether this provider could serve the request
+      at all right now (kind, GPU class, region, backend reachable); when not, `reason`
+      says why in words a caller understands. Capacity caps are checked by the store.
+    - `provision(spec)` creates the worker and returns once it is reachable. On failure it
+      raises ProviderError and leaves nothing behind that it knows of; the service still
+      calls `release("", lease_id)` afterwards, to catch what a timeout half-made.
+    - `release(token, lease_id)` destroys the worker with that token or, when the token
+      is empty (a provision cut short), every worker labelled with that lease id. It is
+      idempotent: an already-gone worker is success. It raises ProviderError when the
+      backend could not confirm.
+    - `list_workers()` returns every worker labelled as this scheduler instance's, by
+      lease id, so reconciliation can find orphans and vanished workers.
+    """
+
+    name: str
+    max_workers: int
+
+    def exclusive_resources(self, spec: WorkerSpec) -> list[str] | None:
+        """The pool one of which this lease must hold exclusively (GPU devices), or None."""
+        ...
+
+    async def available(self, spec: WorkerSpec) -> Availability: ...
+
+    async def provision(self, spec: WorkerSpec) -> Worker: ...
+
+    async def release(self, provider_token: str, lease_id: str) -> None: ...
+
+    async def list_workers(self) -> Mapping[str, list[WorkerInfo]]: ...
+
+    async def close(self) -> None: ...

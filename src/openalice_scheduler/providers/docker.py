@@ -1,0 +1,239 @@
+"""local-docker: workers as containers on a Docker engine, through the `docker` SDK.
+
+The SDK blocks, so every call runs in a worker thread (`asyncio.to_thread` keeps the
+context, and with it the trace span). Docker and requests errors are translated into
+ProviderError here and nowhere else."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import DeviceRequest
+
+from openalice_scheduler.config import Settings
+from openalice_scheduler.errors import ProviderError, ProviderUnavailable
+from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.providers.base import Availability, Worker, WorkerInfo, WorkerSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LABEL_LEASE = "openalice.scheduler.lease_id"
+LABEL_KIND = "openalice.scheduler.kind"
+LABEL_OWNER = "openalice.scheduler.owner"
+LABEL_INSTANCE = "openalice.scheduler.instance"
+# Docker API 1.41 (engine 20.10) has everything used here; naming it avoids a version
+# round trip at start-up, so the service starts even while the engine is down.
+DOCKER_API_VERSION = "1.41"
+_PING_TTL = 0.5
+
+
+def container_name(kind: str, lease_id: str) -> str:
+    return f"oa-{kind}-{uuid.UUID(lease_id).hex[:12]}"
+
+
+class LocalDockerProvider:
+    name = "local-docker"
+
+    def __init__(self, settings: Settings, client: docker.DockerClient | None = None) -> None:
+        self.instance = settings.scheduler_instance
+        self.network = settings.docker_network
+        self.max_workers = settings.local_docker_max_workers
+        self.region = settings.local_docker_region
+        self.devices = settings.gpu_devices
+        self.images = {WorkerKind.renderer: settings.renderer_image,
+                       WorkerKind.anim: settings.anim_image}
+        self.ports = {WorkerKind.renderer: settings.renderer_port,
+                      WorkerKind.anim: settings.anim_port}
+        self.where = settings.docker_host or "unix:///var/run/docker.sock"
+        self.client = client or docker.DockerClient(
+            base_url=self.where, version=DOCKER_API_VERSION, timeout=60, max_pool_size=64
+        )
+        self._network_ready = False
+        self._network_lock = threading.Lock()
+        self._ping_at = 0.0
+        self._ping_error: str | None = None
+
+    def exclusive_resources(self, spec: WorkerSpec) -> list[str] | None:
+        return list(self.devices) if spec.gpu == GpuClass.entry else None
+
+    async def available(self, spec: WorkerSpec) -> Availability:
+        if spec.gpu in (GpuClass.mid, GpuClass.high):
+            return Availability(False, f"gpu={spec.gpu} is not served by local Docker")
+        if spec.gpu == GpuClass.entry and not self.devices:
+            return Availability(False, "gpu=entry needs LOCAL_GPU_DEVICES; this host has none")
+        if spec.region is not None and spec.region != self.region:
+            where = f"region {self.region!r}" if self.region else "no region"
+            return Availability(False, f"region {spec.region!r} not served (local Docker is in {where})")
+        error = await self._engine_error()
+        if error:
+            return Availability(False, error)
+        return Availability(True)
+
+    async def provision(self, spec: WorkerSpec) -> Worker:
+        return await self._run(self._provision, spec)
+
+    async def release(self, provider_token: str, lease_id: str) -> None:
+        await self._run(self._release, provider_token, lease_id)
+
+    async def list_workers(self) -> Mapping[str, list[WorkerInfo]]:
+        return await self._run(self._list_workers)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.client.close)
+
+    # --- blocking parts, run in threads ----------------------------------------------
+
+    def _provision(self, spec: WorkerSpec) -> Worker:
+        self._ensure_network()
+        name = container_name(spec.kind, spec.lease_id)
+        image = self.images[spec.kind]
+        labels = {
+            LABEL_LEASE: spec.lease_id,
+            LABEL_KIND: spec.kind.value,
+            LABEL_INSTANCE: self.instance,
+        }
+        if spec.owner_id:
+            labels[LABEL_OWNER] = spec.owner_id
+        environment = {
+            **spec.env,
+            "LEASE_ID": spec.lease_id,
+            "LEASE_EXPIRES_AT": spec.expires_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "WORKER_KIND": spec.kind.value,
+        }
+        device_requests = None
+        if spec.resource is not None:
+            device_requests = [DeviceRequest(device_ids=[spec.resource], capabilities=[["gpu"]])]
+        try:
+            container = self.client.containers.create(
+                image,
+                name=name,
+                hostname=name,
+                labels=labels,
+                environment=environment,
+                network=self.network,
+                device_requests=device_requests,
+                detach=True,
+            )
+        except ImageNotFound as exc:
+            raise ProviderError(
+                f"image {image!r} is not on the Docker engine at {self.where}; "
+                "build or pull it first",
+                transient=False,
+            ) from exc
+        except NotFound as exc:
+            # The network was removed behind our back: make it again next time.
+            self._network_ready = False
+            raise ProviderError(f"Docker could not create {name}: {_explain(exc)}") from exc
+        try:
+            container.start()
+        except DockerException as exc:
+            _remove_quietly(container)
+            raise ProviderError(f"Docker could not start {name}: {_explain(exc)}") from exc
+        return Worker(
+            endpoint=f"http://{name}:{self.ports[spec.kind]}", provider_token=container.id
+        )
+
+    def _release(self, provider_token: str, lease_id: str) -> None:
+        targets = [provider_token] if provider_token else [
+            c.id for c in self.client.containers.list(
+                all=True, sparse=True, filters={"label": [f"{LABEL_LEASE}={lease_id}",
+                                                          f"{LABEL_INSTANCE}={self.instance}"]}
+            )
+        ]
+        for target in targets:
+            try:
+                self.client.api.remove_container(target, force=True)
+            except NotFound:
+                continue  # already gone: that is what we wanted
+            except APIError as exc:
+                if exc.status_code == 409 and "already in progress" in _explain(exc):
+                    continue
+                raise
+
+    def _list_workers(self) -> Mapping[str, list[WorkerInfo]]:
+        found: dict[str, list[WorkerInfo]] = defaultdict(list)
+        for row in self.client.api.containers(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={self.instance}"}
+        ):
+            lease_id = (row.get("Labels") or {}).get(LABEL_LEASE)
+            if lease_id:
+                found[lease_id].append(
+                    WorkerInfo(lease_id, row["Id"], running=row.get("State") == "running")
+                )
+        return found
+
+    def _ensure_network(self) -> None:
+        if self._network_ready:
+            return
+        with self._network_lock:
+            if self._network_ready:
+                return
+            existing = [n for n in self.client.networks.list(names=[self.network])
+                        if n.name == self.network]
+            if not existing:
+                log.info("creating Docker network %s", self.network)
+                self.client.networks.create(
+                    self.network, driver="bridge", labels={LABEL_INSTANCE: self.instance}
+                )
+            self._network_ready = True
+
+    # --- helpers ---------------------------------------------------------------------
+
+    async def _engine_error(self) -> str | None:
+        """Why the engine cannot be used now, or None. Cached briefly: 100 concurrent
+        acquires cost one ping."""
+        if time.monotonic() - self._ping_at > _PING_TTL:
+            try:
+                await self._run(self.client.ping)
+                self._ping_error = None
+            except ProviderError as exc:
+                self._ping_error = exc.message
+            self._ping_at = time.monotonic()
+        return self._ping_error
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except ProviderError:
+            raise
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            self._ping_at = 0.0  # look again before trusting the engine
+            raise ProviderUnavailable(f"Docker engine unreachable at {self.where}") from exc
+        except DockerException as exc:
+            if _is_connection_error(exc):
+                self._ping_at = 0.0
+                raise ProviderUnavailable(f"Docker engine unreachable at {self.where}") from exc
+            raise ProviderError(f"Docker error: {_explain(exc)}") from exc
+
+
+def _explain(exc: DockerException) -> str:
+    if isinstance(exc, APIError):
+        return str(exc.explanation or exc)[:500]
+    return str(exc)[:500]
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (requests.ConnectionError, ConnectionError, FileNotFoundError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "Connection aborted" in str(exc) or "Connection refused" in str(exc)
+
+
+def _remove_quietly(container: Any) -> None:
+    try:
+        container.remove(force=True)
+    except DockerException:
+        log.warning("could not remove half-made container %s", container.id[:12])

@@ -1,0 +1,35 @@
+"""Table definitions the store queries. The schema itself is created and changed only by
+the Alembic migrations beside this file; a test checks the two agree."""
+
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+# Times are integer microseconds since the epoch (UTC): exact round trips on every
+# database, cheap comparisons for the sweeper, and RFC 3339 formatting without parsing.
+leases = Table(
+    "leases",
+    metadata,
+    Column("lease_id", String(36), primary_key=True),
+    Column("provider", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("gpu", String(8), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("endpoint", String(512), nullable=False, default=""),
+    Column("provider_token", String(256), nullable=False, default=""),
+    Column("owner_id", String(128)),
+    Column("correlation_id", String(128)),
+    Column("region", String(64)),
+    Column("resource", String(128)),
+    Column("ttl_seconds", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=False),
+    Column("released_at", BigInteger),
+    Column("release_reason", String(16)),
+    Column("release_attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", BigInteger),
+    Column("last_error", Text),
+    Column("updated_at", BigInteger, nullable=False),
+    Index("ix_leases_state_expires", "state", "expires_at"),
+    Index("ix_leases_provider_state", "provider", "state"),
+)

@@ -1,0 +1,508 @@
+"""LeaseStore: the only code that touches the database.
+
+Every state change is a guarded update (`... WHERE state = <expected>`), so two actors
+racing on one lease (a DELETE and the sweeper, two replicas) never both win. Providers
+are never called from inside a transaction here: the service loads, acts outside, then
+applies the outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event, func, select, text, update
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from openalice_scheduler.errors import StoreUnavailable
+from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
+from openalice_scheduler.store.schema import leases
+
+log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A worker's release is being attempted by someone: nobody else retries it before then.
+RELEASE_CLAIM_US = 60_000_000
+
+
+def to_us(moment: datetime) -> int:
+    delta = moment.astimezone(UTC) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def format_us(us: int) -> str:
+    return from_us(us).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    lease_id: str
+    provider: str
+    kind: str
+    gpu: str
+    state: str
+    endpoint: str
+    provider_token: str
+    owner_id: str | None
+    correlation_id: str | None
+    region: str | None
+    resource: str | None
+    ttl_seconds: int
+    created_at: int
+    expires_at: int
+    released_at: int | None
+    release_reason: str | None
+    release_attempts: int
+    next_attempt_at: int | None
+    last_error: str | None
+    updated_at: int
+
+    def wire(self) -> dict[str, Any]:
+        """The `Lease` wire shape, built directly: listing 10,000 leases stays cheap."""
+        return {
+            "lease_id": self.lease_id,
+            "provider": self.provider,
+            "kind": self.kind,
+            "endpoint": self.endpoint,
+            "created_at": format_us(self.created_at),
+            "expires_at": format_us(self.expires_at),
+            "provider_token": self.provider_token,
+            "owner_id": self.owner_id,
+            "gpu": self.gpu,
+            "correlation_id": self.correlation_id,
+            "region": self.region,
+            "state": self.state,
+            "release_reason": self.release_reason,
+            "released_at": None if self.released_at is None else format_us(self.released_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NewLease:
+    lease_id: str
+    kind: str
+    gpu: str
+    owner_id: str | None
+    correlation_id: str | None
+    region: str | None
+    ttl_seconds: int
+    created_at: int
+    expires_at: int
+
+
+class AtCapacity(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+_COLUMNS = [c.name for c in leases.columns]
+_LIVE = [s.value for s in LIVE_STATES]
+
+
+class LeaseStore:
+    def __init__(self, database_url: str, *, echo: bool = False) -> None:
+        self.url = _async_url(database_url)
+        self.dialect = self.url.get_backend_name()
+        kwargs: dict[str, Any] = {"echo": echo, "pool_pre_ping": self.dialect != "sqlite"}
+        if self.dialect == "sqlite":
+            kwargs["connect_args"] = {"timeout": 30}
+        self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+        if self.dialect == "sqlite":
+            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+        # SQLite has one writer: serialise this process's writes instead of letting them
+        # collide on the file lock. (Only one process may serve a SQLite file.)
+        self._write_lock = asyncio.Lock() if self.dialect == "sqlite" else None
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        if self.dialect != "sqlite" or not self.url.database or self.url.database == ":memory:":
+            return None
+        return Path(self.url.database).resolve()
+
+    async def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision."""
+        async with self._guard():
+            async with self.engine.begin() as conn:
+                await conn.run_sync(_upgrade)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def ping(self) -> None:
+        async with self._guard(), self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    # --- acquire ---------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        lease: NewLease,
+        provider: str,
+        *,
+        max_live: int,
+        resources: Sequence[str] | None,
+        now: int,
+    ) -> str | None:
+        """Record `lease` as `provisioning` on `provider`, atomically checking the
+        provider's cap on live workers and taking one free exclusive resource (a GPU)
+        when `resources` is given. Returns the resource taken. Raises AtCapacity.
+
+        Called again for the same lease after a failed provider, it moves the lease
+        (and its reservation) to the next provider."""
+        async with self._write(lock_key=f"provider:{provider}") as conn:
+            live = (
+                leases.c.provider == provider,
+                leases.c.state.in_(_LIVE),
+                leases.c.lease_id != lease.lease_id,
+            )
+            if max_live:
+                count = (
+                    await conn.execute(select(func.count()).select_from(leases).where(*live))
+                ).scalar_one()
+                if count >= max_live:
+                    raise AtCapacity(f"at capacity ({count}/{max_live} live workers)")
+            resource = None
+            if resources is not None:
+                taken = set(
+                    (
+                        await conn.execute(
+                            select(leases.c.resource).where(
+                                *live, leases.c.resource.is_not(None)
+                            )
+                        )
+                    ).scalars()
+                )
+                free = [r for r in resources if r not in taken]
+                if not free:
+                    raise AtCapacity(f"all {len(resources)} GPU devices are leased")
+                resource = free[0]
+            values = {
+                "provider": provider,
+                "state": LeaseState.provisioning.value,
+                "resource": resource,
+                "updated_at": now,
+            }
+            moved = await conn.execute(
+                update(leases)
+                .where(leases.c.lease_id == lease.lease_id)
+                .where(leases.c.state == LeaseState.provisioning.value)
+                .values(**values)
+            )
+            if moved.rowcount == 0:
+                await conn.execute(
+                    leases.insert().values(
+                        lease_id=lease.lease_id,
+                        kind=lease.kind,
+                        gpu=lease.gpu,
+                        owner_id=lease.owner_id,
+                        correlation_id=lease.correlation_id,
+                        region=lease.region,
+                        ttl_seconds=lease.ttl_seconds,
+                        created_at=lease.created_at,
+                        expires_at=lease.expires_at,
+                        endpoint="",
+                        provider_token="",
+                        release_attempts=0,
+                        **values,
+                    )
+                )
+            return resource
+
+    async def activate(
+        self, lease_id: str, *, endpoint: str, provider_token: str, now: int
+    ) -> LeaseRecord | None:
+        """provisioning → active. None when the lease is no longer provisioning (a
+        reconciler resolved it meanwhile): the caller must destroy its worker."""
+        return await self._transition(
+            lease_id,
+            (LeaseState.provisioning,),
+            state=LeaseState.active.value,
+            endpoint=endpoint,
+            provider_token=provider_token,
+            updated_at=now,
+        )
+
+    async def fail(self, lease_id: str, *, error: str, now: int) -> LeaseRecord | None:
+        """provisioning → failed (its worker, if any, is already destroyed)."""
+        return await self._transition(
+            lease_id,
+            (LeaseState.provisioning,),
+            state=LeaseState.failed.value,
+            release_reason=ReleaseReason.failed.value,
+            released_at=now,
+            last_error=error[:2000],
+            updated_at=now,
+        )
+
+    # --- release ---------------------------------------------------------------------
+
+    async def claim_release(
+        self, lease_id: str, reason: ReleaseReason, *, now: int
+    ) -> LeaseRecord | None:
+        """active|releasing → releasing, claimed for one attempt. An explicit release
+        of a lease already `releasing` claims it again: the caller wants it gone now."""
+        return await self._transition(
+            lease_id,
+            (LeaseState.active, LeaseState.releasing),
+            state=LeaseState.releasing.value,
+            release_reason=reason.value,
+            next_attempt_at=now + RELEASE_CLAIM_US,
+            updated_at=now,
+        )
+
+    async def claim_expired(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
+        """Active leases past `expires_at`, moved to `releasing` (reason `expired`)."""
+        async with self._write() as conn:
+            ids = (
+                await conn.execute(
+                    select(leases.c.lease_id)
+                    .where(leases.c.state == LeaseState.active.value)
+                    .where(leases.c.expires_at <= now)
+                    .order_by(leases.c.expires_at)
+                    .limit(limit)
+                )
+            ).scalars().all()
+            return await self._claim_many(
+                conn, ids, LeaseState.active, now, release_reason=ReleaseReason.expired.value
+            )
+
+    async def claim_retries(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
+        """`releasing` leases whose next attempt is due, claimed for one attempt."""
+        async with self._write() as conn:
+            ids = (
+                await conn.execute(
+                    select(leases.c.lease_id)
+                    .where(leases.c.state == LeaseState.releasing.value)
+                    .where(leases.c.next_attempt_at <= now)
+                    .order_by(leases.c.next_attempt_at)
+                    .limit(limit)
+                )
+            ).scalars().all()
+            return await self._claim_many(
+                conn, ids, LeaseState.releasing, now, next_due_before=now
+            )
+
+    async def finish_release(
+        self, lease_id: str, *, now: int, reason: ReleaseReason | None = None
+    ) -> LeaseRecord | None:
+        values: dict[str, Any] = {
+            "state": LeaseState.released.value,
+            "released_at": now,
+            "next_attempt_at": None,
+            "updated_at": now,
+        }
+        if reason is not None:
+            values["release_reason"] = reason.value
+        return await self._transition(lease_id, (LeaseState.releasing,), **values)
+
+    async def release_attempt_failed(
+        self, lease_id: str, *, error: str, retry_at: int, now: int
+    ) -> LeaseRecord | None:
+        async with self._write() as conn:
+            row = (
+                await conn.execute(
+                    update(leases)
+                    .where(leases.c.lease_id == lease_id)
+                    .where(leases.c.state == LeaseState.releasing.value)
+                    .values(
+                        release_attempts=leases.c.release_attempts + 1,
+                        next_attempt_at=retry_at,
+                        last_error=error[:2000],
+                        updated_at=now,
+                    )
+                    .returning(*leases.c)
+                )
+            ).first()
+            return _record(row) if row else None
+
+    async def mark_lost(self, lease_id: str, *, now: int) -> LeaseRecord | None:
+        """active → released (reason `lost`): its worker vanished on its own."""
+        return await self._transition(
+            lease_id,
+            (LeaseState.active,),
+            state=LeaseState.released.value,
+            release_reason=ReleaseReason.lost.value,
+            released_at=now,
+            updated_at=now,
+        )
+
+    # --- reads -----------------------------------------------------------------------
+
+    async def get(self, lease_id: str) -> LeaseRecord | None:
+        async with self._read() as conn:
+            row = (await conn.execute(select(leases).where(leases.c.lease_id == lease_id))).first()
+            return _record(row) if row else None
+
+    async def list_wire(self, states: Sequence[LeaseState] = (LeaseState.active,)) -> list[dict]:
+        async with self._read() as conn:
+            rows = await conn.execute(
+                select(leases)
+                .where(leases.c.state.in_([s.value for s in states]))
+                .order_by(leases.c.created_at)
+            )
+            return [_record(row).wire() for row in rows]
+
+    async def live(self, provider: str | None = None) -> list[LeaseRecord]:
+        async with self._read() as conn:
+            query = select(leases).where(leases.c.state.in_(_LIVE))
+            if provider is not None:
+                query = query.where(leases.c.provider == provider)
+            return [_record(row) for row in await conn.execute(query)]
+
+    async def next_due(self) -> int | None:
+        """The earliest moment the sweeper has work: an expiry or a release retry."""
+        async with self._read() as conn:
+            expiry = (
+                await conn.execute(
+                    select(func.min(leases.c.expires_at)).where(
+                        leases.c.state == LeaseState.active.value
+                    )
+                )
+            ).scalar()
+            retry = (
+                await conn.execute(
+                    select(func.min(leases.c.next_attempt_at)).where(
+                        leases.c.state == LeaseState.releasing.value
+                    )
+                )
+            ).scalar()
+        due = [t for t in (expiry, retry) if t is not None]
+        return min(due) if due else None
+
+    async def count_by_state(self) -> dict[str, int]:
+        async with self._read() as conn:
+            rows = await conn.execute(
+                select(leases.c.state, func.count()).group_by(leases.c.state)
+            )
+            return {state: count for state, count in rows}
+
+    # --- internals -------------------------------------------------------------------
+
+    async def _transition(
+        self, lease_id: str, expected: Sequence[LeaseState], **values: Any
+    ) -> LeaseRecord | None:
+        async with self._write() as conn:
+            row = (
+                await conn.execute(
+                    update(leases)
+                    .where(leases.c.lease_id == lease_id)
+                    .where(leases.c.state.in_([s.value for s in expected]))
+                    .values(**values)
+                    .returning(*leases.c)
+                )
+            ).first()
+            return _record(row) if row else None
+
+    async def _claim_many(
+        self,
+        conn: AsyncConnection,
+        ids: Sequence[str],
+        expected: LeaseState,
+        now: int,
+        *,
+        next_due_before: int | None = None,
+        **values: Any,
+    ) -> list[LeaseRecord]:
+        claimed = []
+        for lease_id in ids:
+            query = (
+                update(leases)
+                .where(leases.c.lease_id == lease_id)
+                .where(leases.c.state == expected.value)
+            )
+            if next_due_before is not None:
+                query = query.where(leases.c.next_attempt_at <= next_due_before)
+            row = (
+                await conn.execute(
+                    query.values(
+                        state=LeaseState.releasing.value,
+                        next_attempt_at=now + RELEASE_CLAIM_US,
+                        updated_at=now,
+                        **values,
+                    ).returning(*leases.c)
+                )
+            ).first()
+            if row:
+                claimed.append(_record(row))
+        return claimed
+
+    @asynccontextmanager
+    async def _write(self, lock_key: str | None = None) -> AsyncIterator[AsyncConnection]:
+        async with self._guard():
+            if self._write_lock is not None:
+                async with self._write_lock, self.engine.begin() as conn:
+                    yield conn
+                return
+            async with self.engine.begin() as conn:
+                if lock_key is not None:
+                    # Serialise reservations for one provider across replicas.
+                    await conn.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_id(lock_key)}
+                    )
+                yield conn
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        async with self._guard(), self.engine.connect() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def _guard(self) -> AsyncIterator[None]:
+        """Database outages become StoreUnavailable (503), never a 500."""
+        try:
+            yield
+        except (OperationalError, DBAPIError, OSError) as exc:
+            log.warning("state store unavailable: %s", type(exc).__name__)
+            raise StoreUnavailable(
+                "the state store is unavailable; try again shortly",
+                cause=type(exc).__name__,
+            ) from exc
+
+
+def _record(row: Any) -> LeaseRecord:
+    return LeaseRecord(**{name: row._mapping[name] for name in _COLUMNS})
+
+
+def _async_url(database_url: str) -> Any:
+    url = make_url(database_url)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return url.set(drivername="sqlite+aiosqlite")
+    if backend in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+asyncpg")
+    raise ValueError(f"unsupported DATABASE_URL scheme {backend!r}")
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    # FULL: a committed lease survives power loss too, not only a killed process.
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _upgrade(connection: Connection) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    config.attributes["connection"] = connection
+    command.upgrade(config, "head")
+
+
+def _lock_id(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)

@@ -1,0 +1,81 @@
+"""OpenTelemetry tracing: OTLP over gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set, a
+no-op tracer otherwise. Export runs in a background thread, so an unreachable collector
+costs requests nothing."""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import PackageNotFoundError, version
+
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openalice_scheduler.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def service_version() -> str:
+    try:
+        return version("openalice-scheduler")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+class Tracing:
+    def __init__(self, settings: Settings) -> None:
+        self._provider = None
+        endpoint = settings.otel_exporter_otlp_endpoint
+        if not endpoint:
+            self.tracer: Tracer = trace.NoOpTracer()
+            return
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        resource = Resource.create(
+            {"service.name": settings.otel_service_name, "service.version": service_version()}
+        )
+        self._provider = TracerProvider(resource=resource)
+        exporter = OTLPSpanExporter(
+            endpoint=endpoint, insecure=not endpoint.startswith("https://"), timeout=5
+        )
+        self._provider.add_span_processor(
+            BatchSpanProcessor(exporter, schedule_delay_millis=500, export_timeout_millis=5000)
+        )
+        self.tracer = self._provider.get_tracer("openalice_scheduler", service_version())
+        log.info("tracing: OTLP/gRPC to %s as %s", endpoint, settings.otel_service_name)
+
+    def shutdown(self) -> None:
+        if self._provider is not None:
+            self._provider.shutdown()
+
+
+class RequestSpanMiddleware:
+    """One server span per HTTP request; handlers' spans become its children."""
+
+    def __init__(self, app: ASGIApp, tracer: Tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        with self.tracer.start_as_current_span(
+            f"{method} {path}", kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": method, "url.path": path},
+        ) as span:
+            async def send_wrapper(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    span.set_attribute("http.response.status_code", message["status"])
+                await send(message)
+
+            await self.app(scope, receive, send_wrapper)
+            route = scope.get("route")
+            if route is not None and hasattr(route, "path"):
+                # Name by route template, not by path: lease ids would explode cardinality.
+                span.update_name(f"{method} {route.path}")

@@ -1,0 +1,44 @@
+"""Fixtures: a real Docker engine, the demo worker image, and schedulers as processes."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import REPO, WORKER_IMAGE, Scheduler, docker_client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def docker_engine() -> None:
+    try:
+        docker_client().ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means no engine
+        pytest.fail(
+            f"no Docker engine answers on /var/run/docker.sock ({exc}); run the tests with "
+            "scripts/test, which starts one", pytrace=False,
+        )
+    subprocess.run([str(REPO / "scripts" / "build-worker-image.sh"), WORKER_IMAGE], check=True)
+
+
+@pytest.fixture
+def make_scheduler(tmp_path: Path) -> Iterator[Callable[..., Scheduler]]:
+    """Start schedulers with extra environment; all are killed and their containers
+    removed at the end of the test."""
+    started: list[Scheduler] = []
+
+    def make(start: bool = True, **env: str) -> Scheduler:
+        s = Scheduler(tmp_path, **env)
+        started.append(s)
+        return s.start() if start else s
+
+    yield make
+    for s in started:
+        s.cleanup()
+
+
+@pytest.fixture
+def sched(make_scheduler: Callable[..., Scheduler]) -> Scheduler:
+    return make_scheduler()

@@ -1,0 +1,209 @@
+"""Run the real service as a separate process and talk to it over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = "test-secret-" + uuid.uuid4().hex
+INSTANCE_LABEL = "openalice.scheduler.instance"
+WORKER_IMAGE = "openalice-demo-worker:latest"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Scheduler:
+    """One scheduler process. `env` overrides its environment; the database, instance
+    and Docker network are unique to the test unless given."""
+
+    def __init__(self, workdir: Path, **env: str) -> None:
+        self.workdir = workdir
+        self.instance = env.pop("SCHEDULER_INSTANCE", f"t-{uuid.uuid4().hex[:10]}")
+        self.port = free_port()
+        self.env = {
+            "INTERNAL_SECRET": SECRET,
+            "SCHEDULER_HOST": "127.0.0.1",
+            "SCHEDULER_INSTANCE": self.instance,
+            "DATABASE_URL": f"sqlite:///{workdir / (self.instance + '.db')}",
+            "DOCKER_NETWORK": f"oa-{self.instance}",
+            "RENDERER_IMAGE": WORKER_IMAGE,
+            "ANIM_IMAGE": WORKER_IMAGE,
+            "LOCAL_GPU_DEVICES": "",
+            "RUST_LOG": "info",
+            **env,
+        }
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"scheduler-{self.instance}.log"
+        self.http = httpx.Client(base_url=self.url, headers={"X-Internal-Secret": SECRET},
+                                 timeout=60)
+
+    # --- process ---------------------------------------------------------------------
+
+    def start(self, wait: bool = True) -> Scheduler:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RUST_LOG"))}
+        env.update(self.env, SCHEDULER_PORT=str(self.port), PYTHONUNBUFFERED="1")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "openalice_scheduler", "serve"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+        )
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"scheduler exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"scheduler not ready in {timeout}s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """kill -9: no shutdown code runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    # --- API -------------------------------------------------------------------------
+
+    def acquire(self, **body: Any) -> httpx.Response:
+        body.setdefault("kind", "renderer")
+        return self.http.post("/v1/lease", json=body)
+
+    def lease(self, **body: Any) -> dict[str, Any]:
+        response = self.acquire(**body)
+        assert response.status_code == 200, response.text
+        return response.json()["lease"]
+
+    def release(self, lease_id: str, owner: str | None = None) -> httpx.Response:
+        headers = {"X-Lease-Owner": owner} if owner else {}
+        return self.http.delete(f"/v1/lease/{lease_id}", headers=headers)
+
+    def leases(self) -> list[dict[str, Any]]:
+        response = self.http.get("/v1/leases")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Value of one sample of /metrics (0 when absent)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            series, _, rest = key.partition("{")
+            got = ",".join(sorted(rest.rstrip("}").split(","))) if rest else ""
+            if series == name and got == want:
+                return float(value)
+        return 0.0
+
+    # --- Docker ----------------------------------------------------------------------
+
+    def containers(self, all: bool = True) -> list[Any]:
+        return docker_client().containers.list(
+            all=all, filters={"label": f"{INSTANCE_LABEL}={self.instance}"}
+        )
+
+    def cleanup(self) -> None:
+        self.kill()
+        self.http.close()
+        remove_instance(self.instance, self.env["DOCKER_NETWORK"])
+
+
+_client: docker.DockerClient | None = None
+
+
+def docker_client() -> docker.DockerClient:
+    global _client
+    if _client is None:
+        _client = docker.DockerClient(base_url="unix:///var/run/docker.sock", version="1.41",
+                                      timeout=120)
+    return _client
+
+
+def remove_instance(instance: str, network: str | None = None) -> None:
+    client = docker_client()
+    for container in client.containers.list(
+        all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
+    ):
+        container.remove(force=True)
+    if network:
+        for net in client.networks.list(names=[network]):
+            if net.name == network:
+                try:
+                    net.remove()
+                except docker.errors.APIError:
+                    pass
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.05, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def fetch_in_network(network: str, url: str) -> str:
+    """GET `url` from a throw-away container on `network`: what a caller inside the
+    network sees (the host never talks to container addresses)."""
+    out = docker_client().containers.run(
+        WORKER_IMAGE, ["/bin/busybox", "wget", "-q", "-O", "-", "-T", "5", url],
+        network=network, remove=True, labels={INSTANCE_LABEL: "probe"},
+    )
+    return out.decode()
+
+
+@contextmanager
+def scheduler(workdir: Path, **env: str) -> Iterator[Scheduler]:
+    s = Scheduler(workdir, **env).start()
+    try:
+        yield s
+    finally:
+        s.cleanup()
+
+
+def json_lines(text: str) -> list[Any]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
