@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -169,10 +169,8 @@ def remove_instance(instance: str, network: str | None = None) -> None:
     if network:
         for net in client.networks.list(names=[network]):
             if net.name == network:
-                try:
+                with suppress(docker.errors.APIError):
                     net.remove()
-                except docker.errors.APIError:
-                    pass
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.05, what: str = "") -> Any:

@@ -89,7 +89,8 @@ class Settings(BaseSettings):
         for part in value.split(","):
             level = part.split("=", 1)[-1].strip().lower()
             if level not in KNOWN_LOG_LEVELS:
-                raise ValueError(f"unknown level {level!r}; use one of {', '.join(KNOWN_LOG_LEVELS)}")
+                known = ", ".join(KNOWN_LOG_LEVELS)
+                raise ValueError(f"unknown level {level!r}; use one of {known}")
         return value
 
     @model_validator(mode="after")

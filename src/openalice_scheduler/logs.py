@@ -46,8 +46,8 @@ def configure_logging(log_filter: str, secrets: Iterable[str] = ()) -> None:
         if not part:
             continue
         if "=" in part:
-            name, level = part.split("=", 1)
-            per_logger[name.strip().replace("::", ".")] = _LEVELS[level.strip().lower()]
+            target, level_name = part.split("=", 1)
+            per_logger[target.strip().replace("::", ".")] = _LEVELS[level_name.strip().lower()]
         else:
             default = _LEVELS[part.lower()]
     handler = logging.StreamHandler(sys.stderr)
@@ -62,5 +62,5 @@ def configure_logging(log_filter: str, secrets: Iterable[str] = ()) -> None:
     # Chatty libraries stay at warning unless asked for by name.
     for name in ("urllib3", "docker", "sqlalchemy", "alembic", "httpx", "httpcore"):
         logging.getLogger(name).setLevel(max(default, logging.WARNING))
-    for name, level in per_logger.items():
-        logging.getLogger(name).setLevel(level)
+    for target, level in per_logger.items():
+        logging.getLogger(target).setLevel(level)

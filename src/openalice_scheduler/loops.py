@@ -30,7 +30,7 @@ class LoopService:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
-    async def run_once(self) -> None:
+    async def run_once(self) -> object:
         raise NotImplementedError
 
     async def next_wait(self) -> float:
@@ -137,7 +137,8 @@ class Reconciler(LoopService):
                 try:
                     found = await self._reconcile(provider)
                 except ProviderError as exc:
-                    log.warning("reconcile: %s unreachable, skipped: %s", provider.name, exc.message)
+                    log.warning("reconcile: %s unreachable, skipped: %s",
+                                provider.name, exc.message)
                     continue
                 for key, value in found.items():
                     totals[key] += value
@@ -179,10 +180,14 @@ class Reconciler(LoopService):
 
         for record in live.values():
             vanished = record.lease_id not in workers
-            if record.state == LeaseState.active and vanished and record.updated_at < listed_at:
-                if await store.mark_lost(record.lease_id, now=service.now_us()):
-                    service.metrics.released.labels(provider.name, ReleaseReason.lost.value).inc()
-                    log.warning("lease %s: worker vanished from %s; marked lost",
-                                record.lease_id, provider.name)
-                    counts["lost"] += 1
+            if (
+                record.state == LeaseState.active
+                and vanished
+                and record.updated_at < listed_at
+                and await store.mark_lost(record.lease_id, now=service.now_us())
+            ):
+                service.metrics.released.labels(provider.name, ReleaseReason.lost.value).inc()
+                log.warning("lease %s: worker vanished from %s; marked lost",
+                            record.lease_id, provider.name)
+                counts["lost"] += 1
         return counts

@@ -205,7 +205,9 @@ class LeaseService:
         _check_owner(record, owner)
         if record.state == LeaseState.provisioning:
             raise LeaseConflict(f"lease {lease_id} is still provisioning; release it once acquired")
-        claimed = await self.store.claim_release(lease_id, ReleaseReason.explicit, now=self.now_us())
+        claimed = await self.store.claim_release(
+            lease_id, ReleaseReason.explicit, now=self.now_us()
+        )
         if claimed is None:
             raise LeaseNotFound(f"lease {lease_id} is already released")
         error = await self.destroy(claimed)

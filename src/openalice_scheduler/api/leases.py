@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response, Security
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
@@ -14,7 +16,9 @@ from openalice_scheduler.models import AcquireResponse, ErrorBody, Lease, LeaseR
 _secret = APIKeyHeader(name="X-Internal-Secret", auto_error=False)
 router = APIRouter(prefix="/v1", tags=["leases"], dependencies=[Security(_secret)])
 
-_UNAUTHORIZED = {401: {"model": ErrorBody, "description": "Missing or wrong X-Internal-Secret"}}
+_UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or wrong X-Internal-Secret"}
+}
 
 
 @router.post(

@@ -74,7 +74,9 @@ class LocalDockerProvider:
             return Availability(False, "gpu=entry needs LOCAL_GPU_DEVICES; this host has none")
         if spec.region is not None and spec.region != self.region:
             where = f"region {self.region!r}" if self.region else "no region"
-            return Availability(False, f"region {spec.region!r} not served (local Docker is in {where})")
+            return Availability(
+                False, f"region {spec.region!r} not served (local Docker is in {where})"
+            )
         error = await self._engine_error()
         if error:
             return Availability(False, error)

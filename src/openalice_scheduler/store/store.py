@@ -136,9 +136,8 @@ class LeaseStore:
 
     async def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision."""
-        async with self._guard():
-            async with self.engine.begin() as conn:
-                await conn.run_sync(_upgrade)
+        async with self._guard(), self.engine.begin() as conn:
+            await conn.run_sync(_upgrade)
 
     async def close(self) -> None:
         await self.engine.dispose()

@@ -1,0 +1,128 @@
+"""The state store on its own: migrations, guarded transitions, atomic reservations."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from openalice_scheduler.models import ReleaseReason
+from openalice_scheduler.store import AtCapacity, LeaseStore, NewLease
+from openalice_scheduler.store.schema import metadata
+
+NOW = 1_800_000_000_000_000
+
+
+def new_lease(expires_in_s: int = 60) -> NewLease:
+    return NewLease(
+        lease_id=str(uuid.uuid4()), kind="renderer", gpu="none", owner_id=None,
+        correlation_id=None, region=None, ttl_seconds=expires_in_s,
+        created_at=NOW, expires_at=NOW + expires_in_s * 1_000_000,
+    )
+
+
+@pytest.fixture
+async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    s = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
+    await s.migrate()
+    yield s
+    await s.close()
+
+
+async def test_migrations_build_exactly_the_schema_the_code_uses(store: LeaseStore) -> None:
+    async with store.engine.connect() as conn:
+        diff = await conn.run_sync(
+            lambda sync: compare_metadata(MigrationContext.configure(sync), metadata)
+        )
+    assert diff == []
+    await store.migrate()  # idempotent
+
+
+async def test_sqlite_runs_in_wal_mode(store: LeaseStore, tmp_path: Path) -> None:
+    await store.ping()
+    mode = sqlite3.connect(tmp_path / "store.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+async def test_reservations_never_exceed_the_cap(store: LeaseStore) -> None:
+    results = await asyncio.gather(
+        *(store.reserve(new_lease(), "p", max_live=10, resources=None, now=NOW)
+          for _ in range(50)),
+        return_exceptions=True,
+    )
+    assert sum(1 for r in results if not isinstance(r, Exception)) == 10
+    assert all(isinstance(r, AtCapacity) for r in results if isinstance(r, Exception))
+    assert (await store.count_by_state()) == {"provisioning": 10}
+
+
+async def test_exclusive_resources_are_never_shared(store: LeaseStore) -> None:
+    leases = [new_lease() for _ in range(5)]
+    results = await asyncio.gather(
+        *(store.reserve(lease, "gpu", max_live=0, resources=["0", "1"], now=NOW)
+          for lease in leases),
+        return_exceptions=True,
+    )
+    taken = [r for r in results if isinstance(r, str)]
+    assert sorted(taken) == ["0", "1"]
+    # Releasing one frees its device for the next lease.
+    holder = leases[results.index("0")]
+    await store.activate(holder.lease_id, endpoint="e", provider_token="t", now=NOW)
+    await store.claim_release(holder.lease_id, ReleaseReason.explicit, now=NOW)
+    await store.finish_release(holder.lease_id, now=NOW)
+    assert await store.reserve(new_lease(), "gpu", max_live=0, resources=["0", "1"],
+                               now=NOW) == "0"
+
+
+async def test_an_expired_lease_is_claimed_exactly_once(store: LeaseStore) -> None:
+    lease = new_lease(expires_in_s=1)
+    await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+    await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
+    later = NOW + 2_000_000
+    claims = await asyncio.gather(*(store.claim_expired(now=later) for _ in range(5)))
+    assert sum(len(c) for c in claims) == 1
+    claimed = [c for c in claims if c][0][0]
+    assert claimed.state == "releasing" and claimed.release_reason == "expired"
+    # Until the claim lapses, nobody retries it.
+    assert await store.claim_retries(now=later + 1) == []
+
+
+async def test_failed_release_is_kept_and_retried(store: LeaseStore) -> None:
+    lease = new_lease()
+    await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+    await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
+    await store.claim_release(lease.lease_id, ReleaseReason.explicit, now=NOW)
+    failed = await store.release_attempt_failed(lease.lease_id, error="engine down",
+                                                retry_at=NOW + 5, now=NOW)
+    assert failed is not None and failed.release_attempts == 1
+    assert await store.next_due() == NOW + 5
+    retried = await store.claim_retries(now=NOW + 5)
+    assert [r.lease_id for r in retried] == [lease.lease_id]
+    done = await store.finish_release(lease.lease_id, now=NOW + 6)
+    assert done is not None and done.state == "released" and done.release_reason == "explicit"
+
+
+async def test_transitions_are_guarded(store: LeaseStore) -> None:
+    lease = new_lease()
+    await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+    assert await store.claim_release(lease.lease_id, ReleaseReason.explicit, now=NOW) is None
+    assert await store.mark_lost(lease.lease_id, now=NOW) is None
+    failed = await store.fail(lease.lease_id, error="boom", now=NOW)
+    assert failed is not None and failed.state == "failed"
+    # A provision that finishes after its lease was resolved cannot revive it.
+    assert await store.activate(lease.lease_id, endpoint="e", provider_token="t",
+                                now=NOW) is None
+
+
+async def test_times_round_trip_exactly(store: LeaseStore) -> None:
+    lease = new_lease()
+    await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+    record = await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
+    assert record is not None
+    wire = record.wire()
+    assert wire["created_at"] == "2027-01-15T08:00:00.000000Z"
+    assert wire["expires_at"] == "2027-01-15T08:01:00.000000Z"
