@@ -21,7 +21,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0 = any free)")
     parser.add_argument("--api-key", required=True, help="the bearer key callers must send")
     parser.add_argument(
-        "--provision-delay", type=float, default=0.0,
+        "--provision-delay",
+        type=float,
+        default=0.0,
         help="seconds from create to RUNNING (default 0)",
     )
     return parser.parse_args(argv)

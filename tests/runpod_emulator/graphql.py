@@ -45,11 +45,12 @@ ROOT_FIELDS: dict[str, RootField] = {
 
 # Output types: field -> object type it returns (None = scalar or list of scalars). Asking for
 # a field not listed is a 400, as on a real GraphQL server, so a typo fails in tests.
-_POD_SCALARS = (
-    "id name imageName desiredStatus lastStatusChange machineId podType costPerHr "
-    "adjustedCostPerHr gpuCount vcpuCount memoryInGb containerDiskInGb volumeInGb "
-    "volumeMountPath ports env dockerArgs uptimeSeconds locked"
-).split()
+_POD_SCALARS = [
+    "id", "name", "imageName", "desiredStatus", "lastStatusChange", "machineId", "podType",
+    "costPerHr", "adjustedCostPerHr", "gpuCount", "vcpuCount", "memoryInGb",
+    "containerDiskInGb", "volumeInGb", "volumeMountPath", "ports", "env", "dockerArgs",
+    "uptimeSeconds", "locked",
+]  # fmt: skip
 OBJECT_TYPES: dict[str, dict[str, str | None]] = {
     "Pod": {
         **dict.fromkeys(_POD_SCALARS),
@@ -205,8 +206,9 @@ def render_fault(fault: Fault, field: Field) -> Response:
 def plan_request(payload: Any) -> Plan:
     """Parse and validate everything that would make a real server answer 400."""
     if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
-        raise GraphQLRequestError("POST body must be a JSON object with a string query.",
-                                  "BAD_REQUEST")
+        raise GraphQLRequestError(
+            "POST body must be a JSON object with a string query.", "BAD_REQUEST"
+        )
     variables = payload.get("variables") or {}
     if not isinstance(variables, dict):
         raise GraphQLRequestError("variables must be a JSON object.", "BAD_REQUEST")
@@ -329,14 +331,14 @@ def type_errors(type_ref: str, value: Any, path: str) -> list[str]:
         return []
     if type_ref.startswith("["):
         items = value if isinstance(value, list) else [value]
-        return [e for i, item in enumerate(items)
-                for e in type_errors(type_ref[1:-1], item, f"{path}[{i}]")]
+        return [
+            e
+            for i, item in enumerate(items)
+            for e in type_errors(type_ref[1:-1], item, f"{path}[{i}]")
+        ]
     if type_ref in INPUT_TYPES:
         return _input_object_errors(type_ref, value, path)
-    if type_ref in ENUMS:
-        ok = value in ENUMS[type_ref]
-    else:
-        ok = _SCALAR_CHECKS[type_ref](value)
+    ok = value in ENUMS[type_ref] if type_ref in ENUMS else _SCALAR_CHECKS[type_ref](value)
     return [] if ok else [f'Expected type "{type_ref}" at "{path}", got {value!r}.']
 
 
@@ -344,8 +346,11 @@ def _input_object_errors(type_name: str, value: Any, path: str) -> list[str]:
     if not isinstance(value, dict):
         return [f'Expected type "{type_name}" to be an object at "{path}".']
     fields = INPUT_TYPES[type_name]
-    errors = [f'Field "{key}" is not defined by type "{type_name}" at "{path}".'
-              for key in value if key not in fields]
+    errors = [
+        f'Field "{key}" is not defined by type "{type_name}" at "{path}".'
+        for key in value
+        if key not in fields
+    ]
     for name, field_type in fields.items():
         errors += type_errors(field_type, value.get(name), f"{path}.{name}")
     return errors
@@ -410,8 +415,7 @@ _RESOLVERS: dict[str, Callable[[Context, Plan, int], Any]] = {
 
 def _spec(given: dict[str, Any]) -> PodSpec:
     if not given.get("gpuTypeId"):
-        raise GraphQLFieldError("gpuTypeId is required (CPU pods are REST only).",
-                                "BAD_USER_INPUT")
+        raise GraphQLFieldError("gpuTypeId is required (CPU pods are REST only).", "BAD_USER_INPUT")
     template = given.get("templateId")
     image = given.get("imageName") or (f"runpod-template/{template}" if template else None)
     if not image:
@@ -482,12 +486,19 @@ def _runtime(pod: Pod) -> dict[str, Any]:
     return {
         "uptimeInSeconds": pod.uptime,
         "ports": [
-            {"ip": m.ip, "isIpPublic": m.is_ip_public, "privatePort": m.private,
-             "publicPort": m.public, "type": m.type}
+            {
+                "ip": m.ip,
+                "isIpPublic": m.is_ip_public,
+                "privatePort": m.private,
+                "publicPort": m.public,
+                "type": m.type,
+            }
             for m in port_mappings(pod)
         ],
-        "gpus": [{"id": f"GPU-{index}", "gpuUtilPercent": 0, "memoryUtilPercent": 0}
-                 for index in range(pod.gpu_count)],
+        "gpus": [
+            {"id": f"GPU-{index}", "gpuUtilPercent": 0, "memoryUtilPercent": 0}
+            for index in range(pod.gpu_count)
+        ],
         "container": {"cpuPercent": 0, "memoryPercent": 0},
     }
 
@@ -500,7 +511,8 @@ def project(value: Any, field: Field, type_name: str | None) -> Any:
         return [project(item, field, type_name) for item in value]
     fields = OBJECT_TYPES[type_name]
     return {
-        sub.response_key: type_name if sub.name == "__typename"
+        sub.response_key: type_name
+        if sub.name == "__typename"
         else project(value.get(sub.name), sub, fields[sub.name])
         for sub in field.selections
     }

@@ -51,10 +51,17 @@ def problem(
     headers: dict[str, str] | None = None,
 ) -> Response:
     """RunPod's REST error body: `{"title", "status", "detail", "errors"?}`."""
-    body: dict[str, Any] = {"title": HTTPStatus(status).phrase, "status": status, "detail": detail}
+    body: dict[str, Any] = {"title": _title(status), "status": status, "detail": detail}
     if errors:
         body["errors"] = errors
     return ProblemResponse(body, status_code=status, headers=headers)
+
+
+def _title(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:  # a fault code with no standard phrase, e.g. 599
+        return "Error"
 
 
 def is_authorized(request: Request, api_key: str) -> bool:

@@ -229,14 +229,22 @@ def _runtime(pod: Pod) -> dict[str, Any]:
 
 def _ssh(pod: Pod) -> dict[str, Any]:
     user = f"{pod.id}-{pod.machine_id[:8]}"
-    proxy = {"host": "ssh.runpod.io", "port": 22, "username": user,
-             "command": f"ssh {user}@ssh.runpod.io"}
+    proxy = {
+        "host": "ssh.runpod.io",
+        "port": 22,
+        "username": user,
+        "command": f"ssh {user}@ssh.runpod.io",
+    }
     direct = None
     if pod.status == "RUNNING":
         for m in port_mappings(pod):
             if m.private == 22 and m.type == "tcp":
-                direct = {"host": m.ip, "port": m.public, "username": "root",
-                          "command": f"ssh root@{m.ip} -p {m.public}"}
+                direct = {
+                    "host": m.ip,
+                    "port": m.public,
+                    "username": "root",
+                    "command": f"ssh root@{m.ip} -p {m.public}",
+                }
     return {"proxy": proxy, "direct": direct}
 
 
@@ -263,10 +271,12 @@ def _catalog_query(params: QueryParams) -> CatalogQuery | Response:
     include = _csv(params.get("include"))
     products = _csv(params.get("product"))
     cloud, count = params.get("cloud"), params.get("count")
-    errors = [f"$.include: {v!r} is not one of ['AVAILABILITY']" for v in include
-              if v != "AVAILABILITY"]
-    errors += [f"$.product: {v!r} is not one of {list(_PRODUCTS)}" for v in products
-               if v not in _PRODUCTS]
+    errors = [
+        f"$.include: {v!r} is not one of ['AVAILABILITY']" for v in include if v != "AVAILABILITY"
+    ]
+    errors += [
+        f"$.product: {v!r} is not one of {list(_PRODUCTS)}" for v in products if v not in _PRODUCTS
+    ]
     if cloud is not None and cloud not in CLOUDS:
         errors.append(f"$.cloud: {cloud!r} is not one of {list(CLOUDS)}")
     if count is not None and (not count.isdigit() or int(count) < 1):
@@ -300,12 +310,16 @@ def render_gpu_type(state: EmulatorState, gpu: GpuType, query: CatalogQuery) -> 
     if not query.availability:
         return body
     per_dc = [
-        {"id": dc, "name": name,
-         "availability": state.availability(gpu.id, dc, count=query.count, cloud=query.cloud)}
+        {
+            "id": dc,
+            "name": name,
+            "availability": state.availability(gpu.id, dc, count=query.count, cloud=query.cloud),
+        }
         for dc, name in state.data_centers().items()
     ]
-    overall = max((d["availability"] for d in per_dc), key=AVAILABILITY_LEVELS.index,
-                  default="NONE")
+    overall = max(
+        (d["availability"] for d in per_dc), key=AVAILABILITY_LEVELS.index, default="NONE"
+    )
     body["availability"] = overall
     # RunPod omits `dataCenters` entirely when the configuration is unavailable everywhere.
     if overall != "NONE":

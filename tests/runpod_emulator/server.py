@@ -66,7 +66,9 @@ class RunPodEmulator(EmulatorState):
     def start(self) -> RunPodEmulator:
         if self._thread is not None:
             raise RuntimeError("the emulator is already running")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto must be IPPROTO_TCP, not 0: asyncio only sets TCP_NODELAY on such sockets, and
+        # without it every answer waits ~40 ms on Nagle + delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((LOOPBACK, self._requested_port))
         config = uvicorn.Config(

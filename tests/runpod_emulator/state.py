@@ -10,6 +10,7 @@ over GraphQL is listed by `GET /v2/pods` and vice versa.
 
 from __future__ import annotations
 
+import itertools
 import math
 import secrets
 import string
@@ -52,9 +53,7 @@ OPERATION_KINDS: dict[str, str] = {
     "podTerminate": "terminate",
     "listGpuTypes": "catalog",
 }
-OPERATION_TARGETS: frozenset[str] = frozenset(OPERATION_KINDS) | frozenset(
-    OPERATION_KINDS.values()
-)
+OPERATION_TARGETS: frozenset[str] = frozenset(OPERATION_KINDS) | frozenset(OPERATION_KINDS.values())
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
@@ -214,6 +213,9 @@ class EmulatorState:
     def __init__(self, provision_delay: float = 0.0) -> None:
         self._lock = threading.RLock()
         self._initial_provision_delay = provision_delay
+        # Sequence numbers survive reset(): a slow request still in flight from the previous
+        # test must not annotate (or crash on) a call of the next one.
+        self._next_seq = itertools.count(1)
         self._clear()
 
     # ------------------------------------------------------------------ setup / reset
@@ -223,7 +225,7 @@ class EmulatorState:
             self._provision_delay = self._initial_provision_delay
             self._pods: dict[str, Pod] = {}
             self._vanished: list[str] = []
-            self._calls: list[Call] = []
+            self._calls: dict[int, Call] = {}
             self._faults: list[Fault] = []
             self._delays: dict[str | None, float] = {}
             self._no_capacity: set[str] = set()
@@ -356,7 +358,8 @@ class EmulatorState:
         with self._lock:
             pod = self._pods[pod_id]
             if status is None:
-                pod.pinned = False
+                # Back on the clock, which re-derives the status from the pod's age.
+                pod.pinned, pod.status = False, "PROVISIONING"
                 return
             pod.status, pod.pinned = status, True
             if status == "RUNNING" and pod.started_mono is None:
@@ -367,22 +370,23 @@ class EmulatorState:
     def calls(self, op: str | None = None) -> list[Call]:
         """Recorded calls, oldest first; `op` filters by operation name or kind."""
         with self._lock:
-            return [replace(c) for c in self._calls if op is None or op in (c.op, c.kind)]
+            calls = self._calls.values()
+            return [replace(c) for c in calls if op is None or op in (c.op, c.kind)]
 
     def call_count(self, op: str | None = None) -> int:
         return len(self.calls(op))
 
-    def begin_call(
-        self, api: str, method: str, path: str, op: str | None, body: Any = None
-    ) -> int:
+    def begin_call(self, api: str, method: str, path: str, op: str | None, body: Any = None) -> int:
         with self._lock:
-            seq = len(self._calls) + 1
-            self._calls.append(Call(seq, api, method, path, op, body=body))
+            seq = next(self._next_seq)
+            self._calls[seq] = Call(seq, api, method, path, op, body=body)
             return seq
 
     def annotate_call(self, seq: int, **changes: Any) -> None:
         with self._lock:
-            call = self._calls[seq - 1]
+            call = self._calls.get(seq)
+            if call is None:  # recorded before a reset(); that log is gone
+                return
             for name, value in changes.items():
                 setattr(call, name, value)
 
@@ -518,15 +522,17 @@ class EmulatorState:
         if not pod.pinned:
             elapsed = now - pod.created_mono
             delay = self._provision_delay
-            target = "RUNNING" if elapsed >= delay else (
-                "STARTING" if elapsed >= delay / 2 else "PROVISIONING"
+            target = (
+                "RUNNING"
+                if elapsed >= delay
+                else ("STARTING" if elapsed >= delay / 2 else "PROVISIONING")
             )
             if LIFECYCLE.index(target) > LIFECYCLE.index(pod.status):
                 pod.status = target
                 if target == "RUNNING":
                     pod.started_mono, pod.started_at = now, _utc_now()
-        running = pod.status == "RUNNING" and pod.started_mono is not None
-        pod.uptime = int(now - pod.started_mono) if running and pod.started_mono else 0
+        started = pod.started_mono if pod.status == "RUNNING" else None
+        pod.uptime = int(now - started) if started is not None else 0
         return replace(pod, env=dict(pod.env), mounts=dict(pod.mounts))
 
     def _place(self, spec: PodSpec) -> tuple[str, str]:

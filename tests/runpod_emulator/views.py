@@ -49,4 +49,3 @@ def port_mappings(pod: Pod) -> list[PortMapping]:
         else:
             mappings.append(PortMapping(private, 40000 + index, proto, PUBLIC_IP, True))
     return mappings
-
