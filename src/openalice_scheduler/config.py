@@ -51,8 +51,24 @@ class Settings(BaseSettings):
     provision_timeout_seconds: float = Field(600.0, gt=0)
 
     runpod_api_key: SecretStr | None = None
+    runpod_api: Literal["rest", "graphql"] = Field("rest", description="RunPod API to drive.")
+    runpod_api_base_url: str = Field("https://api.runpod.io", pattern=r"^https?://")
     runpod_renderer_template: str | None = None
     runpod_anim_template: str | None = None
+    runpod_gpu_entry: str = (
+        "NVIDIA GeForce RTX 4090,NVIDIA RTX A5000,NVIDIA GeForce RTX 3090"
+    )
+    runpod_gpu_mid: str = "NVIDIA L40S,NVIDIA RTX 6000 Ada Generation,NVIDIA RTX A6000"
+    runpod_gpu_high: str = (
+        "NVIDIA H100 80GB HBM3,NVIDIA A100-SXM4-80GB,NVIDIA A100 80GB PCIe"
+    )
+    runpod_cpu_flavor: str = Field("cpu5c", min_length=1)
+    runpod_cloud: Literal["SECURE", "COMMUNITY"] = "SECURE"
+    runpod_max_pods: int = Field(0, ge=0, description="Cap on live pods; 0 = none.")
+    runpod_disk_gb: int = Field(20, ge=1)
+    runpod_request_timeout_seconds: float = Field(30.0, gt=0)
+    runpod_poll_interval_seconds: float = Field(2.0, gt=0)
+    runpod_catalog_ttl_seconds: float = Field(30.0, ge=0)
 
     otel_exporter_otlp_endpoint: str | None = None
     otel_service_name: str = "openalice-scheduler"
@@ -110,6 +126,11 @@ class Settings(BaseSettings):
         if self.local_gpu_devices is None:
             return _nvidia_smi_devices()
         return [d.strip() for d in self.local_gpu_devices.split(",") if d.strip()]
+
+    def runpod_gpu_types(self, gpu_class: str) -> list[str]:
+        value = {"entry": self.runpod_gpu_entry, "mid": self.runpod_gpu_mid,
+                 "high": self.runpod_gpu_high}.get(gpu_class, "")
+        return [t.strip() for t in value.split(",") if t.strip()]
 
     @property
     def cors_origin_list(self) -> list[str]:

@@ -169,13 +169,21 @@ class Reconciler(LoopService):
                     counts["failed"] += 1
 
         for lease_id, infos in workers.items():
-            if lease_id in live or lease_id in service.in_flight:
+            if lease_id in service.in_flight:
                 continue
-            for info in infos:
+            record = live.get(lease_id)
+            if record is None:
+                extra = infos  # no live lease: every worker is an orphan
+            elif record.state == LeaseState.active and record.provider_token:
+                # Names are not unique on some backends: keep only the recorded worker.
+                extra = [i for i in infos if i.provider_token != record.provider_token]
+            else:
+                continue
+            for info in extra:
                 await provider.release(info.provider_token, lease_id)
                 service.metrics.released.labels(provider.name, ReleaseReason.orphan.value).inc()
-                log.info("reconcile: destroyed orphan worker of lease %s on %s",
-                         lease_id, provider.name)
+                log.info("reconcile: destroyed orphan worker %s of lease %s on %s",
+                         info.provider_token[:12], lease_id, provider.name)
                 counts["orphans"] += 1
 
         for record in live.values():

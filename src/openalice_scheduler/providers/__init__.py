@@ -31,7 +31,9 @@ def _runpod(settings: Settings) -> Provider | None:
     if settings.runpod_api_key is None or not settings.runpod_api_key.get_secret_value():
         log.warning("PROVIDERS lists runpod but RUNPOD_API_KEY is not set: runpod skipped")
         return None
-    raise ProviderConfigError("PROVIDERS: the runpod provider is not part of this build yet")
+    from openalice_scheduler.providers.runpod import RunPodProvider
+
+    return RunPodProvider(settings)
 
 
 REGISTRY: dict[str, Callable[[Settings], Provider | None]] = {

@@ -1,0 +1,318 @@
+"""runpod: workers as RunPod pods. Maps leases to pod requests and pods back to workers;
+the raw API is `client.py`'s business.
+
+Pods have no labels, so a pod is named `oa-<SCHEDULER_INSTANCE>-<lease_id>` and carries
+`LEASE_ID` and `OPENALICE_SCHEDULER_INSTANCE` in its env; reconciliation keeps only
+those names."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from openalice_scheduler.config import Settings
+from openalice_scheduler.errors import ProviderError, ProviderUnavailable
+from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.providers.base import Availability, Worker, WorkerInfo, WorkerSpec
+from openalice_scheduler.providers.runpod.client import (
+    ErrorKind,
+    GpuStock,
+    Pod,
+    PodRequest,
+    RunPodClient,
+    RunPodError,
+    build_client,
+)
+
+log = logging.getLogger(__name__)
+
+_STOCK_RANK = {"HIGH": 3, "MEDIUM": 2, "LOW": 1, "NONE": 0}
+_KEY_RECHECK_S = 300.0
+_CREATE_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    gpu_type_id: str | None  # None: a CPU pod
+    data_center_ids: tuple[str, ...]
+    price: float = 0.0
+
+
+class RunPodProvider:
+    name = "runpod"
+
+    def __init__(self, settings: Settings, client: RunPodClient | None = None) -> None:
+        assert settings.runpod_api_key is not None
+        self.client = client or build_client(
+            settings.runpod_api,
+            settings.runpod_api_key.get_secret_value(),
+            settings.runpod_api_base_url,
+            timeout=settings.runpod_request_timeout_seconds,
+        )
+        self.api = settings.runpod_api
+        self.instance = settings.scheduler_instance
+        self.prefix = f"oa-{self.instance}-"
+        self.max_workers = settings.runpod_max_pods
+        self.cloud = settings.runpod_cloud
+        self.cpu_flavor = settings.runpod_cpu_flavor
+        self.disk_gb = settings.runpod_disk_gb
+        self.poll_interval = settings.runpod_poll_interval_seconds
+        self.catalog_ttl = settings.runpod_catalog_ttl_seconds
+        self.templates = {WorkerKind.renderer: settings.runpod_renderer_template,
+                          WorkerKind.anim: settings.runpod_anim_template}
+        self.images = {WorkerKind.renderer: settings.renderer_image,
+                       WorkerKind.anim: settings.anim_image}
+        self.ports = {WorkerKind.renderer: settings.renderer_port,
+                      WorkerKind.anim: settings.anim_port}
+        self.gpu_types = {c: settings.runpod_gpu_types(c.value)
+                          for c in (GpuClass.entry, GpuClass.mid, GpuClass.high)}
+        self._key_rejected_at: float | None = None
+        self._catalog: tuple[float, list[GpuStock]] | None = None
+        self._catalog_lock = asyncio.Lock()
+
+    def pod_name(self, lease_id: str) -> str:
+        return f"{self.prefix}{lease_id}"
+
+    def exclusive_resources(self, spec: WorkerSpec) -> list[str] | None:
+        return None
+
+    async def available(self, spec: WorkerSpec) -> Availability:
+        if self._key_rejected():
+            return Availability(False, "RunPod rejected RUNPOD_API_KEY (401)")
+        try:
+            candidates, reason = await self._candidates(spec)
+        except RunPodError as exc:
+            return Availability(False, self._describe(exc))
+        return Availability(bool(candidates), reason)
+
+    async def provision(self, spec: WorkerSpec) -> Worker:
+        try:
+            candidates, reason = await self._candidates(spec)
+        except RunPodError as exc:
+            raise self._provider_error(exc) from exc
+        if not candidates:
+            raise ProviderError(reason, transient=False)
+        name = self.pod_name(spec.lease_id)
+        refusals: list[str] = []
+        for candidate in candidates:
+            request = self._pod_request(spec, name, candidate)
+            try:
+                pod = await self._create(request)
+            except RunPodError as exc:
+                what = candidate.gpu_type_id or f"CPU {self.cpu_flavor}"
+                if exc.kind in (ErrorKind.rejected, ErrorKind.forbidden):
+                    log.info("lease %s: RunPod refused %s: %s", spec.lease_id, what, exc.detail)
+                    refusals.append(f"{what}: {exc.detail}")
+                    continue
+                raise self._provider_error(exc) from exc
+            return Worker(endpoint=await self._wait_running(pod, spec), provider_token=pod.id)
+        self._catalog = None  # stock moved under us: look again next time
+        raise ProviderError(
+            "RunPod could not place the pod: " + "; ".join(refusals[-3:]), transient=False
+        )
+
+    async def release(self, provider_token: str, lease_id: str) -> None:
+        try:
+            if provider_token:
+                await self.client.terminate_pod(provider_token)
+                return
+            for pod in await self.client.list_pods():
+                if pod.name == self.pod_name(lease_id):
+                    await self.client.terminate_pod(pod.id)
+        except RunPodError as exc:
+            raise self._provider_error(exc) from exc
+
+    async def list_workers(self) -> Mapping[str, list[WorkerInfo]]:
+        try:
+            pods = await self.client.list_pods()
+        except RunPodError as exc:
+            raise self._provider_error(exc) from exc
+        found: dict[str, list[WorkerInfo]] = defaultdict(list)
+        for pod in pods:
+            lease_id = self._lease_of(pod)
+            if lease_id is not None and pod.status != "TERMINATED":
+                found[lease_id].append(WorkerInfo(lease_id, pod.id, running=pod.running))
+        return found
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # --- candidates --------------------------------------------------------------------
+
+    async def _candidates(self, spec: WorkerSpec) -> tuple[list[Candidate], str]:
+        """Pod shapes to try, best first, or none and why."""
+        if spec.gpu == GpuClass.none:
+            if self.api == "graphql":
+                return [], "gpu=none needs CPU pods, which RunPod serves on REST v2 only"
+            if spec.region is None:
+                return [Candidate(None, ())], ""
+            catalog = await self._gpu_catalog()
+            in_region = tuple(sorted({dc for gpu in catalog or [] for dc in gpu.data_centers
+                                      if _in_region(dc, spec.region)}))
+            if catalog is not None and not in_region:
+                return [], f"RunPod has no data center in region {spec.region!r}"
+            return [Candidate(None, in_region or (spec.region,))], ""
+
+        wanted = self.gpu_types[spec.gpu]
+        if not wanted:
+            return [], f"no RunPod GPU types configured for gpu={spec.gpu}"
+        catalog = await self._gpu_catalog()
+        if catalog is None:  # GraphQL: no catalog; the configured order, region as given
+            given: tuple[str, ...] = (spec.region,) if spec.region else ()
+            return [Candidate(gpu, given) for gpu in wanted], ""
+
+        by_id = {gpu.id: gpu for gpu in catalog}
+        ranked: list[tuple[float, int, int, Candidate]] = []
+        no_stock: list[str] = []
+        for index, gpu_id in enumerate(wanted):
+            stock = by_id.get(gpu_id)
+            if stock is None or stock.availability == "NONE":
+                no_stock.append(gpu_id)
+                continue
+            centers: tuple[str, ...] = ()
+            if spec.region:
+                centers = tuple(dc for dc, level in stock.data_centers.items()
+                                if _in_region(dc, spec.region) and level != "NONE")
+                if not centers:
+                    no_stock.append(f"{gpu_id} in {spec.region}")
+                    continue
+            price = stock.price_secure if self.cloud == "SECURE" else stock.price_community
+            candidate = Candidate(gpu_id, centers, price)
+            # Cheapest first; among equal prices, more stock, then the configured order.
+            ranked.append((price, -_STOCK_RANK.get(stock.availability, 0), index, candidate))
+        if not ranked:
+            return [], f"RunPod has no stock for gpu={spec.gpu} ({', '.join(no_stock)})"
+        return [c for *_, c in sorted(ranked, key=lambda r: r[:3])], ""
+
+    async def _gpu_catalog(self) -> list[GpuStock] | None:
+        if self.api == "graphql":
+            return None
+        async with self._catalog_lock:
+            now = time.monotonic()
+            if self._catalog is None or now - self._catalog[0] > self.catalog_ttl:
+                try:
+                    catalog = await self.client.gpu_catalog()
+                except RunPodError as exc:
+                    self._note(exc)
+                    raise
+                self._catalog = (now, catalog or [])
+            return self._catalog[1]
+
+    # --- pods ----------------------------------------------------------------------------
+
+    def _pod_request(self, spec: WorkerSpec, name: str, candidate: Candidate) -> PodRequest:
+        env = {
+            **spec.env,
+            "LEASE_ID": spec.lease_id,
+            "LEASE_EXPIRES_AT": spec.expires_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "WORKER_KIND": spec.kind.value,
+            "OPENALICE_SCHEDULER_INSTANCE": self.instance,
+        }
+        template = self.templates[spec.kind]
+        return PodRequest(
+            name=name,
+            env=env,
+            ports=[f"{self.ports[spec.kind]}/http"],
+            image=None if template else self.images[spec.kind],
+            template_id=template,
+            gpu_type_id=candidate.gpu_type_id,
+            cpu_flavor=self.cpu_flavor,
+            cloud=self.cloud,
+            data_center_ids=candidate.data_center_ids,
+            disk_gb=self.disk_gb,
+        )
+
+    async def _create(self, request: PodRequest) -> Pod:
+        """Create one pod. After an answer that leaves it unknown whether the pod was
+        made (5xx, timeout), look it up by name before creating again: never two pods."""
+        for attempt in range(1, _CREATE_ATTEMPTS + 1):
+            try:
+                return await self.client.create_pod(request)
+            except RunPodError as exc:
+                self._note(exc)
+                if not exc.uncertain or attempt == _CREATE_ATTEMPTS:
+                    raise
+                log.info("RunPod create of %s failed (%s); looking it up before retrying",
+                         request.name, exc.kind)
+                await asyncio.sleep(0.5 * attempt)
+                existing = await self._find(request.name)
+                if existing is not None:
+                    return existing
+        raise AssertionError("unreachable")
+
+    async def _find(self, name: str) -> Pod | None:
+        """The pod with this name; duplicates (names are not unique) are terminated."""
+        pods = [p for p in await self.client.list_pods()
+                if p.name == name and p.status != "TERMINATED"]
+        if not pods:
+            return None
+        for extra in pods[1:]:
+            log.warning("terminating duplicate pod %s of %s", extra.id, name)
+            await self.client.terminate_pod(extra.id)
+        return pods[0]
+
+    async def _wait_running(self, pod: Pod, spec: WorkerSpec) -> str:
+        """Poll until the pod is RUNNING; the service bounds the whole provision."""
+        current: Pod | None = pod
+        while current is not None and not current.running:
+            if current.dead:
+                await self.client.terminate_pod(pod.id)
+                raise ProviderError(f"RunPod pod {pod.id} ended as {current.status} while starting")
+            await asyncio.sleep(self.poll_interval)
+            try:
+                current = await self.client.get_pod(pod.id)
+            except RunPodError as exc:
+                if exc.uncertain or exc.kind == ErrorKind.rate_limited:
+                    continue  # a passing failure while waiting: keep waiting
+                raise self._provider_error(exc) from exc
+        if current is None:
+            raise ProviderError(f"RunPod pod {pod.id} disappeared while starting")
+        return f"https://{pod.id}-{self.ports[spec.kind]}.proxy.runpod.net"
+
+    # --- errors --------------------------------------------------------------------------
+
+    def _lease_of(self, pod: Pod) -> str | None:
+        if not pod.name.startswith(self.prefix):
+            return None
+        lease_id = pod.name[len(self.prefix):]
+        try:
+            uuid.UUID(lease_id)
+        except ValueError:
+            return None
+        return lease_id
+
+    def _key_rejected(self) -> bool:
+        at = self._key_rejected_at
+        return at is not None and time.monotonic() - at < _KEY_RECHECK_S
+
+    def _note(self, exc: RunPodError) -> None:
+        if exc.kind == ErrorKind.unauthorized:
+            self._key_rejected_at = time.monotonic()
+
+    def _describe(self, exc: RunPodError) -> str:
+        if exc.kind == ErrorKind.unauthorized:
+            return "RunPod rejected RUNPOD_API_KEY (401)"
+        if exc.kind == ErrorKind.payment:
+            return f"RunPod balance too low (402): {exc.detail}"
+        if exc.kind == ErrorKind.unreachable:
+            return f"RunPod API unreachable: {exc.detail}"
+        status = f" ({exc.status})" if exc.status else ""
+        return f"RunPod {exc.kind}{status}: {exc.detail}"
+
+    def _provider_error(self, exc: RunPodError) -> ProviderError:
+        self._note(exc)
+        message = self._describe(exc)
+        if exc.kind == ErrorKind.unreachable:
+            return ProviderUnavailable(message)
+        return ProviderError(message, transient=exc.kind not in (
+            ErrorKind.unauthorized, ErrorKind.payment, ErrorKind.invalid))
+
+
+def _in_region(data_center: str, region: str) -> bool:
+    """`US` matches `US-TX-3`; `US-TX` matches `US-TX-3`; `US-TX-3` matches itself."""
+    return data_center == region or data_center.startswith(region + "-")
