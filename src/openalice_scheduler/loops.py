@@ -171,12 +171,12 @@ class Reconciler(LoopService):
         for lease_id, infos in workers.items():
             if lease_id in service.in_flight:
                 continue
-            record = live.get(lease_id)
-            if record is None:
+            owner = live.get(lease_id)
+            if owner is None:
                 extra = infos  # no live lease: every worker is an orphan
-            elif record.state == LeaseState.active and record.provider_token:
+            elif owner.state == LeaseState.active and owner.provider_token:
                 # Names are not unique on some backends: keep only the recorded worker.
-                extra = [i for i in infos if i.provider_token != record.provider_token]
+                extra = [i for i in infos if i.provider_token != owner.provider_token]
             else:
                 continue
             for info in extra:
