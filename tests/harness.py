@@ -188,7 +188,9 @@ def fetch_in_network(network: str, url: str) -> str:
     """GET `url` from a throw-away container on `network`: what a caller inside the
     network sees (the host never talks to container addresses)."""
     out = docker_client().containers.run(
-        WORKER_IMAGE, ["/bin/busybox", "wget", "-q", "-O", "-", "-T", "5", url],
+        # busybox 1.35's wget crashes when given -T: bound it with `timeout` instead.
+        WORKER_IMAGE,
+        ["/bin/busybox", "timeout", "10", "/bin/busybox", "wget", "-q", "-O", "-", url],
         network=network, remove=True, labels={INSTANCE_LABEL: "probe"},
     )
     return out.decode()

@@ -80,6 +80,10 @@ def create_app(
             # Before serving: resolve what a crash left, release what expired meanwhile.
             try:
                 await asyncio.wait_for(reconciler.run_once(), STARTUP_RECONCILE_TIMEOUT_S)
+                # One sweep too, before serving: without it the leases that expired while
+                # the service was down were released only by the sweeper loop, after the
+                # service already answered (their workers still running at that point).
+                await asyncio.wait_for(sweeper.run_once(), STARTUP_RECONCILE_TIMEOUT_S)
             except (TimeoutError, SchedulerError) as exc:
                 log.warning("start-up reconciliation incomplete (%s); the loop retries",
                             type(exc).__name__)

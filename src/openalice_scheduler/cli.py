@@ -37,6 +37,10 @@ def serve() -> None:
         application = create_app(settings)
     except (ProviderConfigError, ValueError) as exc:
         _die(f"invalid configuration: {exc}")
+    except StartupError as exc:
+        # create_app takes the SQLite file lock itself (before serving), so a second
+        # process on the same file fails here: one line, not a traceback.
+        _die(str(exc))
     try:
         uvicorn.run(
             application,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 
 from opentelemetry.trace import Tracer
@@ -80,7 +81,7 @@ class Sweeper(LoopService):
         super().__init__(interval)
         self.service = service
         self.tracer = tracer
-        self._wake_at: float = 0.0  # monotonic time the loop will next wake
+        self._wake_at: float = math.inf  # monotonic time the loop will next wake
         self._limit = asyncio.Semaphore(_MAX_PARALLEL_RELEASES)
         service.on_due = self.notify
 
@@ -101,6 +102,11 @@ class Sweeper(LoopService):
             return len(claimed)
 
     async def next_wait(self) -> float:
+        # While the next due time is being read, any notify() must wake the loop: a lease
+        # activated after the read but before `_wake_at` is set below was otherwise
+        # compared with the stale (past) `_wake_at`, ignored, and left to wait a whole
+        # interval (30 s by default) past its expiry.
+        self._wake_at = math.inf
         due = await self.service.store.next_due()
         wait = self.interval
         if due is not None:

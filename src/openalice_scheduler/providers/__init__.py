@@ -21,6 +21,13 @@ class ProviderConfigError(ValueError):
     """PROVIDERS cannot be turned into a usable list; the message says why."""
 
 
+class ProviderSkipped(Exception):
+    """A listed provider is not configured enough to use (e.g. no API key); the message
+    says why. build_providers warns and goes on, or, when nothing is left, puts the
+    reason into its one-line error (a warning logged first would make start-up failure
+    print two lines)."""
+
+
 def _local_docker(settings: Settings) -> Provider:
     from openalice_scheduler.providers.docker import LocalDockerProvider
 
@@ -29,8 +36,7 @@ def _local_docker(settings: Settings) -> Provider:
 
 def _runpod(settings: Settings) -> Provider | None:
     if settings.runpod_api_key is None or not settings.runpod_api_key.get_secret_value():
-        log.warning("PROVIDERS lists runpod but RUNPOD_API_KEY is not set: runpod skipped")
-        return None
+        raise ProviderSkipped("RUNPOD_API_KEY is not set")
     from openalice_scheduler.providers.runpod import RunPodProvider
 
     return RunPodProvider(settings)
@@ -51,11 +57,21 @@ def build_providers(settings: Settings) -> list[Provider]:
         )
     if len(set(names)) != len(names):
         raise ProviderConfigError("PROVIDERS: a provider is listed twice")
-    built = [p for p in (REGISTRY[name](settings) for name in names) if p is not None]
+    built: list[Provider] = []
+    skipped: list[str] = []
+    for name in names:
+        try:
+            provider = REGISTRY[name](settings)
+        except ProviderSkipped as exc:
+            skipped.append(f"{name} skipped: {exc}")
+            continue
+        if provider is not None:
+            built.append(provider)
     if not built:
-        raise ProviderConfigError(
-            f"PROVIDERS: no usable provider in {settings.providers!r} (see the warnings above)"
-        )
+        why = f" ({'; '.join(skipped)})" if skipped else ""
+        raise ProviderConfigError(f"PROVIDERS: no usable provider in {settings.providers!r}{why}")
+    for reason in skipped:
+        log.warning("PROVIDERS: %s", reason)
     return built
 
 
@@ -64,6 +80,7 @@ __all__ = [
     "Availability",
     "Provider",
     "ProviderConfigError",
+    "ProviderSkipped",
     "Worker",
     "WorkerInfo",
     "WorkerSpec",

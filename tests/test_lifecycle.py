@@ -1,0 +1,265 @@
+"""A lease's whole life as the service runs it: expiry, reconciliation with Docker,
+restarts (graceful and SIGKILL) and refusing to start when misconfigured. Real service
+processes, real Docker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import docker
+import httpx
+
+from tests.harness import (
+    INSTANCE_LABEL,
+    WORKER_IMAGE,
+    Scheduler,
+    docker_client,
+    free_port,
+    wait_for,
+)
+
+LEASE_LABEL = "openalice.scheduler.lease_id"
+RELEASED = "scheduler_leases_released_total"
+
+
+def epoch(timestamp: str) -> float:
+    return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
+def listed_ids(sched: Scheduler) -> set[str]:
+    return {lease["lease_id"] for lease in sched.leases()}
+
+
+# --- expiry ----------------------------------------------------------------------------
+
+
+def test_lease_expires_on_time_without_waiting_for_the_sweep_interval(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    # SWEEP_INTERVAL_SECONDS stays at its default (30 s): only waking at the expiry
+    # itself can make this in time.
+    sched = make_scheduler()
+    assert "SWEEP_INTERVAL_SECONDS" not in sched.env
+    keeper = sched.lease(ttl_seconds=600)
+    lease = sched.lease(ttl_seconds=2)
+    expires = epoch(lease["expires_at"])
+    assert 1.5 < expires - epoch(lease["created_at"]) <= 2.0 + 1e-6
+
+    # Not cut short: still listed and running shortly before it is due.
+    while time.time() < expires - 0.6:
+        time.sleep(0.05)
+    assert lease["lease_id"] in listed_ids(sched)
+    assert [c.id for c in sched.containers() if c.id == lease["provider_token"]]
+
+    def gone() -> bool:
+        return (
+            lease["lease_id"] not in listed_ids(sched)
+            and {c.id for c in sched.containers()} == {keeper["provider_token"]}
+            and sched.metric(RELEASED, provider="local-docker", reason="expired") == 1
+        )
+
+    wait_for(gone, timeout=60, interval=0.02, what="the expired lease to be released")
+    lag = time.time() - expires  # upper bound: includes the last check's own duration
+    print(f"\nexpiry lag: lease gone {lag:.3f} s after expires_at")
+    assert lag <= 2.5, f"lease released {lag:.2f} s after expires_at (want ≤ 2 s + polling)"
+    assert sched.release(lease["lease_id"]).status_code == 404
+    assert listed_ids(sched) == {keeper["lease_id"]}
+    assert sched.metric("scheduler_active_leases") == 1
+
+
+# --- reconciliation --------------------------------------------------------------------
+
+
+def test_periodic_reconcile_destroys_orphans_and_marks_vanished_workers_lost(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    sched = make_scheduler(RECONCILE_INTERVAL_SECONDS="1")
+    kept = sched.lease(ttl_seconds=600)
+    doomed = sched.lease(ttl_seconds=600)
+    client = docker_client()
+
+    orphan_id = str(uuid.uuid4())
+    orphan = client.containers.run(
+        WORKER_IMAGE, detach=True, network_mode="none",
+        labels={INSTANCE_LABEL: sched.instance, LEASE_LABEL: orphan_id},
+    )
+    # Another scheduler's worker is none of this one's business.
+    other_instance = f"t-other-{uuid.uuid4().hex[:8]}"
+    foreign = client.containers.run(
+        WORKER_IMAGE, detach=True, network_mode="none",
+        labels={INSTANCE_LABEL: other_instance, LEASE_LABEL: str(uuid.uuid4())},
+    )
+    try:
+        def orphan_gone() -> bool:
+            return orphan.id not in {c.id for c in sched.containers()}
+
+        wait_for(orphan_gone, timeout=30, interval=0.2, what="the orphan to be destroyed")
+        assert sched.metric(RELEASED, provider="local-docker", reason="orphan") == 1
+
+        # Someone removes a leased worker by hand: the lease is lost, not kept alive.
+        client.api.remove_container(doomed["provider_token"], force=True)
+        wait_for(lambda: doomed["lease_id"] not in listed_ids(sched), timeout=30,
+                 interval=0.2, what="the lease of the vanished worker to be dropped")
+        assert sched.metric(RELEASED, provider="local-docker", reason="lost") == 1
+        assert sched.release(doomed["lease_id"]).status_code == 404
+
+        # The healthy lease and the other instance's container are untouched.
+        time.sleep(2.5)  # at least two more reconcile passes
+        assert listed_ids(sched) == {kept["lease_id"]}
+        assert [c.id for c in sched.containers(all=False)] == [kept["provider_token"]]
+        foreign.reload()
+        assert foreign.status == "running"
+        assert sched.metric(RELEASED, provider="local-docker", reason="orphan") == 1
+        assert sched.metric(RELEASED, provider="local-docker", reason="lost") == 1
+    finally:
+        foreign.remove(force=True)
+        with contextlib.suppress(docker.errors.NotFound):  # destroyed, as it should be
+            orphan.remove(force=True)
+
+
+def test_lease_that_expired_while_the_service_was_down_is_released_at_start_up(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    sched = make_scheduler()
+    survivor = sched.lease(ttl_seconds=600)
+    lease = sched.lease(ttl_seconds=3)
+    sched.kill()  # SIGKILL: no shutdown code runs
+
+    expires = epoch(lease["expires_at"])
+    while time.time() < expires + 1.0:
+        time.sleep(0.1)
+    # Nobody released it meanwhile: its worker is still there.
+    assert lease["provider_token"] in {c.id for c in sched.containers()}
+
+    sched.start()  # same database, same port, same instance
+    # Start-up reconciliation runs before the service answers: the first look finds
+    # the expired lease already released and its worker gone.
+    assert listed_ids(sched) == {survivor["lease_id"]}
+    assert {c.id for c in sched.containers()} == {survivor["provider_token"]}
+    assert sched.metric(RELEASED, provider="local-docker", reason="expired") == 1
+    assert sched.release(lease["lease_id"]).status_code == 404
+    assert sched.release(survivor["lease_id"]).status_code == 204
+    assert sched.containers() == []
+
+
+def test_graceful_stop_keeps_leases_and_workers_and_a_restart_lists_them(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    sched = make_scheduler(RECONCILE_INTERVAL_SECONDS="1")
+    leases = [sched.lease(kind="renderer", ttl_seconds=600),
+              sched.lease(kind="anim", owner_id="anim-service", ttl_seconds=600)]
+    tokens = {lease["provider_token"] for lease in leases}
+
+    sched.stop()  # SIGTERM
+    # A clean shutdown; uvicorn then re-raises the SIGTERM it caught, hence -15.
+    assert sched.proc is not None and sched.proc.returncode in (0, -15), sched.log()[-2000:]
+    assert "Application shutdown complete" in sched.log()
+    assert {c.id for c in sched.containers(all=False)} == tokens, "workers keep running"
+
+    sched.start()
+    assert sorted(sched.leases(), key=lambda x: x["created_at"]) == leases
+    time.sleep(2.5)  # reconcile passes after the restart change nothing
+    assert sorted(sched.leases(), key=lambda x: x["created_at"]) == leases
+    assert {c.id for c in sched.containers(all=False)} == tokens
+    assert sched.metric("scheduler_active_leases") == 2
+
+    # And the restarted service still owns them: it can release them.
+    assert sched.release(leases[0]["lease_id"]).status_code == 204
+    assert sched.release(leases[1]["lease_id"], owner="anim-service").status_code == 204
+    assert sched.containers() == []
+
+
+# --- refusing to start -----------------------------------------------------------------
+
+
+def serve(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -m openalice_scheduler serve` with exactly `env` (plus PATH/HOME)."""
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+            "PYTHONUNBUFFERED": "1", **env}
+    return subprocess.run(
+        [sys.executable, "-m", "openalice_scheduler", "serve"],
+        env=full, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+
+
+def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
+    tmp_path: Path,
+) -> None:
+    secret = "cfg-secret-" + uuid.uuid4().hex
+    valid = {
+        "INTERNAL_SECRET": secret,
+        "SCHEDULER_HOST": "127.0.0.1",
+        "SCHEDULER_PORT": str(free_port()),
+        "SCHEDULER_INSTANCE": f"t-cfg-{uuid.uuid4().hex[:8]}",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'cfg.db'}",
+        "DOCKER_NETWORK": f"oa-cfg-{uuid.uuid4().hex[:8]}",
+        "LOCAL_GPU_DEVICES": "",
+    }
+    cases: list[tuple[str, dict[str, str | None], list[str]]] = [
+        ("INTERNAL_SECRET", {"INTERNAL_SECRET": None}, []),
+        ("INTERNAL_SECRET", {"INTERNAL_SECRET": ""}, []),
+        ("INTERNAL_SECRET", {"INTERNAL_SECRET": "   "}, []),
+        ("PROVIDERS", {"PROVIDERS": "bogus"}, ["bogus"]),
+        ("PROVIDERS", {"PROVIDERS": ""}, []),
+        ("PROVIDERS", {"PROVIDERS": "runpod"}, ["RUNPOD_API_KEY"]),
+        ("PROVIDERS", {"PROVIDERS": "runpod", "RUNPOD_API_KEY": ""}, ["RUNPOD_API_KEY"]),
+        ("SCHEDULER_PORT", {"SCHEDULER_PORT": "x"}, []),
+        ("LOCAL_DOCKER_MAX_WORKERS", {"LOCAL_DOCKER_MAX_WORKERS": "-1"}, []),
+    ]
+    for variable, change, also in cases:
+        env = dict(valid)
+        for key, value in change.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        result = serve(tmp_path, {k: v for k, v in env.items() if v is not None})
+        lines = stderr_lines(result)
+        assert result.returncode != 0, (change, result.stderr)
+        assert len(lines) == 1, (change, result.stderr)
+        assert variable in lines[0], (change, lines)
+        for word in also:
+            assert word in lines[0], (change, lines)
+        assert "Traceback" not in result.stderr and secret not in result.stderr
+        assert result.stdout == "", (change, result.stdout)
+    assert not (tmp_path / "cfg.db").exists(), "nothing is created by a refused start"
+
+
+def test_runpod_without_key_is_skipped_with_a_warning_when_another_provider_remains(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    sched = make_scheduler(PROVIDERS="local-docker,runpod")
+    assert "RUNPOD_API_KEY" in sched.log()
+    assert sched.metric("scheduler_providers") == 1
+    assert sched.lease()["provider"] == "local-docker"
+
+
+def test_second_process_on_the_same_sqlite_file_refuses_to_start(
+    make_scheduler: Callable[..., Scheduler], tmp_path: Path,
+) -> None:
+    first = make_scheduler()
+    lease = first.lease(ttl_seconds=600)
+
+    result = serve(tmp_path, {**first.env, "SCHEDULER_PORT": str(free_port())})
+    lines = stderr_lines(result)
+    assert result.returncode != 0, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "DATABASE_URL" in lines[0] and "another scheduler process" in lines[0], lines
+    assert "Traceback" not in result.stderr
+
+    # The first one never noticed.
+    assert httpx.get(f"{first.url}/health").status_code == 200
+    assert listed_ids(first) == {lease["lease_id"]}
+    assert [c.id for c in first.containers()] == [lease["provider_token"]]
