@@ -126,3 +126,24 @@ async def test_times_round_trip_exactly(store: LeaseStore) -> None:
     wire = record.wire()
     assert wire["created_at"] == "2027-01-15T08:00:00.000000Z"
     assert wire["expires_at"] == "2027-01-15T08:01:00.000000Z"
+
+
+async def test_cached_listing_always_shows_the_current_leases(store: LeaseStore) -> None:
+    import json
+
+    async def active(lease: NewLease) -> None:
+        await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+        await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
+
+    first, second = new_lease(), new_lease()
+    await active(first)
+    listed = json.loads(await store.list_wire_json())
+    assert listed == await store.list_wire() and [x["lease_id"] for x in listed] == [
+        first.lease_id]
+    await active(second)
+    assert json.loads(await store.list_wire_json()) == await store.list_wire()
+    assert len(await store.list_wire()) == 2
+    await store.claim_release(first.lease_id, ReleaseReason.explicit, now=NOW + 1)
+    after = json.loads(await store.list_wire_json())
+    assert [x["lease_id"] for x in after] == [second.lease_id]
+    assert json.loads(await store.list_wire_json()) == after  # served again from cache

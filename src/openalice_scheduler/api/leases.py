@@ -61,5 +61,6 @@ async def release(lease_id: str, service: ServiceDep, owner: LeaseOwner = None) 
     summary="List active leases",
     responses=_UNAUTHORIZED,
 )
-async def list_leases(service: ServiceDep) -> JSONResponse:
-    return JSONResponse(await service.list_active())
+async def list_leases(service: ServiceDep) -> Response:
+    # Encoded by the store, which reuses each unchanged lease's JSON between listings.
+    return Response(await service.list_active_json(), media_type="application/json")

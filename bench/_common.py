@@ -1,0 +1,263 @@
+"""Shared helpers for the benchmarks: run the real service as a subprocess on a free
+loopback port with its own SQLite file, instance name and Docker network, and clean up
+everything it (and the baseline) created. Not a test harness: nothing here asserts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+WORKER_IMAGE = "openalice-demo-worker:latest"
+INSTANCE_LABEL = "openalice.scheduler.instance"
+DOCKER_SOCKET = "unix:///var/run/docker.sock"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "min": min(values),
+        "p50": statistics.median(values),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
+
+
+def rss_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of a process, in KiB, from /proc."""
+    found: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                found[key] = int(value.split()[0])
+    return found
+
+
+class Service:
+    """One scheduler process, started as `python -m openalice_scheduler serve`."""
+
+    def __init__(self, prefix: str, **env: str) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"oa-bench-{prefix}-"))
+        self.instance = f"b{prefix[:6]}-{uuid.uuid4().hex[:10]}"
+        self.network = f"oa-{self.instance}"
+        self.db_path = self.workdir / "bench.db"
+        self.port = free_port()
+        self.secret = "bench-" + uuid.uuid4().hex
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.workdir / "scheduler.log"
+        self.env = {
+            "INTERNAL_SECRET": self.secret,
+            "SCHEDULER_HOST": "127.0.0.1",
+            "SCHEDULER_PORT": str(self.port),
+            "SCHEDULER_INSTANCE": self.instance,
+            "DATABASE_URL": f"sqlite:///{self.db_path}",
+            "DOCKER_NETWORK": self.network,
+            "RENDERER_IMAGE": WORKER_IMAGE,
+            "ANIM_IMAGE": WORKER_IMAGE,
+            "LOCAL_GPU_DEVICES": "",
+            "RUST_LOG": "warn",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(base_url=self.url, headers={"X-Internal-Secret": self.secret},
+                                 timeout=120)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 60) -> Service:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("OTEL_", "RUST_LOG", "LOG_LEVEL"))}
+        env.update(self.env)
+        src = str(REPO / "src")
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [PYTHON, "-m", "openalice_scheduler", "serve"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"scheduler exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"scheduler not ready in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        self.http.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def cleanup(self, keep_workdir: bool = False) -> None:
+        """Stop the process, remove every container labelled with this instance and the
+        network, and the temp directory."""
+        self.stop()
+        remove_instance(self.instance, self.network)
+        if not keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.cleanup()
+
+
+def docker_client() -> Any:
+    import docker
+
+    return docker.DockerClient(base_url=DOCKER_SOCKET, version="1.41", timeout=120)
+
+
+def remove_instance(instance: str, network: str | None) -> None:
+    import docker
+
+    client = docker_client()
+    try:
+        for container in client.containers.list(
+            all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
+        ):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+        if network:
+            for net in client.networks.list(names=[network]):
+                if net.name == network:
+                    with contextlib.suppress(docker.errors.APIError):
+                        net.remove()
+    finally:
+        client.close()
+
+
+def lease_rows(count: int, provider: str = "local-docker") -> list[dict[str, Any]]:
+    """`count` active leases shaped like the ones the service writes (uuid4 ids, the
+    container-name endpoint, a 64-hex container id, some with owner and correlation id),
+    created just now, expiring 8 h later."""
+    from openalice_scheduler.service import utcnow
+    from openalice_scheduler.store import to_us
+
+    now = to_us(utcnow())
+    ttl = 28_800
+    rows = []
+    for i in range(count):
+        lease_id = str(uuid.uuid4())
+        kind = "renderer" if i % 2 == 0 else "anim"
+        created = now - (count - i) * 1_000
+        rows.append({
+            "lease_id": lease_id,
+            "provider": provider,
+            "kind": kind,
+            "gpu": "none",
+            "state": "active",
+            "endpoint": f"http://oa-{kind}-{uuid.UUID(lease_id).hex[:12]}:8080",
+            "provider_token": uuid.uuid4().hex + uuid.uuid4().hex,
+            "owner_id": f"owner-{i % 97}" if i % 3 == 0 else None,
+            "correlation_id": f"corr-{uuid.uuid4().hex[:16]}" if i % 2 == 0 else None,
+            "region": None,
+            "resource": None,
+            "ttl_seconds": ttl,
+            "created_at": created,
+            "expires_at": created + ttl * 1_000_000,
+            "released_at": None,
+            "release_reason": None,
+            "release_attempts": 0,
+            "next_attempt_at": None,
+            "last_error": None,
+            "updated_at": created,
+        })
+    return rows
+
+
+class Seeder:
+    """Writes lease rows straight into a running service's SQLite file (WAL: the
+    service keeps serving; its `.lock` only keeps out a second scheduler)."""
+
+    def __init__(self, db_path: Path) -> None:
+        import sqlalchemy
+
+        self.engine = sqlalchemy.create_engine(f"sqlite:///{db_path}",
+                                               connect_args={"timeout": 30})
+
+    def insert(self, rows: list[dict[str, Any]]) -> None:
+        from openalice_scheduler.store.schema import leases
+
+        with self.engine.begin() as conn:
+            conn.execute(leases.insert(), rows)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def seed_active_leases(db_path: Path, count: int, provider: str = "local-docker") -> None:
+    """Insert `count` active leases (lease_rows) in one transaction."""
+    seeder = Seeder(db_path)
+    try:
+        seeder.insert(lease_rows(count, provider))
+    finally:
+        seeder.close()
+
+
+async def reference_body(db_path: Path) -> bytes:
+    """GET /v1/leases as the service rendered it before the listing cache: every row
+    loaded as a LeaseRecord, .wire(), then starlette's JSONResponse encoding."""
+    import json
+
+    from openalice_scheduler.store import LeaseStore
+
+    store = LeaseStore(f"sqlite:///{db_path}")
+    try:
+        wire = await store.list_wire()
+    finally:
+        await store.close()
+    return json.dumps(wire, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode()
+
+
+def ensure_src_on_path() -> None:
+    src = str(REPO / "src")
+    if src not in sys.path:
+        sys.path.insert(0, src)
