@@ -67,7 +67,8 @@ def create_app(
             await store.migrate()
             service = LeaseService(
                 store, providers, build_policy(settings.policy), metrics, tracing.tracer,
-                provision_timeout=settings.provision_timeout_seconds, clock=clock,
+                provision_timeout=settings.provision_timeout_seconds,
+                max_leases_per_owner=settings.max_leases_per_owner, clock=clock,
             )
             sweeper = Sweeper(service, tracing.tracer, settings.sweep_interval_seconds)
             reconciler = Reconciler(
@@ -205,7 +206,7 @@ async def _send_error(send: Send, error: SchedulerError) -> None:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SchedulerError)
     async def scheduler_error(_request: Request, exc: SchedulerError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -234,7 +235,9 @@ def _validation_body(errors: Sequence[Any]) -> dict[str, Any]:
     may be secrets."""
     details = []
     for error in errors:
-        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        loc = [str(part) for part in error.get("loc", ())]
+        if loc and loc[0] in ("body", "query", "path", "header"):
+            loc = loc[1:]
         field = ".".join(loc) or "body"
         kind = error.get("type", "")
         message = str(error.get("msg", "invalid")).removeprefix("Value error, ")

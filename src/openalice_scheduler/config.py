@@ -29,7 +29,12 @@ class Settings(BaseSettings):
         description="Name of this scheduler; labels its workers so it finds exactly its own.",
     )
     providers: str = Field("local-docker", description="Comma list of providers, in order.")
-    policy: Literal["ordered-first-available"] = "ordered-first-available"
+    policy: Literal["ordered-first-available", "cheapest-first"] = "ordered-first-available"
+    max_leases_per_owner: int = Field(0, ge=0, description="Live leases per owner; 0 = no cap.")
+    static_workers: str | None = Field(
+        None, description="kind[:gpu]=url,url;... endpoints leased exclusively (static provider)."
+    )
+    static_region: str | None = None
     database_url: str = Field("sqlite:///./openalice-scheduler.db")
 
     renderer_image: str = "openalice-demo-worker:latest"

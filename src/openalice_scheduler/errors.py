@@ -10,10 +10,13 @@ class SchedulerError(Exception):
     code: ClassVar[str] = "internal_error"
     status: ClassVar[int] = 500
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(
+        self, message: str, *, headers: dict[str, str] | None = None, **details: Any
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": self.code, "message": self.message, **self.details}
@@ -42,6 +45,11 @@ class LeaseConflict(SchedulerError):
 class BodyTooLarge(SchedulerError):
     code = "body_too_large"
     status = 413
+
+
+class QuotaExceeded(SchedulerError):
+    code = "quota_exceeded"
+    status = 429
 
 
 class InvalidRequest(SchedulerError):

@@ -158,6 +158,8 @@ class Reconciler(LoopService):
         # written, so every worker listed here has its lease among the rows read next.
         listed_at = service.now_us()
         workers = await provider.list_workers()
+        if workers is None:
+            return {}  # the provider does not make workers: nothing can drift
         live = {r.lease_id: r for r in await store.live(provider.name)}
         stale_before = service.now_us() - int(self.provision_timeout * 1e6)
         counts = {"failed": 0, "orphans": 0, "lost": 0}
@@ -172,6 +174,7 @@ class Reconciler(LoopService):
                 if await store.fail(record.lease_id, error="scheduler stopped while provisioning",
                                     now=service.now_us()):
                     service.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
+                    service.capacity_freed()
                     counts["failed"] += 1
 
         for lease_id, infos in workers.items():
@@ -201,6 +204,7 @@ class Reconciler(LoopService):
                 and await store.mark_lost(record.lease_id, now=service.now_us())
             ):
                 service.metrics.released.labels(provider.name, ReleaseReason.lost.value).inc()
+                service.capacity_freed()
                 log.warning("lease %s: worker vanished from %s; marked lost",
                             record.lease_id, provider.name)
                 counts["lost"] += 1

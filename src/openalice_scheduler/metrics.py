@@ -48,12 +48,23 @@ class Metrics:
         self.releasing = Gauge(
             "scheduler_leases_releasing", "Releases still being retried.", registry=r
         )
+        self.owner_leases = Gauge(
+            "scheduler_owner_leases", "Live leases (provisioning, active, releasing) per owner.",
+            ["owner"], registry=r,
+        )
         self.up.set(1)
 
-    def render(self, counts: dict[str, int] | None) -> bytes:
-        """Prometheus text; `counts` by lease state, or None to keep the last figures
-        (the store is unreachable: better stale than a false zero)."""
+    def render(
+        self, counts: dict[str, int] | None, owners: dict[str, int] | None = None
+    ) -> bytes:
+        """Prometheus text; `counts` by lease state and live leases per owner, or None
+        to keep the last figures (the store is unreachable: better stale than a false
+        zero)."""
         if counts is not None:
             self.active_leases.set(counts.get("active", 0))
             self.releasing.set(counts.get("releasing", 0))
+        if owners is not None:
+            self.owner_leases.clear()
+            for owner, count in owners.items():
+                self.owner_leases.labels(owner).set(count)
         return generate_latest(self.registry)

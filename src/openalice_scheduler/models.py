@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_TTL_SECONDS = 8 * 3600
+MAX_WAIT_SECONDS = 300
 MAX_ENV_ENTRIES = 64
 MAX_ENV_VALUE_BYTES = 4096
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -58,6 +59,9 @@ class LeaseRequest(BaseModel):
     region: Annotated[str, Field(max_length=64)] | None = None
     ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS, strict=True)] = 3600
     env: dict[str, str] = Field(default_factory=dict)
+    wait_seconds: Annotated[int, Field(ge=0, le=MAX_WAIT_SECONDS, strict=True)] = Field(
+        0, description="How long to wait in line when no provider has capacity now."
+    )
 
     @field_validator("env", mode="before")
     @classmethod
@@ -83,6 +87,14 @@ class LeaseRequest(BaseModel):
         return value
 
 
+class RenewRequest(BaseModel):
+    """Body of `POST /v1/lease/{lease_id}/renew`; without it the lease's own TTL."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS, strict=True)] | None = None
+
+
 class Lease(BaseModel):
     """A lease as callers see it. The first eight fields are the original contract."""
 
@@ -105,6 +117,22 @@ class Lease(BaseModel):
 class AcquireResponse(BaseModel):
     lease: Lease
     provider: str
+
+
+class GpuUse(BaseModel):
+    capacity: int | None = Field(description="Most workers of this class; null = no fixed cap")
+    in_use: int
+
+
+class ProviderView(BaseModel):
+    """One provider in `GET /v1/providers`."""
+
+    name: str
+    healthy: bool
+    detail: str = ""
+    max_workers: int | None
+    in_use: int
+    gpu: dict[GpuClass, GpuUse]
 
 
 class ErrorBody(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -23,18 +24,37 @@ from openalice_scheduler.errors import (
     NoProviderAvailable,
     ProviderError,
     ProvisionFailed,
+    QuotaExceeded,
     ReleaseFailed,
 )
 from openalice_scheduler.metrics import Metrics
-from openalice_scheduler.models import LeaseRequest, LeaseState, ReleaseReason
-from openalice_scheduler.policy import OrderedFirstAvailable
+from openalice_scheduler.models import (
+    MAX_TTL_SECONDS,
+    GpuClass,
+    LeaseRequest,
+    LeaseState,
+    ReleaseReason,
+)
+from openalice_scheduler.policy import Policy
 from openalice_scheduler.providers import Provider, WorkerSpec
-from openalice_scheduler.store import AtCapacity, LeaseRecord, LeaseStore, NewLease, to_us
+from openalice_scheduler.store import (
+    AtCapacity,
+    DuplicateRequest,
+    LeaseRecord,
+    LeaseStore,
+    NewLease,
+    OverQuota,
+    to_us,
+)
+from openalice_scheduler.waiting import CapacityQueue, Waiter
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 RETRY_BACKOFF_CAP_S = 30.0
+_GPU_ORDER = [g.value for g in GpuClass]
+# How often an idempotent replay looks whether its twin's provision finished.
+TWIN_POLL_S = 0.05
 
 
 def utcnow() -> datetime:
@@ -46,11 +66,12 @@ class LeaseService:
         self,
         store: LeaseStore,
         providers: Sequence[Provider],
-        policy: OrderedFirstAvailable,
+        policy: Policy,
         metrics: Metrics,
         tracer: Tracer,
         *,
         provision_timeout: float = 600.0,
+        max_leases_per_owner: int = 0,
         clock: Clock = utcnow,
     ) -> None:
         self.store = store
@@ -60,7 +81,9 @@ class LeaseService:
         self.metrics = metrics
         self.tracer = tracer
         self.provision_timeout = provision_timeout
+        self.max_leases_per_owner = max_leases_per_owner
         self.clock = clock
+        self.queue = CapacityQueue()
         # Leases this process is provisioning right now: the reconciler leaves them be.
         self.in_flight: set[str] = set()
         # Called with the moment (µs) something new becomes due; the sweeper listens.
@@ -69,9 +92,63 @@ class LeaseService:
     def now_us(self) -> int:
         return to_us(self.clock())
 
+    def capacity_freed(self) -> None:
+        """A lease stopped holding capacity: the first acquire waiting for some tries."""
+        self.queue.freed()
+
     # --- acquire ---------------------------------------------------------------------
 
-    async def acquire(self, request: LeaseRequest) -> LeaseRecord:
+    async def acquire(
+        self, request: LeaseRequest, *, gone: asyncio.Event | None = None
+    ) -> LeaseRecord:
+        """A lease for `request`. The same (owner_id, correlation_id) while its lease is
+        provisioning or active gets that lease back, never a second worker. With
+        `wait_seconds`, waits in line for capacity; `gone` is set when the caller left."""
+        twin = await self._replay(request)
+        if twin is not None:
+            return twin
+        deadline = time.monotonic() + request.wait_seconds
+        waiter: Waiter | None = None
+        # Behind others already waiting: queue up rather than overtake them.
+        if request.wait_seconds and self.queue.busy:
+            waiter = self.queue.join()
+            await self.queue.wait(waiter, deadline - time.monotonic(), gone)
+        served = False
+        try:
+            while True:
+                try:
+                    record = await self._acquire_once(request)
+                    served = True
+                    break
+                except NoProviderAvailable as exc:
+                    remaining = deadline - time.monotonic()
+                    if not exc.details.get("at_capacity") or remaining <= 0 or (
+                        gone is not None and gone.is_set()
+                    ):
+                        raise await self._with_retry_after(exc) from None
+                    if waiter is None:
+                        waiter = self.queue.join()
+                    else:
+                        self.queue.pass_on(waiter)
+                    log.info("acquire (%s, gpu=%s) waits up to %.0f s for capacity",
+                             request.kind.value, request.gpu.value, remaining)
+                    await self.queue.wait(waiter, remaining, gone)
+                    if gone is not None and gone.is_set():
+                        raise await self._with_retry_after(exc) from None
+        finally:
+            if waiter is not None:
+                self.queue.leave(waiter, served=served)
+        if gone is not None and gone.is_set():
+            # Nobody is left to hand the worker to: give it back at once.
+            log.info("lease %s: caller left while waiting; releasing", record.lease_id)
+            claimed = await self.store.claim_release(
+                record.lease_id, ReleaseReason.explicit, now=self.now_us()
+            )
+            if claimed is not None:
+                await self.destroy(claimed)
+        return record
+
+    async def _acquire_once(self, request: LeaseRequest) -> LeaseRecord:
         lease_id = str(uuid.uuid4())
         now = self.clock()
         spec = WorkerSpec(
@@ -97,9 +174,10 @@ class LeaseService:
         )
         reasons: dict[str, str] = {}
         failures: dict[str, str] = {}
+        at_capacity = False
         self.in_flight.add(lease_id)
         try:
-            for provider in self.policy.order(self.providers, spec):
+            for provider in await self.policy.order(self.providers, spec):
                 availability = await provider.available(spec)
                 if not availability.ok:
                     reasons[provider.name] = availability.reason
@@ -111,9 +189,19 @@ class LeaseService:
                         max_live=provider.max_workers,
                         resources=provider.exclusive_resources(spec),
                         now=self.now_us(),
+                        owner_quota=self.max_leases_per_owner,
+                        resource_label=getattr(provider, "resource_label", "GPU devices"),
                     )
+                except OverQuota as exc:
+                    self.metrics.acquire_failures.labels("quota").inc()
+                    raise QuotaExceeded(exc.message, limit=self.max_leases_per_owner) from None
+                except DuplicateRequest as exc:
+                    # The same request raced us here: its lease is the answer.
+                    twin = await self._twin(exc.lease_id)
+                    return twin if twin is not None else await self._acquire_once(request)
                 except AtCapacity as exc:
                     reasons[provider.name] = exc.message
+                    at_capacity = True
                     continue
                 record = await self._provision(provider, replace(spec, resource=resource), new)
                 if isinstance(record, LeaseRecord):
@@ -121,7 +209,38 @@ class LeaseService:
                 failures[provider.name] = record
         finally:
             self.in_flight.discard(lease_id)
-        return await self._no_lease(lease_id, request, reasons, failures)
+        return await self._no_lease(lease_id, request, reasons, failures, at_capacity)
+
+    async def _replay(self, request: LeaseRequest) -> LeaseRecord | None:
+        existing = await self.store.find_request(request.owner_id, request.correlation_id)
+        return None if existing is None else await self._twin(existing.lease_id)
+
+    async def _twin(self, lease_id: str) -> LeaseRecord | None:
+        """The lease another acquire of the same request is making, once active; None
+        when that acquire failed (this one then tries on its own)."""
+        deadline = time.monotonic() + self.provision_timeout + 5
+        while time.monotonic() < deadline:
+            record = await self.store.get(lease_id)
+            if record is None or record.state not in (
+                LeaseState.provisioning, LeaseState.active
+            ):
+                return None
+            if record.state == LeaseState.active:
+                log.info("lease %s returned again for correlation_id=%s",
+                         lease_id, record.correlation_id)
+                return record
+            await asyncio.sleep(TWIN_POLL_S)
+        return None
+
+    async def _with_retry_after(self, exc: NoProviderAvailable) -> NoProviderAvailable:
+        """The final 503, with a `Retry-After`: when the next lease is due to end."""
+        self.metrics.acquire_failures.labels("no_provider").inc()
+        due = await self.store.next_due()
+        seconds = 5
+        if due is not None:
+            seconds = max(1, min(300, math.ceil((due - self.now_us()) / 1e6)))
+        exc.headers["Retry-After"] = str(seconds)
+        return exc
 
     async def _provision(
         self, provider: Provider, spec: WorkerSpec, new: NewLease
@@ -175,13 +294,14 @@ class LeaseService:
 
     async def _no_lease(
         self, lease_id: str, request: LeaseRequest, reasons: dict[str, str],
-        failures: dict[str, str],
+        failures: dict[str, str], at_capacity: bool,
     ) -> LeaseRecord:
         what = f"kind={request.kind.value} gpu={request.gpu.value}"
         if request.region:
             what += f" region={request.region}"
         if failures:
             await self.store.fail(lease_id, error="; ".join(failures.values()), now=self.now_us())
+            self.capacity_freed()
             self.metrics.acquire_failures.labels("provision_failed").inc()
             raise ProvisionFailed(
                 f"every candidate provider failed to provision {what}: "
@@ -189,11 +309,11 @@ class LeaseService:
                 failures=failures,
                 reasons=reasons,
             )
-        self.metrics.acquire_failures.labels("no_provider").inc()
         raise NoProviderAvailable(
             f"no provider can serve {what}: "
             + "; ".join(f"{name}: {why}" for name, why in reasons.items()),
             reasons=reasons,
+            at_capacity=at_capacity,
         )
 
     # --- release ---------------------------------------------------------------------
@@ -244,11 +364,30 @@ class LeaseService:
                             record.lease_id, attempts, record.provider, exc.message)
                 return exc.message
         done = await self.store.finish_release(record.lease_id, now=self.now_us())
+        self.capacity_freed()
         if done is not None:
             reason = done.release_reason or ReleaseReason.explicit.value
             self.metrics.released.labels(record.provider, reason).inc()
             log.info("lease %s released (%s)", record.lease_id, reason)
         return None
+
+    # --- renew -----------------------------------------------------------------------
+
+    async def renew(self, lease_id: str, owner: str | None, ttl_seconds: int | None) -> LeaseRecord:
+        """`expires_at = now + ttl` (default: the lease's own TTL), at most 8 h ahead.
+        Only an active, unexpired lease can be renewed: none is ever resurrected."""
+        record = await self.get(lease_id)
+        now = self.now_us()
+        if record.state != LeaseState.active or record.expires_at <= now:
+            state = "expired" if record.state == LeaseState.active else record.state
+            raise LeaseNotFound(f"lease {lease_id} is {state}; only an active lease renews")
+        _check_owner(record, owner)
+        ttl = min(ttl_seconds or record.ttl_seconds, MAX_TTL_SECONDS)
+        renewed = await self.store.renew(lease_id, expires_at=now + ttl * 1_000_000, now=now)
+        if renewed is None:
+            raise LeaseNotFound(f"lease {lease_id} ended while renewing")
+        log.info("lease %s renewed until %s", lease_id, renewed.wire()["expires_at"])
+        return renewed
 
     # --- reads -----------------------------------------------------------------------
 
@@ -260,6 +399,38 @@ class LeaseService:
 
     async def list_active(self) -> list[dict]:
         return await self.store.list_wire((LeaseState.active,))
+
+    async def search(
+        self, *, states: Sequence[LeaseState], owner_id: str | None, kind: str | None,
+        provider: str | None, limit: int,
+    ) -> list[dict]:
+        return await self.store.search_wire(
+            states=[s.value for s in states], owner_id=owner_id, kind=kind, provider=provider,
+            limit=limit,
+        )
+
+    async def provider_view(self) -> list[dict]:
+        """Per provider: health, capacity and use per GPU class (`GET /v1/providers`)."""
+        held = await self.store.count_held()
+        statuses = await asyncio.gather(*(p.status() for p in self.providers))
+        view = []
+        for provider, status in zip(self.providers, statuses, strict=True):
+            in_use: dict[str, int] = {}
+            for name, gpu, _owner, count in held:
+                if name == provider.name:
+                    in_use[gpu] = in_use.get(gpu, 0) + count
+            view.append({
+                "name": provider.name,
+                "healthy": status.healthy,
+                "detail": status.detail,
+                "max_workers": provider.max_workers or None,
+                "in_use": sum(in_use.values()),
+                "gpu": {
+                    gpu: {"capacity": status.capacity.get(gpu), "in_use": in_use.get(gpu, 0)}
+                    for gpu in sorted(set(status.capacity) | set(in_use), key=_GPU_ORDER.index)
+                },
+            })
+        return view
 
     async def list_active_json(self) -> bytes:
         """`list_active()` already encoded as a JSON array (cheap for 10,000 leases)."""

@@ -20,9 +20,14 @@ async def health() -> Health:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    counts: dict[str, int] | None
+    counts: dict[str, int] | None = None
+    owners: dict[str, int] | None = None
     try:
         counts = await state.service.store.count_by_state()
+        owners = {}
+        for _provider, _gpu, owner, count in await state.service.store.count_held():
+            if owner is not None:
+                owners[owner] = owners.get(owner, 0) + count
     except StoreUnavailable:
-        counts = None
-    return Response(state.metrics.render(counts), media_type=CONTENT_TYPE_LATEST)
+        pass
+    return Response(state.metrics.render(counts, owners), media_type=CONTENT_TYPE_LATEST)

@@ -9,6 +9,7 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
     Availability,
     Provider,
+    ProviderStatus,
     Worker,
     WorkerInfo,
     WorkerSpec,
@@ -42,9 +43,21 @@ def _runpod(settings: Settings) -> Provider | None:
     return RunPodProvider(settings)
 
 
+def _static(settings: Settings) -> Provider:
+    from openalice_scheduler.providers.static import StaticProvider
+
+    if not settings.static_workers:
+        raise ProviderConfigError("PROVIDERS lists static but STATIC_WORKERS is not set")
+    try:
+        return StaticProvider(settings.static_workers, settings.static_region)
+    except ValueError as exc:
+        raise ProviderConfigError(str(exc)) from None
+
+
 REGISTRY: dict[str, Callable[[Settings], Provider | None]] = {
     "local-docker": _local_docker,
     "runpod": _runpod,
+    "static": _static,
 }
 
 
@@ -81,6 +94,7 @@ __all__ = [
     "Provider",
     "ProviderConfigError",
     "ProviderSkipped",
+    "ProviderStatus",
     "Worker",
     "WorkerInfo",
     "WorkerSpec",

@@ -49,6 +49,16 @@ class Availability:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderStatus:
+    """What `GET /v1/providers` shows of a provider, before usage is added."""
+
+    healthy: bool
+    detail: str = ""
+    # Per GPU class this provider serves: how many workers at most (None: no fixed cap).
+    capacity: dict[str, int | None] = field(default_factory=dict)
+
+
 @runtime_checkable
 class Provider(Protocol):
     """A backend that creates and destroys workers.
@@ -64,7 +74,10 @@ class Provider(Protocol):
       idempotent: an already-gone worker is success. It raises ProviderError when the
       backend could not confirm.
     - `list_workers()` returns every worker labelled as this scheduler instance's, by
-      lease id, so reconciliation can find orphans and vanished workers.
+      lease id, so reconciliation can find orphans and vanished workers; None when the
+      provider does not make its workers (static endpoints): nothing to reconcile.
+    - `price(spec)` is the cost per hour of a worker for `spec` (None: unknown), for
+      the cheapest-first policy; `status()` is its health and capacity per GPU class.
     """
 
     name: str
@@ -80,6 +93,10 @@ class Provider(Protocol):
 
     async def release(self, provider_token: str, lease_id: str) -> None: ...
 
-    async def list_workers(self) -> Mapping[str, list[WorkerInfo]]: ...
+    async def list_workers(self) -> Mapping[str, list[WorkerInfo]] | None: ...
+
+    async def price(self, spec: WorkerSpec) -> float | None: ...
+
+    async def status(self) -> ProviderStatus: ...
 
     async def close(self) -> None: ...

@@ -23,7 +23,13 @@ from docker.types import DeviceRequest
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderUnavailable
 from openalice_scheduler.models import GpuClass, WorkerKind
-from openalice_scheduler.providers.base import Availability, Worker, WorkerInfo, WorkerSpec
+from openalice_scheduler.providers.base import (
+    Availability,
+    ProviderStatus,
+    Worker,
+    WorkerInfo,
+    WorkerSpec,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,6 +96,18 @@ class LocalDockerProvider:
 
     async def list_workers(self) -> Mapping[str, list[WorkerInfo]]:
         return await self._run(self._list_workers)
+
+    async def price(self, spec: WorkerSpec) -> float | None:
+        return 0.0  # the host is paid for already
+
+    async def status(self) -> ProviderStatus:
+        self._ping_at = 0.0  # a fresh look, not the cached one
+        error = await self._engine_error()
+        cap = self.max_workers or None
+        capacity: dict[str, int | None] = {GpuClass.none.value: cap}
+        if self.devices:
+            capacity[GpuClass.entry.value] = min(len(self.devices), cap or len(self.devices))
+        return ProviderStatus(healthy=error is None, detail=error or "", capacity=capacity)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.client.close)

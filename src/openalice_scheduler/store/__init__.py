@@ -1,11 +1,16 @@
 from openalice_scheduler.store.store import (
     AtCapacity,
+    DuplicateRequest,
     LeaseRecord,
     LeaseStore,
     NewLease,
+    OverQuota,
     format_us,
     from_us,
     to_us,
 )
 
-__all__ = ["AtCapacity", "LeaseRecord", "LeaseStore", "NewLease", "format_us", "from_us", "to_us"]
+__all__ = [
+    "AtCapacity", "DuplicateRequest", "LeaseRecord", "LeaseStore", "NewLease", "OverQuota",
+    "format_us", "from_us", "to_us",
+]

@@ -1,9 +1,16 @@
 """Table definitions the store queries. The schema itself is created and changed only by
 the Alembic migrations beside this file; a test checks the two agree."""
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text, text
 
 metadata = MetaData()
+
+# Where (owner_id, correlation_id) must be unique: the leases an idempotent acquire
+# returns instead of making a second worker.
+IDEMPOTENCY_SCOPE = text(
+    "state IN ('provisioning', 'active') AND owner_id IS NOT NULL "
+    "AND correlation_id IS NOT NULL"
+)
 
 # Times are integer microseconds since the epoch (UTC): exact round trips on every
 # database, cheap comparisons for the sweeper, and RFC 3339 formatting without parsing.
@@ -32,4 +39,9 @@ leases = Table(
     Column("updated_at", BigInteger, nullable=False),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_provider_state", "provider", "state"),
+    Index("ix_leases_owner_state", "owner_id", "state"),
+    Index(
+        "ux_leases_idempotency", "owner_id", "correlation_id", unique=True,
+        sqlite_where=IDEMPOTENCY_SCOPE, postgresql_where=IDEMPOTENCY_SCOPE,
+    ),
 )

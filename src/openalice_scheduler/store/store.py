@@ -22,7 +22,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import String, cast, event, func, select, text, update
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from openalice_scheduler.errors import StoreUnavailable
@@ -111,8 +111,30 @@ class AtCapacity(Exception):
         self.message = message
 
 
+class OverQuota(AtCapacity):
+    """The owner already holds MAX_LEASES_PER_OWNER live leases."""
+
+
+class DuplicateRequest(Exception):
+    """A live lease already answers this (owner_id, correlation_id)."""
+
+    def __init__(self, lease_id: str) -> None:
+        super().__init__(lease_id)
+        self.lease_id = lease_id
+
+
 _COLUMNS = [c.name for c in leases.columns]
 _LIVE = [s.value for s in LIVE_STATES]
+# What counts against an owner's quota: leases being made or in use.
+_HELD = [LeaseState.provisioning.value, LeaseState.active.value]
+
+
+def _same_request(lease: NewLease) -> tuple[Any, ...]:
+    return (
+        leases.c.owner_id == lease.owner_id,
+        leases.c.correlation_id == lease.correlation_id,
+        leases.c.state.in_(_HELD),
+    )
 
 
 class LeaseStore:
@@ -161,14 +183,65 @@ class LeaseStore:
         max_live: int,
         resources: Sequence[str] | None,
         now: int,
+        owner_quota: int = 0,
+        resource_label: str = "GPU devices",
     ) -> str | None:
         """Record `lease` as `provisioning` on `provider`, atomically checking the
         provider's cap on live workers and taking one free exclusive resource (a GPU)
         when `resources` is given. Returns the resource taken. Raises AtCapacity.
 
         Called again for the same lease after a failed provider, it moves the lease
-        (and its reservation) to the next provider."""
-        async with self._write(lock_key=f"provider:{provider}") as conn:
+        (and its reservation) to the next provider.
+
+        Raises DuplicateRequest when another live lease has the same owner_id and
+        correlation_id, OverQuota when the owner holds `owner_quota` live leases."""
+        try:
+            return await self._reserve(
+                lease, provider, max_live, resources, now, owner_quota, resource_label
+            )
+        except IntegrityError as exc:
+            # Another replica won the race for this (owner_id, correlation_id).
+            existing = await self.find_request(lease.owner_id, lease.correlation_id)
+            if existing is None:
+                raise
+            raise DuplicateRequest(existing.lease_id) from exc
+
+    async def _reserve(
+        self, lease: NewLease, provider: str, max_live: int,
+        resources: Sequence[str] | None, now: int, owner_quota: int, resource_label: str,
+    ) -> str | None:
+        lock = f"owner:{lease.owner_id}" if lease.owner_id else f"provider:{provider}"
+        async with self._write(lock_key=lock) as conn:
+            if lease.owner_id and lease.correlation_id:
+                twin = (
+                    await conn.execute(
+                        select(leases.c.lease_id).where(*_same_request(lease),
+                                                        leases.c.lease_id != lease.lease_id)
+                    )
+                ).scalar()
+                if twin is not None:
+                    raise DuplicateRequest(twin)
+            if lease.owner_id and owner_quota:
+                held = (
+                    await conn.execute(
+                        select(func.count()).select_from(leases).where(
+                            leases.c.owner_id == lease.owner_id,
+                            leases.c.state.in_(_HELD),
+                            leases.c.lease_id != lease.lease_id,
+                        )
+                    )
+                ).scalar_one()
+                if held >= owner_quota:
+                    raise OverQuota(
+                        f"owner {lease.owner_id!r} holds {held} leases; "
+                        f"MAX_LEASES_PER_OWNER is {owner_quota}"
+                    )
+            if lease.owner_id and self._write_lock is None:
+                # PostgreSQL: also serialise per provider (the cap and GPU devices).
+                await conn.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"),
+                    {"key": _lock_id(f"provider:{provider}")},
+                )
             live = (
                 leases.c.provider == provider,
                 leases.c.state.in_(_LIVE),
@@ -193,7 +266,7 @@ class LeaseStore:
                 )
                 free = [r for r in resources if r not in taken]
                 if not free:
-                    raise AtCapacity(f"all {len(resources)} GPU devices are leased")
+                    raise AtCapacity(f"all {len(resources)} {resource_label} are leased")
                 resource = free[0]
             values = {
                 "provider": provider,
@@ -345,7 +418,68 @@ class LeaseStore:
             updated_at=now,
         )
 
+    async def renew(
+        self, lease_id: str, *, expires_at: int, now: int
+    ) -> LeaseRecord | None:
+        """Move an active, unexpired lease's expiry. None when the lease is not active
+        or already past its expiry: a lease is never resurrected."""
+        async with self._write() as conn:
+            row = (
+                await conn.execute(
+                    update(leases)
+                    .where(leases.c.lease_id == lease_id)
+                    .where(leases.c.state == LeaseState.active.value)
+                    .where(leases.c.expires_at > now)
+                    .values(expires_at=expires_at, updated_at=now)
+                    .returning(*leases.c)
+                )
+            ).first()
+            return _record(row) if row else None
+
     # --- reads -----------------------------------------------------------------------
+
+    async def find_request(
+        self, owner_id: str | None, correlation_id: str | None
+    ) -> LeaseRecord | None:
+        """The live (provisioning or active) lease made for this request, if any."""
+        if not owner_id or not correlation_id:
+            return None
+        probe = NewLease("", "", "", owner_id, correlation_id, None, 0, 0, 0)
+        async with self._read() as conn:
+            row = (await conn.execute(select(leases).where(*_same_request(probe)))).first()
+            return _record(row) if row else None
+
+    async def search_wire(
+        self,
+        *,
+        states: Sequence[str],
+        owner_id: str | None = None,
+        kind: str | None = None,
+        provider: str | None = None,
+        limit: int = 1000,
+    ) -> list[dict]:
+        """Leases in any of `states` matching the filters, oldest first."""
+        query = select(leases).where(leases.c.state.in_(list(states)))
+        if owner_id is not None:
+            query = query.where(leases.c.owner_id == owner_id)
+        if kind is not None:
+            query = query.where(leases.c.kind == kind)
+        if provider is not None:
+            query = query.where(leases.c.provider == provider)
+        async with self._read() as conn:
+            rows = await conn.execute(query.order_by(leases.c.created_at).limit(limit))
+            return [_record(row).wire() for row in rows]
+
+    async def count_held(self) -> list[tuple[str, str, str | None, int]]:
+        """(provider, gpu, owner_id, n) of live leases: capacity in use and quotas."""
+        async with self._read() as conn:
+            rows = await conn.execute(
+                select(leases.c.provider, leases.c.gpu, leases.c.owner_id, func.count())
+                .where(leases.c.state.in_(_LIVE))
+                .group_by(leases.c.provider, leases.c.gpu, leases.c.owner_id)
+            )
+            return [(p, g, o, n) for p, g, o, n in rows]
+
 
     async def get(self, lease_id: str) -> LeaseRecord | None:
         async with self._read() as conn:
@@ -542,6 +676,8 @@ class LeaseStore:
         """Database outages become StoreUnavailable (503), never a 500."""
         try:
             yield
+        except IntegrityError:
+            raise  # a constraint did its job: the caller decides what it means
         except (OperationalError, DBAPIError, OSError) as exc:
             log.warning("state store unavailable: %s", type(exc).__name__)
             raise StoreUnavailable(

@@ -103,6 +103,7 @@ class RunPodClient:
     ) -> None:
         self._http = http or httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout)
         self._auth = {"Authorization": f"Bearer {api_key}"}
+        self._key = api_key
         self.retries = retries
         self.backoff = backoff
 
@@ -165,6 +166,13 @@ class RunPodClient:
 
     async def _sleep_backoff(self, attempt: int) -> None:
         await asyncio.sleep(self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random()))
+
+    def _error(self, kind: ErrorKind, detail: str, status: int | None = None) -> RunPodError:
+        """An error whose text came (partly) from RunPod: the key is blanked out of it, in
+        case an answer ever echoes the Authorization header back."""
+        if len(self._key) >= 4:
+            detail = detail.replace(self._key, "[redacted]")
+        return RunPodError(kind, detail, status)
 
 
 class RestClient(RunPodClient):
@@ -231,9 +239,8 @@ class RestClient(RunPodClient):
     def _check(self, response: httpx.Response) -> Any:
         status = response.status_code
         if status < 400:
-            return response.json() if response.content else {}
-        detail = _problem_detail(response)
-        raise RunPodError(_kind_for_status(status), detail, status)
+            return _json(response) if response.content else {}
+        raise self._error(_kind_for_status(status), _problem_detail(response), status)
 
 
 class GraphQLClient(RunPodClient):
@@ -320,17 +327,19 @@ class GraphQLClient(RunPodClient):
                 "POST", "/graphql", json={"query": query, "variables": variables},
                 retry_server_errors=retry_server_errors,
             )
-            if response.status_code >= 400:
-                raise RunPodError(
-                    _kind_for_status(response.status_code),
-                    _graphql_http_detail(response),
-                    response.status_code,
-                )
-            payload = response.json()
+            status = response.status_code
+            if status >= 400:
+                # HTTP 400 on GraphQL is a request that cannot run at all (syntax, unknown
+                # field, bad variables): our request broke the contract, like REST's 422.
+                # Capacity and rule refusals come in-band with HTTP 200 instead.
+                kind = ErrorKind.invalid if status == 400 else _kind_for_status(status)
+                raise self._error(kind, _graphql_http_detail(response), status)
+            payload = _json(response)
             errors = payload.get("errors") or []
             if not errors:
                 return payload.get("data") or {}
-            error = _graphql_error(errors[0])
+            found = _graphql_error(errors[0])
+            error = self._error(found.kind, found.detail, found.status)
             # In-band 5xx: repeat like an HTTP 5xx where that is safe.
             if error.kind == ErrorKind.server and retry_server_errors and attempt <= self.retries:
                 await self._sleep_backoff(attempt)
@@ -386,13 +395,31 @@ def _graphql_error(error: Mapping[str, Any]) -> RunPodError:
     message = str(error.get("message") or "unknown GraphQL error")[:500]
     code = str((error.get("extensions") or {}).get("code") or "")
     lowered = message.lower()
-    if "not found" in lowered:
-        return RunPodError(ErrorKind.not_found, message)
-    if "no longer any instances available" in lowered:
+    if "no longer any instances available" in lowered or code in ("SUPPLY_CONSTRAINT",
+                                                                    "BAD_USER_INPUT"):
+        # A refusal of this request (capacity or a broken rule, e.g. "data center not
+        # found"): the next candidate may be placed.
         return RunPodError(ErrorKind.rejected, message)
+    if "not found" in lowered:
+        # `pod not found to terminate` comes with the generic code: only the text says it.
+        return RunPodError(ErrorKind.not_found, message)
     if "balance" in lowered:
         return RunPodError(ErrorKind.payment, message)
     return RunPodError(_GRAPHQL_CODES.get(code, ErrorKind.server), message)
+
+
+def _json(response: httpx.Response) -> Any:
+    """The JSON object of a successful answer; anything else (an HTML page from a proxy on
+    the way) is a server-side failure, not a crash of the caller."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise RunPodError(ErrorKind.server,
+                          f"RunPod answered HTTP {response.status_code} without a JSON object",
+                          response.status_code)
+    return body
 
 
 def _kind_for_status(status: int) -> ErrorKind:

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderUnavailable
 from openalice_scheduler.models import GpuClass, WorkerKind
-from openalice_scheduler.providers.base import Availability, Worker, WorkerInfo, WorkerSpec
+from openalice_scheduler.providers.base import (
+    Availability,
+    ProviderStatus,
+    Worker,
+    WorkerInfo,
+    WorkerSpec,
+)
 from openalice_scheduler.providers.runpod.client import (
     ErrorKind,
     GpuStock,
@@ -34,6 +40,7 @@ log = logging.getLogger(__name__)
 _STOCK_RANK = {"HIGH": 3, "MEDIUM": 2, "LOW": 1, "NONE": 0}
 _KEY_RECHECK_S = 300.0
 _CREATE_ATTEMPTS = 3
+_FIRST_POLL_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +80,7 @@ class RunPodProvider:
                           for c in (GpuClass.entry, GpuClass.mid, GpuClass.high)}
         self._key_rejected_at: float | None = None
         self._catalog: tuple[float, list[GpuStock]] | None = None
-        self._catalog_lock = asyncio.Lock()
+        self._catalog_fetch: asyncio.Future[list[GpuStock]] | None = None
 
     def pod_name(self, lease_id: str) -> str:
         return f"{self.prefix}{lease_id}"
@@ -139,6 +146,37 @@ class RunPodProvider:
                 found[lease_id].append(WorkerInfo(lease_id, pod.id, running=pod.running))
         return found
 
+    async def price(self, spec: WorkerSpec) -> float | None:
+        """USD per hour of the cheapest candidate with stock; None when unknown
+        (GraphQL has no catalog) or when nothing can be placed."""
+        try:
+            candidates, _ = await self._candidates(spec)
+        except RunPodError:
+            return None
+        if not candidates or self.api == "graphql":
+            return None
+        return min(c.price for c in candidates)
+
+    async def status(self) -> ProviderStatus:
+        cap = self.max_workers or None
+        capacity: dict[str, int | None] = {
+            gpu.value: cap for gpu, types in self.gpu_types.items() if types
+        }
+        if self.api == "rest":
+            capacity[GpuClass.none.value] = cap
+        if self._key_rejected():
+            return ProviderStatus(False, "RunPod rejected RUNPOD_API_KEY (401)", capacity)
+        try:
+            if self.api == "rest":
+                self._catalog = None  # a fresh look, not the cached one
+                await self._gpu_catalog()
+            else:
+                await self.client.list_pods()
+        except RunPodError as exc:
+            self._note(exc)
+            return ProviderStatus(False, self._describe(exc), capacity)
+        return ProviderStatus(True, "", capacity)
+
     async def close(self) -> None:
         await self.client.close()
 
@@ -190,18 +228,30 @@ class RunPodProvider:
         return [c for *_, c in sorted(ranked, key=lambda r: r[:3])], ""
 
     async def _gpu_catalog(self) -> list[GpuStock] | None:
+        """The catalog, cached for RUNPOD_CATALOG_TTL_SECONDS. Concurrent callers share one
+        fetch in flight (with a TTL of 0, 50 parallel acquires still cost one call per
+        burst, not 50 calls one after another)."""
         if self.api == "graphql":
             return None
-        async with self._catalog_lock:
-            now = time.monotonic()
-            if self._catalog is None or now - self._catalog[0] > self.catalog_ttl:
-                try:
-                    catalog = await self.client.gpu_catalog()
-                except RunPodError as exc:
-                    self._note(exc)
-                    raise
-                self._catalog = (now, catalog or [])
-            return self._catalog[1]
+        cached = self._catalog
+        if cached is not None and time.monotonic() - cached[0] <= self.catalog_ttl:
+            return cached[1]
+        fetch = self._catalog_fetch
+        if fetch is None or fetch.done():
+            fetch = self._catalog_fetch = asyncio.ensure_future(self._fetch_catalog())
+            fetch.add_done_callback(_retrieve)
+        # Shielded: a caller cancelled (provision timeout) does not cancel the others' fetch.
+        return await asyncio.shield(fetch)
+
+    async def _fetch_catalog(self) -> list[GpuStock]:
+        started = time.monotonic()
+        try:
+            catalog = await self.client.gpu_catalog() or []
+        except RunPodError as exc:
+            self._note(exc)
+            raise
+        self._catalog = (started, catalog)
+        return catalog
 
     # --- pods ----------------------------------------------------------------------------
 
@@ -257,13 +307,21 @@ class RunPodProvider:
         return pods[0]
 
     async def _wait_running(self, pod: Pod, spec: WorkerSpec) -> str:
-        """Poll until the pod is RUNNING; the service bounds the whole provision."""
+        """Poll until the pod is RUNNING; the service bounds the whole provision. The first
+        look comes soon (a fast start is not made to wait a whole interval), then the wait
+        doubles up to RUNPOD_POLL_INTERVAL_SECONDS."""
         current: Pod | None = pod
+        wait = min(self.poll_interval, _FIRST_POLL_S)
         while current is not None and not current.running:
             if current.dead:
-                await self.client.terminate_pod(pod.id)
+                try:
+                    await self.client.terminate_pod(pod.id)
+                except RunPodError as exc:
+                    # The service's clean-up (by name) and the reconciler try again.
+                    log.warning("could not terminate dead pod %s yet: %s", pod.id, exc.detail)
                 raise ProviderError(f"RunPod pod {pod.id} ended as {current.status} while starting")
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self.poll_interval)
             try:
                 current = await self.client.get_pod(pod.id)
             except RunPodError as exc:
@@ -311,6 +369,12 @@ class RunPodProvider:
             return ProviderUnavailable(message)
         return ProviderError(message, transient=exc.kind not in (
             ErrorKind.unauthorized, ErrorKind.payment, ErrorKind.invalid))
+
+
+def _retrieve(future: asyncio.Future[list[GpuStock]]) -> None:
+    """Mark a shared fetch's failure as seen: its callers may all have been cancelled."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _in_region(data_center: str, region: str) -> bool:

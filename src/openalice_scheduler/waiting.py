@@ -1,0 +1,76 @@
+"""Acquires waiting for capacity (`wait_seconds`), first come first served.
+
+No polling: a waiter sleeps until capacity is freed (a release, an expiry, a failed
+provision). A freed slot wakes the waiter at the head; a waiter that still finds nothing
+passes the wake on to the one behind it, so a slot that suits only a later waiter (another
+kind or GPU class) still reaches it, and every freed slot is offered in arrival order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Waiter:
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class CapacityQueue:
+    def __init__(self) -> None:
+        self._queue: deque[Waiter] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def busy(self) -> bool:
+        """A woken waiter is retrying now: a newcomer must queue behind it, not overtake."""
+        return any(w.woken.is_set() for w in self._queue)
+
+    def join(self) -> Waiter:
+        waiter = Waiter()
+        self._queue.append(waiter)
+        return waiter
+
+    def leave(self, waiter: Waiter, *, served: bool) -> None:
+        """Leave the queue (served, timed out or gone). A waiter that was woken and did
+        not use the slot passes the wake on."""
+        if not served and waiter.woken.is_set():
+            self.pass_on(waiter)
+        with contextlib.suppress(ValueError):
+            self._queue.remove(waiter)
+
+    def freed(self) -> None:
+        """Capacity was freed: wake the first waiter not already retrying."""
+        for waiter in self._queue:
+            if not waiter.woken.is_set():
+                waiter.woken.set()
+                return
+
+    def pass_on(self, waiter: Waiter) -> None:
+        """`waiter` was woken but found nothing: it sleeps again and the next one tries."""
+        waiter.woken.clear()
+        behind = False
+        for other in self._queue:
+            if other is waiter:
+                behind = True
+            elif behind and not other.woken.is_set():
+                other.woken.set()
+                return
+
+    async def wait(self, waiter: Waiter, timeout: float, gone: asyncio.Event | None) -> bool:
+        """Sleep until woken (True), or until `timeout` or the caller is gone (False)."""
+        woken = asyncio.ensure_future(waiter.woken.wait())
+        waits: set[asyncio.Future[object]] = {woken}  # type: ignore[arg-type]
+        if gone is not None:
+            waits.add(asyncio.ensure_future(gone.wait()))
+        try:
+            await asyncio.wait(waits, timeout=max(timeout, 0.0),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in waits:
+                future.cancel()
+        return waiter.woken.is_set() and not (gone is not None and gone.is_set())
