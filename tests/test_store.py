@@ -35,10 +35,9 @@ async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 async def test_migrations_build_exactly_the_schema_the_code_uses(store: LeaseStore) -> None:
-    async with store.engine.connect() as conn:
-        diff = await conn.run_sync(
-            lambda sync: compare_metadata(MigrationContext.configure(sync), metadata)
-        )
+    diff = await store.db.read(
+        lambda conn: compare_metadata(MigrationContext.configure(conn), metadata)
+    )
     assert diff == []
     await store.migrate()  # idempotent
 

@@ -7,12 +7,10 @@ applies the outcome."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,13 +18,12 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import String, cast, event, func, select, text, update
-from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy import String, cast, func, select, text, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
-from openalice_scheduler.errors import StoreUnavailable
 from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
+from openalice_scheduler.store.database import Database, ping
 from openalice_scheduler.store.schema import leases
 
 log = logging.getLogger(__name__)
@@ -138,18 +135,9 @@ def _same_request(lease: NewLease) -> tuple[Any, ...]:
 
 
 class LeaseStore:
-    def __init__(self, database_url: str, *, echo: bool = False) -> None:
-        self.url = _async_url(database_url)
-        self.dialect = self.url.get_backend_name()
-        kwargs: dict[str, Any] = {"echo": echo, "pool_pre_ping": self.dialect != "sqlite"}
-        if self.dialect == "sqlite":
-            kwargs["connect_args"] = {"timeout": 30}
-        self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
-        if self.dialect == "sqlite":
-            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
-        # SQLite has one writer: serialise this process's writes instead of letting them
-        # collide on the file lock. (Only one process may serve a SQLite file.)
-        self._write_lock = asyncio.Lock() if self.dialect == "sqlite" else None
+    def __init__(self, database_url: str) -> None:
+        self.db = Database(database_url)
+        self.dialect = self.db.dialect
         # lease_id -> ((state, updated_at, expires_at), encoded Lease): see list_wire_json.
         self._wire_cache: dict[str, tuple[tuple[Any, ...], bytes]] = {}
         # (states, key list it was built from, body) of the last listing, SQLite only.
@@ -157,21 +145,17 @@ class LeaseStore:
 
     @property
     def sqlite_path(self) -> Path | None:
-        if self.dialect != "sqlite" or not self.url.database or self.url.database == ":memory:":
-            return None
-        return Path(self.url.database).resolve()
+        return self.db.sqlite_path
 
     async def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision."""
-        async with self._guard(), self.engine.begin() as conn:
-            await conn.run_sync(_upgrade)
+        await self.db.write(_upgrade)
 
     async def close(self) -> None:
-        await self.engine.dispose()
+        await self.db.close()
 
     async def ping(self) -> None:
-        async with self._guard(), self.engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
+        await self.db.read(ping)
 
     # --- acquire ---------------------------------------------------------------------
 
@@ -210,11 +194,15 @@ class LeaseStore:
         self, lease: NewLease, provider: str, max_live: int,
         resources: Sequence[str] | None, now: int, owner_quota: int, resource_label: str,
     ) -> str | None:
-        lock = f"owner:{lease.owner_id}" if lease.owner_id else f"provider:{provider}"
-        async with self._write(lock_key=lock) as conn:
+        def _tx(conn: Connection) -> Any:
+            # PostgreSQL: serialise per owner (quota, idempotency), then per provider
+            # (its cap and GPU devices) across replicas. SQLite has one writer anyway.
+            if lease.owner_id:
+                _lock(conn, f"owner:{lease.owner_id}")
+            _lock(conn, f"provider:{provider}")
             if lease.owner_id and lease.correlation_id:
                 twin = (
-                    await conn.execute(
+                    conn.execute(
                         select(leases.c.lease_id).where(*_same_request(lease),
                                                         leases.c.lease_id != lease.lease_id)
                     )
@@ -223,7 +211,7 @@ class LeaseStore:
                     raise DuplicateRequest(twin)
             if lease.owner_id and owner_quota:
                 held = (
-                    await conn.execute(
+                    conn.execute(
                         select(func.count()).select_from(leases).where(
                             leases.c.owner_id == lease.owner_id,
                             leases.c.state.in_(_HELD),
@@ -236,12 +224,6 @@ class LeaseStore:
                         f"owner {lease.owner_id!r} holds {held} leases; "
                         f"MAX_LEASES_PER_OWNER is {owner_quota}"
                     )
-            if lease.owner_id and self._write_lock is None:
-                # PostgreSQL: also serialise per provider (the cap and GPU devices).
-                await conn.execute(
-                    text("SELECT pg_advisory_xact_lock(:key)"),
-                    {"key": _lock_id(f"provider:{provider}")},
-                )
             live = (
                 leases.c.provider == provider,
                 leases.c.state.in_(_LIVE),
@@ -249,7 +231,7 @@ class LeaseStore:
             )
             if max_live:
                 count = (
-                    await conn.execute(select(func.count()).select_from(leases).where(*live))
+                    conn.execute(select(func.count()).select_from(leases).where(*live))
                 ).scalar_one()
                 if count >= max_live:
                     raise AtCapacity(f"at capacity ({count}/{max_live} live workers)")
@@ -257,7 +239,7 @@ class LeaseStore:
             if resources is not None:
                 taken = set(
                     (
-                        await conn.execute(
+                        conn.execute(
                             select(leases.c.resource).where(
                                 *live, leases.c.resource.is_not(None)
                             )
@@ -274,14 +256,14 @@ class LeaseStore:
                 "resource": resource,
                 "updated_at": now,
             }
-            moved = await conn.execute(
+            moved = conn.execute(
                 update(leases)
                 .where(leases.c.lease_id == lease.lease_id)
                 .where(leases.c.state == LeaseState.provisioning.value)
                 .values(**values)
             )
             if moved.rowcount == 0:
-                await conn.execute(
+                conn.execute(
                     leases.insert().values(
                         lease_id=lease.lease_id,
                         kind=lease.kind,
@@ -299,6 +281,8 @@ class LeaseStore:
                     )
                 )
             return resource
+
+        return await self.db.write(_tx)
 
     async def activate(
         self, lease_id: str, *, endpoint: str, provider_token: str, now: int
@@ -344,9 +328,9 @@ class LeaseStore:
 
     async def claim_expired(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
         """Active leases past `expires_at`, moved to `releasing` (reason `expired`)."""
-        async with self._write() as conn:
+        def _tx(conn: Connection) -> Any:
             ids = (
-                await conn.execute(
+                conn.execute(
                     select(leases.c.lease_id)
                     .where(leases.c.state == LeaseState.active.value)
                     .where(leases.c.expires_at <= now)
@@ -354,15 +338,17 @@ class LeaseStore:
                     .limit(limit)
                 )
             ).scalars().all()
-            return await self._claim_many(
+            return _claim_many(
                 conn, ids, LeaseState.active, now, release_reason=ReleaseReason.expired.value
             )
 
+        return await self.db.write(_tx)
+
     async def claim_retries(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
         """`releasing` leases whose next attempt is due, claimed for one attempt."""
-        async with self._write() as conn:
+        def _tx(conn: Connection) -> Any:
             ids = (
-                await conn.execute(
+                conn.execute(
                     select(leases.c.lease_id)
                     .where(leases.c.state == LeaseState.releasing.value)
                     .where(leases.c.next_attempt_at <= now)
@@ -370,9 +356,11 @@ class LeaseStore:
                     .limit(limit)
                 )
             ).scalars().all()
-            return await self._claim_many(
+            return _claim_many(
                 conn, ids, LeaseState.releasing, now, next_due_before=now
             )
+
+        return await self.db.write(_tx)
 
     async def finish_release(
         self, lease_id: str, *, now: int, reason: ReleaseReason | None = None
@@ -390,9 +378,9 @@ class LeaseStore:
     async def release_attempt_failed(
         self, lease_id: str, *, error: str, retry_at: int, now: int
     ) -> LeaseRecord | None:
-        async with self._write() as conn:
+        def _tx(conn: Connection) -> Any:
             row = (
-                await conn.execute(
+                conn.execute(
                     update(leases)
                     .where(leases.c.lease_id == lease_id)
                     .where(leases.c.state == LeaseState.releasing.value)
@@ -406,6 +394,8 @@ class LeaseStore:
                 )
             ).first()
             return _record(row) if row else None
+
+        return await self.db.write(_tx)
 
     async def mark_lost(self, lease_id: str, *, now: int) -> LeaseRecord | None:
         """active → released (reason `lost`): its worker vanished on its own."""
@@ -423,9 +413,9 @@ class LeaseStore:
     ) -> LeaseRecord | None:
         """Move an active, unexpired lease's expiry. None when the lease is not active
         or already past its expiry: a lease is never resurrected."""
-        async with self._write() as conn:
+        def _tx(conn: Connection) -> Any:
             row = (
-                await conn.execute(
+                conn.execute(
                     update(leases)
                     .where(leases.c.lease_id == lease_id)
                     .where(leases.c.state == LeaseState.active.value)
@@ -436,6 +426,8 @@ class LeaseStore:
             ).first()
             return _record(row) if row else None
 
+        return await self.db.write(_tx)
+
     # --- reads -----------------------------------------------------------------------
 
     async def find_request(
@@ -445,9 +437,11 @@ class LeaseStore:
         if not owner_id or not correlation_id:
             return None
         probe = NewLease("", "", "", owner_id, correlation_id, None, 0, 0, 0)
-        async with self._read() as conn:
-            row = (await conn.execute(select(leases).where(*_same_request(probe)))).first()
+        def _tx(conn: Connection) -> Any:
+            row = (conn.execute(select(leases).where(*_same_request(probe)))).first()
             return _record(row) if row else None
+
+        return await self.db.read(_tx)
 
     async def search_wire(
         self,
@@ -466,34 +460,42 @@ class LeaseStore:
             query = query.where(leases.c.kind == kind)
         if provider is not None:
             query = query.where(leases.c.provider == provider)
-        async with self._read() as conn:
-            rows = await conn.execute(query.order_by(leases.c.created_at).limit(limit))
+        def _tx(conn: Connection) -> Any:
+            rows = conn.execute(query.order_by(leases.c.created_at).limit(limit))
             return [_record(row).wire() for row in rows]
+
+        return await self.db.read(_tx)
 
     async def count_held(self) -> list[tuple[str, str, str | None, int]]:
         """(provider, gpu, owner_id, n) of live leases: capacity in use and quotas."""
-        async with self._read() as conn:
-            rows = await conn.execute(
+        def _tx(conn: Connection) -> Any:
+            rows = conn.execute(
                 select(leases.c.provider, leases.c.gpu, leases.c.owner_id, func.count())
                 .where(leases.c.state.in_(_LIVE))
                 .group_by(leases.c.provider, leases.c.gpu, leases.c.owner_id)
             )
             return [(p, g, o, n) for p, g, o, n in rows]
 
+        return await self.db.read(_tx)
+
 
     async def get(self, lease_id: str) -> LeaseRecord | None:
-        async with self._read() as conn:
-            row = (await conn.execute(select(leases).where(leases.c.lease_id == lease_id))).first()
+        def _tx(conn: Connection) -> Any:
+            row = (conn.execute(select(leases).where(leases.c.lease_id == lease_id))).first()
             return _record(row) if row else None
 
+        return await self.db.read(_tx)
+
     async def list_wire(self, states: Sequence[LeaseState] = (LeaseState.active,)) -> list[dict]:
-        async with self._read() as conn:
-            rows = await conn.execute(
+        def _tx(conn: Connection) -> Any:
+            rows = conn.execute(
                 select(leases)
                 .where(leases.c.state.in_([s.value for s in states]))
                 .order_by(leases.c.created_at)
             )
             return [_record(row).wire() for row in rows]
+
+        return await self.db.read(_tx)
 
     async def list_wire_json(self, states: Sequence[LeaseState] = (LeaseState.active,)) -> bytes:
         """The JSON array of `list_wire(states)`, byte for byte what JSONResponse renders
@@ -511,6 +513,9 @@ class LeaseStore:
         particular but stable order); when it equals the string the last body was built
         from, exactly the same leases are listed unchanged, and the body is reused."""
         wanted = tuple(s.value for s in states)
+        return await self.db.read(self._list_wire_json, wanted)
+
+    def _list_wire_json(self, conn: Connection, wanted: tuple[str, ...]) -> bytes:
         cache = self._wire_cache
         kept: dict[str, tuple[tuple[Any, ...], bytes]] = {}
         parts: list[bytes] = []
@@ -518,43 +523,39 @@ class LeaseStore:
         missing: dict[str, int] = {}  # lease_id -> its place in `parts`
         consistent = True  # the body shows exactly the rows `keys` lists
         listed = None
-        async with self._read() as conn:
-            if self.dialect == "sqlite":
-                listed = (await conn.execute(_sqlite_wire_keys(wanted))).scalar_one()
-                last = self._wire_body
-                if last is not None and last[0] == wanted and last[1] == listed:
-                    return last[2]
-            keyed = (
-                await conn.execute(
-                    select(leases.c.lease_id, leases.c.state, leases.c.updated_at,
-                           leases.c.expires_at)
-                    .where(leases.c.state.in_(wanted))
-                    .order_by(leases.c.created_at)
-                )
-            ).all()
-            for lease_id, state, updated_at, expires_at in keyed:
-                keys.append(f"{lease_id} {state} {updated_at} {expires_at}")
-                hit = cache.get(lease_id)
-                if hit is not None and hit[0] == (state, updated_at, expires_at):
-                    kept[lease_id] = hit
-                    parts.append(hit[1])
-                else:
-                    missing[lease_id] = len(parts)
-                    parts.append(b"")
-            if missing:
-                query = select(*_WIRE_SELECT).where(leases.c.state.in_(wanted))
-                ids = list(missing)
-                batches = [
-                    query.where(leases.c.lease_id.in_(ids[i:i + _WIRE_BATCH]))
-                    for i in range(0, len(ids), _WIRE_BATCH)
-                ] if len(ids) <= _WIRE_FETCH_ALL_OVER else [query]
-                for batch in batches:
-                    for row in await conn.execute(batch):
-                        place = missing.get(row[0])
-                        if place is not None:
-                            kept[row[0]] = entry = _wire_fragment(row)
-                            parts[place] = entry[1]
-                            consistent &= keys[place].endswith(_key_tail(entry[0]))
+        if self.dialect == "sqlite":
+            listed = conn.execute(_sqlite_wire_keys(wanted)).scalar_one()
+            last = self._wire_body
+            if last is not None and last[0] == wanted and last[1] == listed:
+                return last[2]
+        keyed = conn.execute(
+            select(leases.c.lease_id, leases.c.state, leases.c.updated_at, leases.c.expires_at)
+            .where(leases.c.state.in_(wanted))
+            .order_by(leases.c.created_at)
+        ).all()
+        for lease_id, state, updated_at, expires_at in keyed:
+            keys.append(f"{lease_id} {state} {updated_at} {expires_at}")
+            hit = cache.get(lease_id)
+            if hit is not None and hit[0] == (state, updated_at, expires_at):
+                kept[lease_id] = hit
+                parts.append(hit[1])
+            else:
+                missing[lease_id] = len(parts)
+                parts.append(b"")
+        if missing:
+            query = select(*_WIRE_SELECT).where(leases.c.state.in_(wanted))
+            ids = list(missing)
+            batches = [
+                query.where(leases.c.lease_id.in_(ids[i:i + _WIRE_BATCH]))
+                for i in range(0, len(ids), _WIRE_BATCH)
+            ] if len(ids) <= _WIRE_FETCH_ALL_OVER else [query]
+            for batch in batches:
+                for row in conn.execute(batch):
+                    place = missing.get(row[0])
+                    if place is not None:
+                        kept[row[0]] = entry = _wire_fragment(row)
+                        parts[place] = entry[1]
+                        consistent &= keys[place].endswith(_key_tail(entry[0]))
         self._wire_cache = kept
         if len(kept) < len(parts):
             consistent = False
@@ -568,47 +569,53 @@ class LeaseStore:
         return body
 
     async def live(self, provider: str | None = None) -> list[LeaseRecord]:
-        async with self._read() as conn:
+        def _tx(conn: Connection) -> Any:
             query = select(leases).where(leases.c.state.in_(_LIVE))
             if provider is not None:
                 query = query.where(leases.c.provider == provider)
-            return [_record(row) for row in await conn.execute(query)]
+            return [_record(row) for row in conn.execute(query)]
+
+        return await self.db.read(_tx)
 
     async def next_due(self) -> int | None:
         """The earliest moment the sweeper has work: an expiry or a release retry."""
-        async with self._read() as conn:
+        def _tx(conn: Connection) -> Any:
             expiry = (
-                await conn.execute(
+                conn.execute(
                     select(func.min(leases.c.expires_at)).where(
                         leases.c.state == LeaseState.active.value
                     )
                 )
             ).scalar()
             retry = (
-                await conn.execute(
+                conn.execute(
                     select(func.min(leases.c.next_attempt_at)).where(
                         leases.c.state == LeaseState.releasing.value
                     )
                 )
             ).scalar()
-        due = [t for t in (expiry, retry) if t is not None]
-        return min(due) if due else None
+            due = [t for t in (expiry, retry) if t is not None]
+            return min(due) if due else None
+
+        return await self.db.read(_tx)
 
     async def count_by_state(self) -> dict[str, int]:
-        async with self._read() as conn:
-            rows = await conn.execute(
+        def _tx(conn: Connection) -> Any:
+            rows = conn.execute(
                 select(leases.c.state, func.count()).group_by(leases.c.state)
             )
             return {state: count for state, count in rows}
+
+        return await self.db.read(_tx)
 
     # --- internals -------------------------------------------------------------------
 
     async def _transition(
         self, lease_id: str, expected: Sequence[LeaseState], **values: Any
     ) -> LeaseRecord | None:
-        async with self._write() as conn:
+        def _tx(conn: Connection) -> Any:
             row = (
-                await conn.execute(
+                conn.execute(
                     update(leases)
                     .where(leases.c.lease_id == lease_id)
                     .where(leases.c.state.in_([s.value for s in expected]))
@@ -618,72 +625,7 @@ class LeaseStore:
             ).first()
             return _record(row) if row else None
 
-    async def _claim_many(
-        self,
-        conn: AsyncConnection,
-        ids: Sequence[str],
-        expected: LeaseState,
-        now: int,
-        *,
-        next_due_before: int | None = None,
-        **values: Any,
-    ) -> list[LeaseRecord]:
-        claimed = []
-        for lease_id in ids:
-            query = (
-                update(leases)
-                .where(leases.c.lease_id == lease_id)
-                .where(leases.c.state == expected.value)
-            )
-            if next_due_before is not None:
-                query = query.where(leases.c.next_attempt_at <= next_due_before)
-            row = (
-                await conn.execute(
-                    query.values(
-                        state=LeaseState.releasing.value,
-                        next_attempt_at=now + RELEASE_CLAIM_US,
-                        updated_at=now,
-                        **values,
-                    ).returning(*leases.c)
-                )
-            ).first()
-            if row:
-                claimed.append(_record(row))
-        return claimed
-
-    @asynccontextmanager
-    async def _write(self, lock_key: str | None = None) -> AsyncIterator[AsyncConnection]:
-        async with self._guard():
-            if self._write_lock is not None:
-                async with self._write_lock, self.engine.begin() as conn:
-                    yield conn
-                return
-            async with self.engine.begin() as conn:
-                if lock_key is not None:
-                    # Serialise reservations for one provider across replicas.
-                    await conn.execute(
-                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_id(lock_key)}
-                    )
-                yield conn
-
-    @asynccontextmanager
-    async def _read(self) -> AsyncIterator[AsyncConnection]:
-        async with self._guard(), self.engine.connect() as conn:
-            yield conn
-
-    @asynccontextmanager
-    async def _guard(self) -> AsyncIterator[None]:
-        """Database outages become StoreUnavailable (503), never a 500."""
-        try:
-            yield
-        except IntegrityError:
-            raise  # a constraint did its job: the caller decides what it means
-        except (OperationalError, DBAPIError, OSError) as exc:
-            log.warning("state store unavailable: %s", type(exc).__name__)
-            raise StoreUnavailable(
-                "the state store is unavailable; try again shortly",
-                cause=type(exc).__name__,
-            ) from exc
+        return await self.db.write(_tx)
 
 
 # Columns a `Lease` is made of, then the cache key (state, updated_at, expires_at).
@@ -744,6 +686,39 @@ def _sqlite_wire_keys(states: Sequence[str]) -> Any:
     )
 
 
+def _claim_many(
+    conn: Connection,
+    ids: Sequence[str],
+    expected: LeaseState,
+    now: int,
+    *,
+    next_due_before: int | None = None,
+    **values: Any,
+) -> list[LeaseRecord]:
+    """Move each lease of `ids` still in `expected` to `releasing`, claimed for one
+    attempt; the rows actually claimed (a racing claimer may have won some)."""
+    claimed = []
+    for lease_id in ids:
+        query = (
+            update(leases)
+            .where(leases.c.lease_id == lease_id)
+            .where(leases.c.state == expected.value)
+        )
+        if next_due_before is not None:
+            query = query.where(leases.c.next_attempt_at <= next_due_before)
+        row = conn.execute(
+            query.values(
+                state=LeaseState.releasing.value,
+                next_attempt_at=now + RELEASE_CLAIM_US,
+                updated_at=now,
+                **values,
+            ).returning(*leases.c)
+        ).first()
+        if row:
+            claimed.append(_record(row))
+    return claimed
+
+
 def _record(row: Any) -> LeaseRecord:
     # Positional: rows come from `select(leases)` / `returning(*leases.c)`, whose column
     # order is the field order (checked below); `row._mapping` per field is 10x slower.
@@ -753,30 +728,17 @@ def _record(row: Any) -> LeaseRecord:
 assert [f.name for f in fields(LeaseRecord)] == _COLUMNS, "LeaseRecord fields != leases columns"
 
 
-def _async_url(database_url: str) -> Any:
-    url = make_url(database_url)
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        return url.set(drivername="sqlite+aiosqlite")
-    if backend in ("postgresql", "postgres"):
-        return url.set(drivername="postgresql+asyncpg")
-    raise ValueError(f"unsupported DATABASE_URL scheme {backend!r}")
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    # FULL: a committed lease survives power loss too, not only a killed process.
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
-
-
 def _upgrade(connection: Connection) -> None:
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
+
+
+def _lock(conn: Connection, key: str) -> None:
+    """A transaction-scoped lock on `key` across replicas (PostgreSQL only)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_id(key)})
 
 
 def _lock_id(key: str) -> int:
