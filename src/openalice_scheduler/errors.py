@@ -63,6 +63,12 @@ class NoProviderAvailable(SchedulerError):
     code = "no_provider_available"
     status = 503
 
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds until capacity may free up (the `Retry-After` header), when known."""
+        value = self.headers.get("Retry-After", "")
+        return int(value) if value.isdigit() else None
+
 
 class ProvisionFailed(SchedulerError):
     """Every candidate provider failed to provision; `failures` lists each."""

@@ -1,0 +1,136 @@
+"""The `openalice-scheduler` console script against the real service, as a script would run
+it: a subprocess with SCHEDULER_URL and INTERNAL_SECRET in its environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.harness import SECRET, Scheduler, free_port
+
+CLI = Path(sys.executable).parent / "openalice-scheduler"
+STATIC_WORKERS = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
+ENV_VALUE = "env-value-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+def static(make_scheduler: Callable[..., Scheduler]) -> Scheduler:
+    return make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS,
+                          MAX_LEASES_PER_OWNER="1")
+
+
+def cli(url: str, *args: str, secret: str | None = SECRET) -> subprocess.CompletedProcess[str]:
+    """Run the console script; whatever it does, neither the secret nor a worker env value
+    may appear in what it prints."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("INTERNAL_SECRET", "SCHEDULER_URL", "COLUMNS")}
+    env["SCHEDULER_URL"] = url
+    if secret is not None:
+        env["INTERNAL_SECRET"] = secret
+    done = subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    printed = done.stdout + done.stderr
+    assert SECRET not in printed
+    assert ENV_VALUE not in printed
+    return done
+
+
+def test_lease_commands_round_trip(static: Scheduler) -> None:
+    acquired = cli(static.url, "lease", "acquire", "--kind", "renderer", "--ttl", "600",
+                   "--owner", "me", "--correlation-id", "job-1", "--env", f"TOKEN={ENV_VALUE}",
+                   "--json")
+    assert acquired.returncode == 0, acquired.stderr
+    assert acquired.stderr == ""  # the spinner shows on a terminal only
+    lease = json.loads(acquired.stdout)
+    lease_id = lease["lease_id"]
+    assert lease == static.http.get(f"/v1/lease/{lease_id}").json()
+    assert (lease["kind"], lease["owner_id"], lease["correlation_id"], lease["state"]) == (
+        "renderer", "me", "job-1", "active")
+
+    got = cli(static.url, "lease", "get", lease_id, "--json")
+    assert (got.returncode, json.loads(got.stdout)) == (0, lease)
+    table = cli(static.url, "lease", "get", lease_id)
+    assert table.returncode == 0 and lease_id in table.stdout and lease["endpoint"] in table.stdout
+
+    listed = cli(static.url, "lease", "ls", "--owner", "me", "--kind", "renderer", "--json")
+    assert [x["lease_id"] for x in json.loads(listed.stdout)] == [lease_id]
+    assert json.loads(cli(static.url, "lease", "ls", "--state", "released", "--state",
+                          "failed", "--json").stdout) == []
+    rows = cli(static.url, "lease", "ls").stdout.splitlines()
+    assert any(row.startswith(lease_id) and "active" in row for row in rows), rows
+
+    renewed = cli(static.url, "lease", "renew", lease_id, "--ttl", "1200", "--owner", "me",
+                  "--json")
+    assert renewed.returncode == 0, renewed.stderr
+    assert json.loads(renewed.stdout)["expires_at"] > lease["expires_at"]
+
+    [view] = json.loads(cli(static.url, "providers", "--json").stdout)
+    assert (view["name"], view["in_use"]) == ("static", 1)
+    assert "static" in cli(static.url, "providers").stdout
+
+    # Without --owner the service refuses; with it the lease ends.
+    assert cli(static.url, "lease", "release", lease_id).returncode == 4
+    released = cli(static.url, "lease", "release", lease_id, "--owner", "me", "--json")
+    assert (released.returncode, json.loads(released.stdout)) == (
+        0, {"lease_id": lease_id, "released": True})
+    assert json.loads(cli(static.url, "lease", "get", lease_id, "--json").stdout)[
+        "state"] == "released"
+    assert cli(static.url, "lease", "ls").stdout.strip() == "No leases."
+
+
+def test_exit_codes(static: Scheduler) -> None:
+    missing = cli(static.url, "lease", "get", str(uuid.uuid4()))
+    assert missing.returncode == 3 and "lease_not_found" in missing.stderr
+    assert missing.stdout == ""
+
+    wrong = cli(static.url, "lease", "ls", secret="wrong-secret")
+    assert wrong.returncode == 4 and "unauthorized" in wrong.stderr
+    unset = cli(static.url, "lease", "ls", secret=None)
+    assert unset.returncode == 2 and "INTERNAL_SECRET" in unset.stderr
+
+    assert cli(static.url, "lease", "acquire", "--kind", "renderer", "--ttl", "0").returncode == 2
+    bad_env = cli(static.url, "lease", "acquire", "--kind", "renderer", "--env", ENV_VALUE)
+    assert bad_env.returncode == 2 and "KEY=VALUE" in bad_env.stderr
+    bad_key = cli(static.url, "lease", "acquire", "--kind", "renderer",
+                  "--env", f"bad-key={ENV_VALUE}")
+    assert bad_key.returncode == 2 and "bad-key" in bad_key.stderr
+    assert cli(static.url, "lease", "acquire", "--kind", "painter").returncode == 2
+
+    assert cli(static.url, "lease", "acquire", "--kind", "anim").returncode == 0
+    full = cli(static.url, "lease", "acquire", "--kind", "anim", "--json")
+    assert full.returncode == 5 and full.stdout == ""
+    error = json.loads(full.stderr)
+    assert (error["error"], error["status"]) == ("no_provider_available", 503)
+    assert 1 <= error["retry_after"] <= 300
+
+    assert cli(static.url, "lease", "acquire", "--kind", "renderer", "--owner", "o").returncode == 0
+    quota = cli(static.url, "lease", "acquire", "--kind", "renderer", "--owner", "o")
+    assert quota.returncode == 7 and "quota_exceeded" in quota.stderr
+
+    nowhere = cli(f"http://127.0.0.1:{free_port()}", "providers")
+    assert nowhere.returncode == 5 and "cannot reach" in nowhere.stderr
+
+
+def test_provision_failure_exits_6(make_scheduler: Callable[..., Scheduler]) -> None:
+    sched = make_scheduler(PROVIDERS="local-docker", RENDERER_IMAGE="openalice-missing:never")
+    failed = cli(sched.url, "lease", "acquire", "--kind", "renderer")
+    assert failed.returncode == 6
+    assert "provision_failed" in failed.stderr and "openalice-missing:never" in failed.stderr
+
+
+def test_help_documents_the_exit_codes() -> None:
+    for args in (["lease", "--help"], ["lease", "acquire", "--help"], ["providers", "--help"]):
+        shown = cli("http://127.0.0.1:1", *args)
+        assert shown.returncode == 0
+        text = " ".join(shown.stdout.split())
+        for code in ("0 ok", "1 other error", "2 usage", "3 lease not found",
+                     "4 unauthorized or forbidden", "5 no capacity", "6 provision failed",
+                     "7 owner quota"):
+            assert code in text, (args, code)
