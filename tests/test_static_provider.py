@@ -1,0 +1,143 @@
+"""The `static` provider over real HTTP: a fixed pool of already-running endpoints from
+STATIC_WORKERS, each leased to one caller at a time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.harness import SECRET, Scheduler
+
+Make = Callable[..., Scheduler]
+POOL = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
+
+
+def static(make_scheduler: Make, workers: str = POOL, **env: str) -> Scheduler:
+    return make_scheduler(PROVIDERS="static", STATIC_WORKERS=workers, **env)
+
+
+def acquire_at_once(sched: Scheduler, n: int, **body: object) -> list[httpx.Response]:
+    barrier = threading.Barrier(n)
+    results: list[httpx.Response | BaseException] = [RuntimeError("no answer")] * n
+
+    def post(i: int) -> None:
+        try:
+            with httpx.Client(base_url=sched.url, headers={"X-Internal-Secret": SECRET},
+                              timeout=60) as client:
+                barrier.wait(30)
+                results[i] = client.post("/v1/lease", json={"kind": "renderer", **body})
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            results[i] = exc
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    responses = []
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+        responses.append(result)
+    return responses
+
+
+def test_each_endpoint_is_leased_exclusively(make_scheduler: Make) -> None:
+    sched = static(make_scheduler)
+    responses = acquire_at_once(sched, 2)
+    assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
+    leases = [r.json()["lease"] for r in responses]
+    assert sorted(lease["endpoint"] for lease in leases) == ["http://a:8080", "http://b:8080"]
+    for response, lease in zip(responses, leases, strict=True):
+        assert response.json()["provider"] == "static" == lease["provider"]
+        assert lease["provider_token"] == lease["endpoint"] and lease["state"] == "active"
+
+    third = sched.acquire()
+    assert third.status_code == 503, third.text
+    body = third.json()
+    assert body["error"] == "no_provider_available"
+    assert "static" in body["reasons"] and "static endpoints" in body["message"], body
+    assert "Retry-After" in third.headers
+
+    # Release returns the endpoint to the pool: the next renderer gets exactly it.
+    freed = leases[0]
+    assert sched.release(freed["lease_id"]).status_code == 204
+    again = sched.lease()
+    assert again["endpoint"] == freed["endpoint"]
+    assert sched.acquire().status_code == 503
+    assert {lease["endpoint"] for lease in sched.leases()} == {"http://a:8080", "http://b:8080"}
+
+
+def test_kinds_and_gpu_classes_have_their_own_pools(make_scheduler: Make) -> None:
+    sched = static(make_scheduler, POOL + ";renderer:entry=http://gpu-box:8080")
+    anim = sched.lease(kind="anim")
+    assert anim["endpoint"] == "http://c:9000" and anim["provider"] == "static"
+    busy = sched.acquire(kind="anim")
+    assert busy.status_code == 503, busy.text
+
+    # Renderers are untouched by the anim pool being empty.
+    assert sched.lease(kind="renderer")["endpoint"] in ("http://a:8080", "http://b:8080")
+    gpu = sched.lease(kind="renderer", gpu="entry")
+    assert gpu["endpoint"] == "http://gpu-box:8080" and gpu["gpu"] == "entry"
+
+    for request in ({"kind": "anim", "gpu": "entry"}, {"kind": "renderer", "gpu": "high"}):
+        response = sched.acquire(**request)
+        assert response.status_code == 503, response.text
+        assert "no static" in response.json()["reasons"]["static"], response.json()
+
+    assert sched.release(anim["lease_id"]).status_code == 204
+    assert sched.lease(kind="anim")["endpoint"] == "http://c:9000"
+
+
+def test_static_workers_are_never_created_nor_destroyed(make_scheduler: Make) -> None:
+    sched = static(make_scheduler)
+    lease = sched.lease(ttl_seconds=600)
+    assert sched.containers() == []
+    assert sched.release(lease["lease_id"]).status_code == 204
+    assert sched.containers() == []
+    assert sched.metric("scheduler_leases_released_total", provider="static",
+                        reason="explicit") == 1
+
+
+def test_static_pool_with_region(make_scheduler: Make) -> None:
+    sched = static(make_scheduler, STATIC_REGION="eu-west")
+    assert sched.lease(region="eu-west")["provider"] == "static"
+    elsewhere = sched.acquire(region="us-east")
+    assert elsewhere.status_code == 503, elsewhere.text
+    assert "region" in elsewhere.json()["reasons"]["static"]
+
+
+def _serve(make_scheduler: Make, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    s = make_scheduler(start=False, PROVIDERS="static", **env)
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "STATIC_"))}
+    full.update(s.env, SCHEDULER_PORT=str(s.port), PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "openalice_scheduler", "serve"], env=full,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+def test_bad_static_workers_stop_start_up_with_one_clear_line(
+    make_scheduler: Make, tmp_path: Path
+) -> None:
+    cases = {
+        "renderer": "not kind=url",
+        "painter=http://a:8080": "painter",
+        "renderer:ultra=http://a:8080": "renderer:ultra",
+        "renderer=ftp://a:8080": "ftp://a:8080",
+        "renderer=http://a:8080,http://a:8080": "listed twice",
+        " ; ": "no worker endpoints",
+        None: "not set",
+    }
+    for value, expected in cases.items():
+        env = {} if value is None else {"STATIC_WORKERS": value}
+        result = _serve(make_scheduler, tmp_path, **env)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode != 0, (value, result.stderr)
+        assert len(lines) == 1, (value, result.stderr)
+        assert "STATIC_WORKERS" in lines[0] and expected in lines[0], (value, lines)
+        assert "Traceback" not in result.stderr and SECRET not in result.stderr
