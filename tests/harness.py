@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
@@ -194,6 +195,25 @@ def fetch_in_network(network: str, url: str) -> str:
         network=network, remove=True, labels={INSTANCE_LABEL: "probe"},
     )
     return out.decode()
+
+
+PG_HOST = os.environ.get("OPENALICE_TEST_PGHOST", "/var/run/postgresql")
+
+
+@contextmanager
+def database_url(kind: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database of `kind` (sqlite or postgresql) for one test."""
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'state.db'}"
+        return
+    name = f"oa_test_{uuid.uuid4().hex[:12]}"
+    subprocess.run(["psql", "-h", PG_HOST, "-d", "postgres", "-qc", f"CREATE DATABASE {name}"],
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://{getpass.getuser()}@/{name}?host={PG_HOST}"
+    finally:
+        subprocess.run(["psql", "-h", PG_HOST, "-d", "postgres", "-qc",
+                        f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
 
 
 @contextmanager

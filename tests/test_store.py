@@ -14,6 +14,7 @@ from alembic.migration import MigrationContext
 from openalice_scheduler.models import ReleaseReason
 from openalice_scheduler.store import AtCapacity, LeaseStore, NewLease
 from openalice_scheduler.store.schema import metadata
+from tests.harness import database_url
 
 NOW = 1_800_000_000_000_000
 
@@ -26,12 +27,13 @@ def new_lease(expires_in_s: int = 60) -> NewLease:
     )
 
 
-@pytest.fixture
-async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
-    s = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
-    await s.migrate()
-    yield s
-    await s.close()
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+    with database_url(request.param, tmp_path) as url:
+        s = LeaseStore(url)
+        await s.migrate()
+        yield s
+        await s.close()
 
 
 async def test_migrations_build_exactly_the_schema_the_code_uses(store: LeaseStore) -> None:
@@ -42,8 +44,10 @@ async def test_migrations_build_exactly_the_schema_the_code_uses(store: LeaseSto
     await store.migrate()  # idempotent
 
 
-async def test_sqlite_runs_in_wal_mode(store: LeaseStore, tmp_path: Path) -> None:
-    await store.ping()
+async def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
+    store = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
+    await store.migrate()
+    await store.close()
     mode = sqlite3.connect(tmp_path / "store.db").execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
 

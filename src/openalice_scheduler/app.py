@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from openalice_scheduler.api import leases, ops
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import BodyTooLarge, SchedulerError, Unauthorized
-from openalice_scheduler.loops import Reconciler, Sweeper
+from openalice_scheduler.loops import Heartbeat, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.policy import build_policy
 from openalice_scheduler.providers import Provider, build_providers
@@ -71,10 +71,13 @@ def create_app(
                 max_leases_per_owner=settings.max_leases_per_owner, clock=clock,
             )
             sweeper = Sweeper(service, tracing.tracer, settings.sweep_interval_seconds)
+            beat = min(5.0, settings.reconcile_interval_seconds / 2)
+            heartbeat = Heartbeat(service, beat)
             reconciler = Reconciler(
                 service, tracing.tracer, settings.reconcile_interval_seconds,
-                settings.provision_timeout_seconds,
+                settings.provision_timeout_seconds, replica_timeout=3 * beat + 1,
             )
+            await heartbeat.run_once()
             app.state.service, app.state.sweeper, app.state.reconciler = (
                 service, sweeper, reconciler,
             )
@@ -90,11 +93,13 @@ def create_app(
                             type(exc).__name__)
             sweeper.start()
             reconciler.start()
+            heartbeat.start()
             log.info("openalice-scheduler %s serving: providers=%s, store=%s",
                      service_version(), ",".join(p.name for p in providers), store.dialect)
             yield
             await sweeper.stop()
             await reconciler.stop()
+            await heartbeat.stop()
         finally:
             for provider in providers:
                 await provider.close()

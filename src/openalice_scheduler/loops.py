@@ -19,6 +19,7 @@ from openalice_scheduler.store import LeaseRecord
 
 log = logging.getLogger(__name__)
 _MIN_WAIT_S = 0.005
+RECONCILE_LOCK = "reconcile"
 _MAX_PARALLEL_RELEASES = 16
 
 
@@ -128,31 +129,48 @@ class Reconciler(LoopService):
     name = "reconciler"
 
     def __init__(
-        self, service: LeaseService, tracer: Tracer, interval: float, provision_timeout: float
+        self, service: LeaseService, tracer: Tracer, interval: float, provision_timeout: float,
+        replica_timeout: float,
     ) -> None:
         super().__init__(interval)
         self.service = service
         self.tracer = tracer
         self.provision_timeout = provision_timeout
-        self.started_us = service.now_us()
+        self.replica_timeout = replica_timeout
 
     async def run_once(self) -> dict[str, int]:
         totals = {"failed": 0, "orphans": 0, "lost": 0}
-        with self.tracer.start_as_current_span("reconcile"):
-            for provider in self.service.providers:
-                try:
-                    found = await self._reconcile(provider)
-                except ProviderError as exc:
-                    log.warning("reconcile: %s unreachable, skipped: %s",
-                                provider.name, exc.message)
-                    continue
-                for key, value in found.items():
-                    totals[key] += value
+        store = self.service.store
+        # One replica at a time: two reconcilers would race to destroy the same workers.
+        lock_ttl = int(max(30.0, 3 * self.interval) * 1e6)
+        if not await store.try_lock(RECONCILE_LOCK, ttl_us=lock_ttl, now=self.service.now_us()):
+            return totals
+        try:
+            with self.tracer.start_as_current_span("reconcile"):
+                alive = await self._alive_replicas()
+                for provider in self.service.providers:
+                    try:
+                        found = await self._reconcile(provider, alive)
+                    except ProviderError as exc:
+                        log.warning("reconcile: %s unreachable, skipped: %s",
+                                    provider.name, exc.message)
+                        continue
+                    for key, value in found.items():
+                        totals[key] += value
+        finally:
+            await store.unlock(RECONCILE_LOCK)
         if any(totals.values()):
             log.info("reconcile: %s", ", ".join(f"{k}={v}" for k, v in totals.items()))
         return totals
 
-    async def _reconcile(self, provider: Provider) -> dict[str, int]:
+    async def _alive_replicas(self) -> set[str]:
+        store = self.service.store
+        if store.dialect == "sqlite":
+            return {store.replica_id}  # one process per SQLite file: any other is gone
+        since = self.service.now_us() - int(self.replica_timeout * 1e6)
+        return await store.alive_replicas(since=since)
+
+    async def _reconcile(self, provider: Provider, alive: set[str]) -> dict[str, int]:
         service, store = self.service, self.service.store
         # Workers first, leases second: a worker exists only after its lease row was
         # written, so every worker listed here has its lease among the rows read next.
@@ -167,9 +185,11 @@ class Reconciler(LoopService):
         for record in live.values():
             if record.state != LeaseState.provisioning or record.lease_id in service.in_flight:
                 continue
-            # Rows from before this process started were left by a crash; newer ones
-            # belong to another replica until they are older than any provision can take.
-            if record.updated_at < self.started_us or record.updated_at < stale_before:
+            # A provision whose replica stopped (crashed, killed) will never finish.
+            # This replica's own rows are still being worked on (or were just finished)
+            # unless older than any provision can take.
+            crashed = record.replica_id != store.replica_id and record.replica_id not in alive
+            if crashed or record.updated_at < stale_before:
                 await provider.release("", record.lease_id)
                 if await store.fail(record.lease_id, error="scheduler stopped while provisioning",
                                     now=service.now_us()):
@@ -209,3 +229,17 @@ class Reconciler(LoopService):
                             record.lease_id, provider.name)
                 counts["lost"] += 1
         return counts
+
+
+class Heartbeat(LoopService):
+    """Tells the other replicas this one is alive, so that they resolve its provisions
+    only once it stops."""
+
+    name = "heartbeat"
+
+    def __init__(self, service: LeaseService, interval: float) -> None:
+        super().__init__(interval)
+        self.service = service
+
+    async def run_once(self) -> None:
+        await self.service.store.heartbeat(now=self.service.now_us())

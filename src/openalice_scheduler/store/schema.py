@@ -37,6 +37,8 @@ leases = Table(
     Column("next_attempt_at", BigInteger),
     Column("last_error", Text),
     Column("updated_at", BigInteger, nullable=False),
+    # The scheduler process that provisions (or provisioned) the lease.
+    Column("replica_id", String(64)),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_provider_state", "provider", "state"),
     Index("ix_leases_owner_state", "owner_id", "state"),
@@ -44,4 +46,22 @@ leases = Table(
         "ux_leases_idempotency", "owner_id", "correlation_id", unique=True,
         sqlite_where=IDEMPOTENCY_SCOPE, postgresql_where=IDEMPOTENCY_SCOPE,
     ),
+)
+
+# Scheduler processes sharing this store, with their last sign of life.
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("replica_id", String(64), primary_key=True),
+    Column("started_at", BigInteger, nullable=False),
+    Column("heartbeat_at", BigInteger, nullable=False),
+)
+
+# Named locks with an expiry, held by one replica at a time (e.g. reconciliation).
+locks = Table(
+    "locks",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(64), nullable=False),
+    Column("expires_at", BigInteger, nullable=False),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
@@ -24,13 +25,14 @@ from sqlalchemy.exc import IntegrityError
 
 from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
 from openalice_scheduler.store.database import Database, ping
-from openalice_scheduler.store.schema import leases
+from openalice_scheduler.store.schema import leases, locks, replicas
 
 log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A worker's release is being attempted by someone: nobody else retries it before then.
 RELEASE_CLAIM_US = 60_000_000
+_DAY_US = 86_400_000_000
 
 
 def to_us(moment: datetime) -> int:
@@ -68,6 +70,7 @@ class LeaseRecord:
     next_attempt_at: int | None
     last_error: str | None
     updated_at: int
+    replica_id: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """The `Lease` wire shape, built directly: listing 10,000 leases stays cheap."""
@@ -135,8 +138,11 @@ def _same_request(lease: NewLease) -> tuple[Any, ...]:
 
 
 class LeaseStore:
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, *, replica_id: str | None = None) -> None:
         self.db = Database(database_url)
+        # This process, among the replicas sharing the store: it marks the leases it
+        # provisions, so that another replica can tell a crashed provision from a slow one.
+        self.replica_id = replica_id or uuid.uuid4().hex
         self.dialect = self.db.dialect
         # lease_id -> ((state, updated_at, expires_at), encoded Lease): see list_wire_json.
         self._wire_cache: dict[str, tuple[tuple[Any, ...], bytes]] = {}
@@ -255,6 +261,7 @@ class LeaseStore:
                 "state": LeaseState.provisioning.value,
                 "resource": resource,
                 "updated_at": now,
+                "replica_id": self.replica_id,
             }
             moved = conn.execute(
                 update(leases)
@@ -607,6 +614,62 @@ class LeaseStore:
             return {state: count for state, count in rows}
 
         return await self.db.read(_tx)
+
+    # --- replicas --------------------------------------------------------------------
+
+    async def heartbeat(self, *, now: int) -> None:
+        """Record that this replica is alive."""
+
+        def _tx(conn: Connection) -> None:
+            beat = update(replicas).where(replicas.c.replica_id == self.replica_id)
+            if conn.execute(beat.values(heartbeat_at=now)).rowcount == 0:
+                conn.execute(replicas.insert().values(
+                    replica_id=self.replica_id, started_at=now, heartbeat_at=now))
+            # Replicas silent for a day are gone for good.
+            conn.execute(replicas.delete().where(replicas.c.heartbeat_at < now - _DAY_US))
+
+        await self.db.write(_tx)
+
+    async def alive_replicas(self, *, since: int) -> set[str]:
+        """Replicas with a heartbeat at or after `since` (this one always counts)."""
+
+        def _tx(conn: Connection) -> set[str]:
+            rows = conn.execute(
+                select(replicas.c.replica_id).where(replicas.c.heartbeat_at >= since)
+            )
+            return set(rows.scalars())
+
+        return await self.db.read(_tx) | {self.replica_id}
+
+    async def try_lock(self, name: str, *, ttl_us: int, now: int) -> bool:
+        """Take (or keep) the named lock for `ttl_us`; False while another replica
+        holds it."""
+
+        def _tx(conn: Connection) -> bool:
+            taken = conn.execute(
+                update(locks)
+                .where(locks.c.name == name)
+                .where((locks.c.holder == self.replica_id) | (locks.c.expires_at < now))
+                .values(holder=self.replica_id, expires_at=now + ttl_us)
+            )
+            if taken.rowcount:
+                return True
+            try:
+                with conn.begin_nested():
+                    conn.execute(locks.insert().values(
+                        name=name, holder=self.replica_id, expires_at=now + ttl_us))
+            except IntegrityError:
+                return False  # held by another replica
+            return True
+
+        return await self.db.write(_tx)
+
+    async def unlock(self, name: str) -> None:
+        def _tx(conn: Connection) -> None:
+            conn.execute(locks.delete().where(locks.c.name == name,
+                                              locks.c.holder == self.replica_id))
+
+        await self.db.write(_tx)
 
     # --- internals -------------------------------------------------------------------
 

@@ -101,7 +101,12 @@ class RunPodClient:
         retries: int = 3,
         backoff: float = 0.5,
     ) -> None:
-        self._http = http or httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout)
+        # Keep as many connections alive as may be open (httpx keeps 20 by default): a
+        # burst of creates must not pay new connections (TLS at RunPod) on the next burst.
+        self._http = http or httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), timeout=timeout,
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=100),
+        )
         self._auth = {"Authorization": f"Bearer {api_key}"}
         self._key = api_key
         self.retries = retries
@@ -137,6 +142,13 @@ class RunPodClient:
             attempt += 1
             try:
                 response = await self._http.request(method, path, headers=self._auth, **kwargs)
+            except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                # No connection was made: nothing was sent, so repeating is always safe.
+                if attempt <= self.retries:
+                    await self._sleep_backoff(attempt)
+                    continue
+                raise RunPodError(ErrorKind.unreachable,
+                                  f"RunPod API unreachable ({type(exc).__name__})") from exc
             except httpx.TimeoutException as exc:
                 if retry_server_errors and attempt <= self.retries:
                     await self._sleep_backoff(attempt)
@@ -258,7 +270,8 @@ class GraphQLClient(RunPodClient):
         "query($input: PodFilter!) { pod(input: $input) { id name desiredStatus "
         "runtime { ports { ip isIpPublic privatePort publicPort type } } } }"
     )
-    LIST = "query { myself { pods { id name desiredStatus env } } }"
+    # `runtime` (null until the pod runs) says whether a listed pod is ready.
+    LIST = "query { myself { pods { id name desiredStatus env runtime { uptimeInSeconds } } } }"
 
     async def create_pod(self, request: PodRequest) -> Pod:
         if not request.gpu_type_id:
@@ -292,17 +305,13 @@ class GraphQLClient(RunPodClient):
         pod = data.get("pod")
         if pod is None:
             return None
-        # `desiredStatus` says nothing about readiness: `runtime` does.
-        status = "RUNNING" if pod.get("runtime") else "PROVISIONING"
-        if pod.get("desiredStatus") in ("EXITED", "TERMINATED"):
-            status = pod["desiredStatus"]
-        return Pod(id=pod["id"], name=pod.get("name") or "", status=status)
+        return Pod(id=pod["id"], name=pod.get("name") or "", status=_graphql_status(pod))
 
     async def list_pods(self) -> list[Pod]:
         data = await self._call(self.LIST, {}, "myself", retry_server_errors=True)
         pods = (data.get("myself") or {}).get("pods") or []
         return [
-            Pod(id=p["id"], name=p.get("name") or "", status=p.get("desiredStatus") or "",
+            Pod(id=p["id"], name=p.get("name") or "", status=_graphql_status(p),
                 env=_graphql_env(p.get("env")))
             for p in pods
         ]
@@ -365,6 +374,14 @@ def _rest_pod(item: Mapping[str, Any]) -> Pod:
         status=item.get("status") or "",
         env=env if isinstance(env, dict) else {},
     )
+
+
+def _graphql_status(pod: Mapping[str, Any]) -> str:
+    """A v2-like status: `desiredStatus` says nothing about readiness, `runtime` does."""
+    desired = pod.get("desiredStatus")
+    if desired in ("EXITED", "TERMINATED"):
+        return str(desired)
+    return "RUNNING" if pod.get("runtime") else "PROVISIONING"
 
 
 def _graphql_env(env: Any) -> dict[str, str]:

@@ -43,6 +43,15 @@ _CREATE_ATTEMPTS = 3
 _FIRST_POLL_S = 0.25
 
 
+@dataclass(slots=True)
+class _Starting:
+    """A pod being waited for until it runs."""
+
+    waiter: asyncio.Future[Pod | None]
+    since: float  # monotonic time of the create
+    due: float  # monotonic time of its next look
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     gpu_type_id: str | None  # None: a CPU pod
@@ -81,6 +90,10 @@ class RunPodProvider:
         self._key_rejected_at: float | None = None
         self._catalog: tuple[float, list[GpuStock]] | None = None
         self._catalog_fetch: asyncio.Future[list[GpuStock]] | None = None
+        # Pods being waited for, by id; see _wait_running.
+        self._starting: dict[str, _Starting] = {}
+        self._watcher: asyncio.Future[None] | None = None
+        self._watch_wake = asyncio.Event()
 
     def pod_name(self, lease_id: str) -> str:
         return f"{self.prefix}{lease_id}"
@@ -155,6 +168,11 @@ class RunPodProvider:
             return None
         if not candidates or self.api == "graphql":
             return None
+        if spec.gpu == GpuClass.none:
+            # The catalog prices GPUs only: a CPU candidate's 0.0 is a placeholder, not
+            # "free". Reported as unknown, or cheapest-first would tie RunPod CPU pods with
+            # free local Docker and, RunPod listed first, pay for what Docker does for free.
+            return None
         return min(c.price for c in candidates)
 
     async def status(self) -> ProviderStatus:
@@ -178,6 +196,9 @@ class RunPodProvider:
         return ProviderStatus(True, "", capacity)
 
     async def close(self) -> None:
+        for task in (self._watcher, self._catalog_fetch):
+            if task is not None and not task.done():
+                task.cancel()
         await self.client.close()
 
     # --- candidates --------------------------------------------------------------------
@@ -307,30 +328,81 @@ class RunPodProvider:
         return pods[0]
 
     async def _wait_running(self, pod: Pod, spec: WorkerSpec) -> str:
-        """Poll until the pod is RUNNING; the service bounds the whole provision. The first
-        look comes soon (a fast start is not made to wait a whole interval), then the wait
-        doubles up to RUNPOD_POLL_INTERVAL_SECONDS."""
-        current: Pod | None = pod
-        wait = min(self.poll_interval, _FIRST_POLL_S)
-        while current is not None and not current.running:
-            if current.dead:
-                try:
-                    await self.client.terminate_pod(pod.id)
-                except RunPodError as exc:
-                    # The service's clean-up (by name) and the reconciler try again.
-                    log.warning("could not terminate dead pod %s yet: %s", pod.id, exc.detail)
-                raise ProviderError(f"RunPod pod {pod.id} ended as {current.status} while starting")
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, self.poll_interval)
-            try:
-                current = await self.client.get_pod(pod.id)
-            except RunPodError as exc:
-                if exc.uncertain or exc.kind == ErrorKind.rate_limited:
-                    continue  # a passing failure while waiting: keep waiting
-                raise self._provider_error(exc) from exc
+        """Wait until the pod is RUNNING; the service bounds the whole provision. Every
+        starting pod of this provider is watched by one loop (`_watch_starting`), so 50
+        pods starting at once cost one list call per round, not 50 reads."""
+        waiter: asyncio.Future[Pod | None] = asyncio.get_running_loop().create_future()
+        now = time.monotonic()
+        self._starting[pod.id] = _Starting(waiter, now, now + min(_FIRST_POLL_S,
+                                                                  self.poll_interval))
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.ensure_future(self._watch_starting())
+        self._watch_wake.set()
+        try:
+            current = await waiter
+        finally:
+            self._starting.pop(pod.id, None)
         if current is None:
             raise ProviderError(f"RunPod pod {pod.id} disappeared while starting")
+        if current.dead:
+            try:
+                await self.client.terminate_pod(pod.id)
+            except RunPodError as exc:
+                # The service's clean-up (by name) and the reconciler try again.
+                log.warning("could not terminate dead pod %s yet: %s", pod.id, exc.detail)
+            raise ProviderError(f"RunPod pod {pod.id} ended as {current.status} while starting")
         return f"https://{pod.id}-{self.ports[spec.kind]}.proxy.runpod.net"
+
+    async def _watch_starting(self) -> None:
+        """One loop for all starting pods. Each pod has its own next look: soon after its
+        create (a fast start is not made to wait a whole interval), then after half its
+        age, up to RUNPOD_POLL_INTERVAL_SECONDS. The loop looks when the first pod is due
+        and then at every pod at once: one read by id for a single pod, one list for
+        several. A new pod can only bring the next look closer, never postpone it."""
+        while self._starting:
+            self._watch_wake.clear()
+            delay = min(w.due for w in self._starting.values()) - time.monotonic()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._watch_wake.wait(), delay)
+                    continue  # a new pod: it may be due sooner
+                except TimeoutError:
+                    pass
+            looked_at = time.monotonic()
+            try:
+                await self._look_at_starting()
+            except RunPodError as exc:
+                if not (exc.uncertain or exc.kind in (ErrorKind.rate_limited,
+                                                      ErrorKind.unreachable)):
+                    failure = self._provider_error(exc)
+                    for waiting in list(self._starting.values()):
+                        if not waiting.waiter.done():
+                            waiting.waiter.set_exception(failure)
+                    self._starting.clear()
+                # else: a passing failure while waiting: keep waiting
+            except Exception:  # noqa: BLE001 - the loop must not die with waiters left
+                log.exception("RunPod start watcher: unexpected failure; retrying")
+            finally:
+                for waiting in self._starting.values():
+                    age = looked_at - waiting.since
+                    waiting.due = looked_at + min(self.poll_interval,
+                                                  max(_FIRST_POLL_S, age / 2))
+
+    async def _look_at_starting(self) -> None:
+        waiting = dict(self._starting)
+        if len(waiting) == 1:
+            [pod_id] = waiting
+            seen: dict[str, Pod | None] = {pod_id: await self.client.get_pod(pod_id)}
+        else:
+            listed = {pod.id: pod for pod in await self.client.list_pods()}
+            seen = {pod_id: listed.get(pod_id) for pod_id in waiting}
+        for pod_id, pod in seen.items():
+            if pod is None and len(waiting) > 1:
+                pod = await self.client.get_pod(pod_id)  # not listed: make sure it is gone
+            if pod is None or pod.running or pod.dead:
+                waiter = waiting[pod_id].waiter
+                if not waiter.done():
+                    waiter.set_result(pod)
 
     # --- errors --------------------------------------------------------------------------
 
