@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hmac
 import json
@@ -94,9 +95,14 @@ def create_app(
             sweeper.start()
             reconciler.start()
             heartbeat.start()
+            # Waiters here hear of capacity freed on other replicas too.
+            listener = asyncio.create_task(store.listen_capacity(service.capacity_freed))
             log.info("openalice-scheduler %s serving: providers=%s, store=%s",
                      service_version(), ",".join(p.name for p in providers), store.dialect)
             yield
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
             await sweeper.stop()
             await reconciler.stop()
             await heartbeat.stop()

@@ -67,6 +67,12 @@ class Database:
     async def close(self) -> None:
         await self._impl.close()
 
+    async def listen(self, channel: str, callback: Callable[[], None]) -> None:
+        """PostgreSQL LISTEN on `channel` until cancelled, reconnecting after outages;
+        returns at once on SQLite."""
+        if isinstance(self._impl, _Postgres):
+            await self._impl.listen(channel, callback)
+
     async def _guard(self, work: Any) -> Any:
         """Database outages become StoreUnavailable (503), never a 500."""
         try:
@@ -83,6 +89,7 @@ class Database:
 
 class _Postgres:
     def __init__(self, url: URL) -> None:
+        self.url = url
         self.engine: AsyncEngine = create_async_engine(
             url.set(drivername="postgresql+asyncpg"), pool_pre_ping=True, pool_size=10,
             max_overflow=20,
@@ -98,6 +105,30 @@ class _Postgres:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+    async def listen(self, channel: str, callback: Callable[[], None]) -> None:
+        import asyncpg
+
+        dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        while True:
+            try:
+                conn = await asyncpg.connect(dsn)
+            except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+                log.debug("LISTEN %s: cannot connect (%s); retrying", channel, type(exc).__name__)
+                await asyncio.sleep(1.0)
+                continue
+            lost = asyncio.Event()
+            conn.add_termination_listener(lambda _c, done=lost: done.set())
+            try:
+                await conn.add_listener(channel, lambda *_args: callback())
+                callback()  # capacity may have been freed while we were not listening
+                await lost.wait()
+            except (OSError, asyncpg.PostgresError):
+                pass
+            finally:
+                if not conn.is_closed():
+                    await conn.close(timeout=2)
+            await asyncio.sleep(0.5)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +33,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A worker's release is being attempted by someone: nobody else retries it before then.
 RELEASE_CLAIM_US = 60_000_000
 _DAY_US = 86_400_000_000
+# PostgreSQL channel on which replicas announce freed capacity to each other's waiters.
+CAPACITY_CHANNEL = "openalice_capacity"
 
 
 def to_us(moment: datetime) -> int:
@@ -310,6 +312,7 @@ class LeaseStore:
         return await self._transition(
             lease_id,
             (LeaseState.provisioning,),
+            frees=True,
             state=LeaseState.failed.value,
             release_reason=ReleaseReason.failed.value,
             released_at=now,
@@ -380,7 +383,7 @@ class LeaseStore:
         }
         if reason is not None:
             values["release_reason"] = reason.value
-        return await self._transition(lease_id, (LeaseState.releasing,), **values)
+        return await self._transition(lease_id, (LeaseState.releasing,), frees=True, **values)
 
     async def release_attempt_failed(
         self, lease_id: str, *, error: str, retry_at: int, now: int
@@ -409,6 +412,7 @@ class LeaseStore:
         return await self._transition(
             lease_id,
             (LeaseState.active,),
+            frees=True,
             state=LeaseState.released.value,
             release_reason=ReleaseReason.lost.value,
             released_at=now,
@@ -671,11 +675,20 @@ class LeaseStore:
 
         await self.db.write(_tx)
 
+    async def listen_capacity(self, callback: Callable[[], None]) -> None:
+        """Call `callback` whenever any replica frees capacity, until cancelled
+        (PostgreSQL; SQLite has one process, which knows already)."""
+        await self.db.listen(CAPACITY_CHANNEL, callback)
+
     # --- internals -------------------------------------------------------------------
 
     async def _transition(
-        self, lease_id: str, expected: Sequence[LeaseState], **values: Any
+        self, lease_id: str, expected: Sequence[LeaseState], *, frees: bool = False,
+        **values: Any,
     ) -> LeaseRecord | None:
+        """Guarded update of one lease. `frees`: the lease stops holding capacity, which
+        other replicas hear about (PostgreSQL NOTIFY, sent on commit)."""
+
         def _tx(conn: Connection) -> Any:
             row = (
                 conn.execute(
@@ -686,6 +699,8 @@ class LeaseStore:
                     .returning(*leases.c)
                 )
             ).first()
+            if row and frees and conn.dialect.name == "postgresql":
+                conn.execute(text(f"NOTIFY {CAPACITY_CHANNEL}"))
             return _record(row) if row else None
 
         return await self.db.write(_tx)
@@ -792,6 +807,8 @@ assert [f.name for f in fields(LeaseRecord)] == _COLUMNS, "LeaseRecord fields !=
 
 
 def _upgrade(connection: Connection) -> None:
+    # Replicas starting together on a fresh database must not migrate it twice at once.
+    _lock(connection, "migrate")
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     config.attributes["connection"] = connection
