@@ -11,7 +11,9 @@ loopback; this script is only the client. Per round:
               the first request sent to the last answer received; then all are released
 
 The ratio is wall(concurrent) / median(single). Goal: <= 1.5, i.e. 50 leases cost about
-what one does, because the scheduler waits for pods in parallel.
+what one does, because the scheduler waits for pods in parallel. Each round also times the
+same burst with pods that run at once (provisioning 0 s): the scheduler's and emulator's
+own cost, which the concurrent wall time is about the provisioning delay plus.
 
     .venv/bin/python bench/runpod_concurrency.py [--n 50] [--delay 1.0] [--rounds 3]
         [--api rest|graphql] [--gpu mid] [--poll 0.1]
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -127,57 +131,133 @@ class Processes:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-async def acquire(client: httpx.AsyncClient, gpu: str) -> tuple[float, str]:
+class Connection:
+    """One kept-alive HTTP/1.1 connection to the scheduler, spoken by hand over asyncio
+    streams. The client shares the machine with the scheduler and the emulator; httpx
+    would spend more CPU per request than the scheduler's own RunPod work, and steal it."""
+
+    def __init__(self, port: int, secret: str) -> None:
+        self.port = port
+        self.secret = secret
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"X-Internal-Secret: {self.secret}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        reused = self.writer is not None
+        try:
+            raw = await self._send(head)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            # The server closes idle kept-alive connections (uvicorn: after 5 s); a closed
+            # one answers nothing at all, and the request was not seen: send it anew.
+            if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                raise
+            await self.close()
+            raw = await self._send(head)
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        assert self.reader is not None
+        return status, await self.reader.readexactly(length) if length else b""
+
+    async def _send(self, head: bytes) -> bytes:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        self.writer.write(head)
+        return await self.reader.readuntil(b"\r\n\r\n")
+
+    async def close(self) -> None:
+        writer, self.reader, self.writer = self.writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+async def acquire(conn: Connection, gpu: str) -> tuple[float, str]:
     started = time.perf_counter()
-    response = await client.post("/v1/lease", json={"kind": "renderer", "gpu": gpu})
+    status, body = await conn.request(
+        "POST", "/v1/lease", json.dumps({"kind": "renderer", "gpu": gpu}).encode())
     took = time.perf_counter() - started
-    if response.status_code != 200:
-        raise RuntimeError(f"acquire answered {response.status_code}: {response.text}")
-    return took, str(response.json()["lease"]["lease_id"])
+    if status != 200:
+        raise RuntimeError(f"acquire answered {status}: {body.decode(errors='replace')}")
+    return took, str(json.loads(body)["lease"]["lease_id"])
 
 
-async def release(client: httpx.AsyncClient, lease_id: str) -> None:
-    response = await client.delete(f"/v1/lease/{lease_id}")
-    if response.status_code != 204:
-        raise RuntimeError(f"release answered {response.status_code}: {response.text}")
+async def release(conn: Connection, lease_id: str) -> None:
+    status, body = await conn.request("DELETE", f"/v1/lease/{lease_id}")
+    if status != 204:
+        raise RuntimeError(f"release answered {status}: {body.decode(errors='replace')}")
+
+
+async def burst_without_provisioning(
+    procs: Processes, conns: list[Connection], args: argparse.Namespace
+) -> float:
+    """The same burst with pods RUNNING at once: what the scheduler (and the emulator)
+    cost on their own. Wall(concurrent) is about the provisioning delay plus this."""
+    httpx.post(f"{procs.runpod_url}/_emulator/faults", json={"provision_delay": 0}, timeout=30)
+    try:
+        await asyncio.gather(*(c.request("GET", "/health") for c in conns))
+        started = time.perf_counter()
+        results = await asyncio.gather(*(acquire(c, args.gpu) for c in conns))
+        wall = time.perf_counter() - started
+        await asyncio.gather(*(release(c, lease_id)
+                               for c, (_, lease_id) in zip(conns, results, strict=True)))
+    finally:
+        httpx.post(f"{procs.runpod_url}/_emulator/faults",
+                   json={"provision_delay": args.delay}, timeout=30)
+    return wall
 
 
 async def run(procs: Processes, args: argparse.Namespace) -> int:
-    limits = httpx.Limits(max_connections=args.n + 10, max_keepalive_connections=args.n + 10)
-    async with httpx.AsyncClient(base_url=procs.url, timeout=120, limits=limits,
-                                 headers={"X-Internal-Secret": procs.secret}) as client:
+    conns = [Connection(procs.port, procs.secret) for _ in range(args.n)]
+    one_conn = conns[0]
+    try:
         for _ in range(2):  # warm-up: imports, first catalog, connections
-            _, lease_id = await acquire(client, args.gpu)
-            await release(client, lease_id)
-        # Open the connections the burst will use, so the burst measures the scheduler.
-        await asyncio.gather(*(client.get("/health") for _ in range(args.n)))
+            _, lease_id = await acquire(one_conn, args.gpu)
+            await release(one_conn, lease_id)
 
         ratios: list[float] = []
         for round_no in range(1, args.rounds + 1):
             singles = []
             for _ in range(args.single):
-                took, lease_id = await acquire(client, args.gpu)
+                took, lease_id = await acquire(one_conn, args.gpu)
                 singles.append(took)
-                await release(client, lease_id)
+                await release(one_conn, lease_id)
             one = statistics.median(singles)
+            # Open the connections the burst uses, so that it measures the scheduler.
+            await asyncio.gather(*(c.request("GET", "/health") for c in conns))
 
             started = time.perf_counter()
-            results = await asyncio.gather(*(acquire(client, args.gpu) for _ in range(args.n)))
+            results = await asyncio.gather(*(acquire(c, args.gpu) for c in conns))
             wall = time.perf_counter() - started
             latencies = sorted(took for took, _ in results)
             live = len(procs.emulator_state()["pods"])
-            await asyncio.gather(*(release(client, lease_id) for _, lease_id in results))
+            await asyncio.gather(*(release(c, lease_id)
+                                   for c, (_, lease_id) in zip(conns, results, strict=True)))
             left = len(procs.emulator_state()["pods"])
             ratio = wall / one
             ratios.append(ratio)
+            floor = await burst_without_provisioning(procs, conns, args)
             print(f"round {round_no}: one acquire {one:.3f} s (median of {args.single}: "
                   f"{', '.join(f'{s:.3f}' for s in singles)}); {args.n} concurrent: "
                   f"wall {wall:.3f} s, per-request p50 {statistics.median(latencies):.3f} s "
                   f"max {latencies[-1]:.3f} s; pods live {live}, after release {left}; "
-                  f"ratio {ratio:.2f}")
+                  f"ratio {ratio:.2f}; same burst with 0 s provisioning {floor:.3f} s; "
+                  f"load average {os.getloadavg()[0]:.1f}")
             if live != args.n or left != 0:
                 print("  pods did not match the leases", file=sys.stderr)
                 return 1
+    finally:
+        for conn in conns:
+            await conn.close()
 
     calls = procs.emulator_state()["calls"]
     kinds: dict[str, int] = {}

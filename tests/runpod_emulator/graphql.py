@@ -181,10 +181,17 @@ def render_fault(fault: Fault, field: Field) -> Response:
     """How a queued fault looks on GraphQL.
 
     401 and 429 are HTTP statuses, as are gateway errors (502-504: they come from the edge,
-    before GraphQL runs). Everything else is RunPod's GraphQL shape: HTTP 200 with `errors`;
-    500 reads like RunPod's generic failure, 400 like its capacity error.
+    before GraphQL runs). 422 reads as the HTTP 400 of a request that cannot run (GraphQL's
+    way to refuse a body that breaks the contract). Everything else is RunPod's GraphQL
+    shape: HTTP 200 with `errors`; 500 reads like RunPod's generic failure, 400 like its
+    capacity error.
     """
     status = fault.status
+    if status == 422:
+        # GraphQL has no 422: a request that breaks the contract (unknown field, bad
+        # variables) is refused with HTTP 400 before it runs, as `plan_request` does.
+        message = fault.detail or 'Variable "$input" got invalid value.'
+        return errors_response(400, message, "GRAPHQL_VALIDATION_FAILED")
     if status == 401:
         return errors_response(401, fault.detail or "Unauthorized", "UNAUTHENTICATED")
     if status == 429:

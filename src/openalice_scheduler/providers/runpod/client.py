@@ -105,7 +105,7 @@ class RunPodClient:
         # burst of creates must not pay new connections (TLS at RunPod) on the next burst.
         self._http = http or httpx.AsyncClient(
             base_url=base_url.rstrip("/"), timeout=timeout,
-            limits=httpx.Limits(max_connections=100, max_keepalive_connections=100),
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         )
         self._auth = {"Authorization": f"Bearer {api_key}"}
         self._key = api_key
