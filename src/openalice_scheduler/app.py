@@ -84,6 +84,9 @@ def create_app(
             )
             # Before serving: resolve what a crash left, release what expired meanwhile.
             try:
+                if store.dialect == "sqlite":
+                    # Release claims in a lone SQLite store belong to a stopped process.
+                    await store.reclaim_releases(now=service.now_us())
                 await asyncio.wait_for(reconciler.run_once(), STARTUP_RECONCILE_TIMEOUT_S)
                 # One sweep too, before serving: without it the leases that expired while
                 # the service was down were released only by the sweeper loop, after the

@@ -114,7 +114,7 @@ class LocalDockerProvider:
 
     # --- blocking parts, run in threads ----------------------------------------------
 
-    def _provision(self, spec: WorkerSpec) -> Worker:
+    def _provision(self, spec: WorkerSpec, retried: bool = False) -> Worker:
         self._ensure_network()
         name = container_name(spec.kind, spec.lease_id)
         image = self.images[spec.kind]
@@ -159,6 +159,11 @@ class LocalDockerProvider:
             container.start()
         except DockerException as exc:
             _remove_quietly(container)
+            if not retried and "is ambiguous" in _explain(exc):
+                # Replicas sharing DOCKER_NETWORK created it twice at the same moment:
+                # keep one (see _ensure_network) and try once more.
+                self._network_ready = False
+                return self._provision(spec, retried=True)
             raise ProviderError(f"Docker could not start {name}: {_explain(exc)}") from exc
         return Worker(
             endpoint=f"http://{name}:{self.ports[spec.kind]}", provider_token=container.id
@@ -199,14 +204,33 @@ class LocalDockerProvider:
         with self._network_lock:
             if self._network_ready:
                 return
-            existing = [n for n in self.client.networks.list(names=[self.network])
-                        if n.name == self.network]
+            existing = self._networks_named()
             if not existing:
                 log.info("creating Docker network %s", self.network)
-                self.client.networks.create(
-                    self.network, driver="bridge", labels={LABEL_INSTANCE: self.instance}
-                )
+                try:
+                    self.client.networks.create(
+                        self.network, driver="bridge", labels={LABEL_INSTANCE: self.instance},
+                        check_duplicate=True,
+                    )
+                except APIError as exc:
+                    if exc.status_code != 409:  # 409: someone else made it meanwhile
+                        raise
+                existing = self._networks_named()
+            # Several replicas sharing DOCKER_NETWORK can create it at the same moment
+            # (engine 20.10 checks duplicates without a lock), and a name that matches two
+            # networks makes every container start fail ("is ambiguous"). All replicas
+            # keep the same one (the lowest id) and remove the others, still unused.
+            for extra in sorted(existing, key=lambda n: n.id)[1:]:
+                log.info("removing duplicate Docker network %s (%s)", self.network, extra.id[:12])
+                try:
+                    extra.remove()
+                except (NotFound, APIError) as exc:
+                    log.debug("duplicate network %s not removed: %s", extra.id[:12], exc)
             self._network_ready = True
+
+    def _networks_named(self) -> list[Any]:
+        return [n for n in self.client.networks.list(names=[self.network])
+                if n.name == self.network]
 
     # --- helpers ---------------------------------------------------------------------
 

@@ -372,6 +372,21 @@ class LeaseStore:
 
         return await self.db.write(_tx)
 
+    async def reclaim_releases(self, *, now: int) -> int:
+        """Make every `releasing` lease due now. For a process that alone serves the
+        store (SQLite), at start-up: the claims it finds were made by a process that is
+        gone, and must not delay those releases."""
+
+        def _tx(conn: Connection) -> int:
+            return conn.execute(
+                update(leases)
+                .where(leases.c.state == LeaseState.releasing.value)
+                .where(leases.c.next_attempt_at > now)
+                .values(next_attempt_at=now)
+            ).rowcount
+
+        return await self.db.write(_tx)
+
     async def finish_release(
         self, lease_id: str, *, now: int, reason: ReleaseReason | None = None
     ) -> LeaseRecord | None:
@@ -645,15 +660,27 @@ class LeaseStore:
 
         return await self.db.read(_tx) | {self.replica_id}
 
-    async def try_lock(self, name: str, *, ttl_us: int, now: int) -> bool:
+    async def try_lock(
+        self, name: str, *, ttl_us: int, now: int, holder_gone_before: int | None = None
+    ) -> bool:
         """Take (or keep) the named lock for `ttl_us`; False while another replica
-        holds it."""
+        holds it. With `holder_gone_before`, a lock whose holder has not heartbeated
+        since then is taken over at once."""
 
         def _tx(conn: Connection) -> bool:
+            free = (locks.c.holder == self.replica_id) | (locks.c.expires_at < now)
+            if holder_gone_before is not None:
+                # A replica killed in the middle of a pass (kill -9) holds the lock until
+                # its TTL (30 s or more) runs out: without this, nobody reconciles
+                # meanwhile, and its crashed provisions wait that long too.
+                free = free | locks.c.holder.not_in(
+                    select(replicas.c.replica_id).where(
+                        replicas.c.heartbeat_at >= holder_gone_before)
+                )
             taken = conn.execute(
                 update(locks)
                 .where(locks.c.name == name)
-                .where((locks.c.holder == self.replica_id) | (locks.c.expires_at < now))
+                .where(free)
                 .values(holder=self.replica_id, expires_at=now + ttl_us)
             )
             if taken.rowcount:

@@ -1,0 +1,514 @@
+"""Faults with real processes: the scheduler killed with SIGKILL mid-provision and
+mid-release, a Docker engine stopped for real, a Docker engine unreachable (through the
+fault-injecting proxy in tests/dockerproxy.py). Each test asserts what a caller of the
+service would notice: leases that survive a crash unchanged, errors that name Docker,
+workers that are destroyed without anyone asking twice, and no leaked containers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from tests.dockerproxy import DockerProxy
+from tests.harness import SECRET, WORKER_IMAGE, Scheduler, docker_client, wait_for
+
+LEASE_LABEL = "openalice.scheduler.lease_id"
+INSTANCE_LABEL = "openalice.scheduler.instance"
+START = r"^POST /v[\d.]+/containers/[^/?]+/start(\?|$)"
+REMOVE = r"^DELETE /v[\d.]+/containers/[^/?]+(\?|$)"
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def proxy() -> Iterator[DockerProxy]:
+    """A fault-injecting proxy in front of the shared engine, on a short socket path
+    (unix socket paths are limited to 107 bytes)."""
+    where = Path(tempfile.mkdtemp(prefix="oa-proxy-", dir="/tmp"))
+    p = DockerProxy(where / "docker.sock").start()
+    try:
+        yield p
+    finally:
+        p.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def db_state(s: Scheduler, lease_id: str) -> str | None:
+    """The lease's state as recorded in the scheduler's SQLite file, read-only."""
+    path = s.env["DATABASE_URL"].removeprefix("sqlite:///")
+    with contextlib.closing(
+        sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    ) as db:
+        row = db.execute("SELECT state FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+    return row[0] if row else None
+
+
+def lease_ids_of(containers: list[Any]) -> list[str]:
+    return sorted(c.labels[LEASE_LABEL] for c in containers)
+
+
+def released(s: Scheduler, reason: str) -> float:
+    return s.metric("scheduler_leases_released_total", provider="local-docker", reason=reason)
+
+
+def in_thread(fn: Callable[[], httpx.Response]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run one HTTP call in a thread; the outcome dict gets `response` or `error`."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["response"] = fn()
+        except httpx.HTTPError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def own_client(s: Scheduler) -> httpx.Client:
+    """A client of its own, for calls made from a second thread."""
+    return httpx.Client(base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=120)
+
+
+def assert_names_docker(response: httpx.Response, statuses: tuple[int, ...]) -> dict[str, Any]:
+    assert response.status_code in statuses, response.text
+    body = response.json()
+    assert "docker" in body["message"].lower(), body
+    return body
+
+
+# --- a Docker engine we may stop for real ----------------------------------------------
+
+
+class Engine:
+    """A dockerd process: stopped with SIGTERM, started again with the very argv and
+    environment it had (read from /proc), in a session of its own like `setsid dockerd`.
+    With `own_netns`, it is started in a fresh network namespace (`unshare --net`)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], sock: str, log: Path,
+                 own_netns: bool = False) -> None:
+        self.argv, self.env, self.sock, self.log = argv, env, sock, log
+        self.own_netns = own_netns
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+
+    @classmethod
+    def capture(cls, pid: int, sock: str, log: Path, own_netns: bool = False) -> Engine:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+        engine = cls([a.decode() for a in argv if a], env, sock, log, own_netns)
+        engine.pid = pid
+        return engine
+
+    def answers(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(3)
+                s.connect(self.sock)
+                s.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+                return b" 200 " in s.recv(4096)
+        except OSError:
+            return False
+
+    def running(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            return False
+        return state != "Z"
+
+    def start(self, timeout: float = 90) -> None:
+        with open(self.log, "ab") as log:
+            # `unshare` execs dockerd: the child's pid is dockerd's.
+            prefix = ["unshare", "--net", "--"] if self.own_netns else []
+            self.proc = subprocess.Popen(
+                [*prefix, *self.argv], env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,  # what `setsid` does
+            )
+        self.pid = self.proc.pid
+        try:
+            wait_for(self.answers, timeout, interval=0.2, what=f"dockerd on {self.sock}")
+        except AssertionError as exc:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{exc}; dockerd log ends:\n{tail}") from None
+
+    def stop(self, timeout: float = 90) -> None:
+        """SIGTERM and wait until it has exited and its socket no longer answers.
+        (dockerd stops the running containers first: about 10 s each at most, in
+        parallel.)"""
+        if self.pid is not None and self.running():
+            os.kill(self.pid, signal.SIGTERM)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        wait_for(lambda: not self.running(), timeout, interval=0.2, what="dockerd to exit")
+        wait_for(lambda: not self.answers(), timeout, interval=0.2, what="the socket to go quiet")
+
+    def kill(self) -> None:
+        if self.pid is not None and self.running():
+            os.kill(self.pid, signal.SIGKILL)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
+
+
+class PrivateEngine:
+    """A second, private Docker engine for this test alone.
+
+    Stopping the shared engine (/var/run/docker.pid) would stop every container of every
+    other test running on this machine at the same time, so the engine stopped here is a
+    dockerd of our own: same binary and same environment as the shared one (its PATH
+    holds the GPU test shim), its own data root, exec root, socket and pid file, and its
+    own network namespace. The namespace matters: a second dockerd in the host's
+    namespace deletes the shared engine's `docker0` (with `--bridge=none`, or when it
+    restarts with `--default-address-pool`). The scheduler only needs its unix socket."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="oa-eng-", dir="/tmp"))
+        self.sock = str(self.root / "docker.sock")
+        self.pidfile = self.root / "docker.pid"
+        self.url = f"unix://{self.sock}"
+        self.engine: Engine | None = None
+        self._client: docker.DockerClient | None = None
+
+    def start(self) -> PrivateEngine:
+        argv = [
+            shutil.which("dockerd") or "dockerd",
+            "--data-root", str(self.root / "data"),
+            "--exec-root", str(self.root / "x"),
+            "--pidfile", str(self.pidfile),
+            "-H", self.url,
+            "--iptables=false", "--ip-forward=false",
+        ]
+        self.engine = Engine(argv, _shared_engine_env(), self.sock, self.root / "dockerd.log",
+                             own_netns=True)
+        self.engine.start()
+        # The worker image, copied from the shared engine: no registry is needed.
+        image = b"".join(docker_client().images.get(WORKER_IMAGE).save(named=True))
+        self.client.images.load(image)
+        return self
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = docker.DockerClient(base_url=self.url, version="1.41", timeout=120)
+        return self._client
+
+    def containers(self, instance: str) -> list[Any]:
+        return self.client.containers.list(
+            all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
+        )
+
+    def running_pid(self) -> int:
+        return int(self.pidfile.read_text().strip())
+
+    def adopt(self, engine: Engine) -> None:
+        """`engine` (captured from /proc and restarted) is now the running one."""
+        if self.engine is not None and self.engine.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.engine.proc.wait(30)  # reap the first process, stopped meanwhile
+        self.engine = engine
+
+    def destroy(self) -> None:
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                if self.engine.answers():
+                    for container in self.client.containers.list(all=True):
+                        container.remove(force=True)
+            with contextlib.suppress(Exception):
+                self.engine.stop(timeout=60)
+            self.engine.kill()
+        if self._client is not None:
+            self._client.close()
+        # Anything left of it (its containerd, shims) runs from our private directory.
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if str(self.root).encode() in (proc / "cmdline").read_bytes():
+                        os.kill(int(proc.name), signal.SIGKILL)
+        with open("/proc/mounts") as mounts:
+            targets = [line.split()[1] for line in mounts if str(self.root) in line]
+        for target in sorted(targets, key=len, reverse=True):
+            subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _shared_engine_env() -> dict[str, str]:
+    """The shared dockerd's environment (it has the GPU shim dir on PATH)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(Path("/var/run/docker.pid").read_text().strip())
+        return Engine.capture(pid, "/var/run/docker.sock", Path("/dev/null")).env
+    return dict(os.environ)
+
+
+@pytest.fixture
+def private_engine() -> Iterator[PrivateEngine]:
+    engine = PrivateEngine()
+    try:
+        yield engine.start()
+    finally:
+        engine.destroy()
+
+
+# --- kill -9 mid-provision ---------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_mid_provision_keeps_leases_and_leaks_nothing(
+    proxy: DockerProxy, make_scheduler: Callable[..., Scheduler]
+) -> None:
+    s = make_scheduler(DOCKER_HOST=proxy.url, LOCAL_GPU_DEVICES="0")
+    bodies: list[dict[str, Any]] = [
+        {"kind": "renderer", "correlation_id": "job-1", "ttl_seconds": 3600},
+        {"kind": "anim", "owner_id": "anim-service", "ttl_seconds": 7200},
+        {"kind": "renderer", "gpu": "entry", "correlation_id": "gpu-job", "ttl_seconds": 1800},
+        {"kind": "anim", "env": {"SCENE": "intro"}, "ttl_seconds": 28800},
+        {"kind": "renderer", "owner_id": "live-control", "correlation_id": "c" * 128},
+    ]
+    acquired = [s.lease(**body) for body in bodies]
+    before = s.leases()
+    assert sorted(before, key=lambda x: x["lease_id"]) == sorted(
+        acquired, key=lambda x: x["lease_id"]
+    )
+    ids = sorted(lease["lease_id"] for lease in acquired)
+    assert lease_ids_of(s.containers()) == ids
+
+    # The 6th acquire: its container gets created, its start is held by the proxy.
+    proxy.delay(START, 30)
+    with own_client(s) as client:
+        thread, outcome = in_thread(
+            lambda: client.post("/v1/lease", json={"kind": "anim", "correlation_id": "doomed"})
+        )
+        proxy.wait_held(1, timeout=60)
+        extra = wait_for(
+            lambda: [c for c in s.containers() if c.labels[LEASE_LABEL] not in ids],
+            60, what="the 6th container",
+        )
+        assert len(extra) == 1
+        doomed = extra[0].labels[LEASE_LABEL]
+        assert db_state(s, doomed) == "provisioning"
+
+        s.kill()
+        proxy.clear()
+        thread.join(60)
+    assert not thread.is_alive()
+    # The caller of the 6th acquire never got a lease: the connection died under it.
+    assert "response" not in outcome, outcome["response"].text
+    assert isinstance(outcome["error"], httpx.TransportError)
+    proxy.wait_held(0, timeout=30)  # the held start was dropped, never forwarded
+
+    s.start()
+
+    # The five leases are there, field for field; the 6th is not.
+    assert s.leases() == before
+    assert db_state(s, doomed) in ("failed", None)
+    # Its container is gone; every container of this instance belongs to a live lease.
+    wait_for(lambda: lease_ids_of(s.containers()) == ids, 60,
+             what="only the five leases' containers")
+    assert all(c.status == "running" for c in s.containers())
+    assert released(s, "failed") == 1
+    gone = s.release(doomed)
+    assert gone.status_code == 404, gone.text
+
+    # The GPU is still taken by the lease that held it before the crash.
+    taken = s.acquire(kind="renderer", gpu="entry")
+    assert taken.status_code == 503, taken.text
+    assert "GPU" in taken.json()["message"]
+
+    # Each surviving lease still works: released by its owner, its worker destroyed.
+    for lease in acquired:
+        response = s.release(lease["lease_id"], owner=lease["owner_id"])
+        assert response.status_code == 204, response.text
+    assert s.leases() == []
+    assert s.containers() == []
+
+
+# --- kill -9 mid-release -----------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_mid_release_the_worker_is_still_destroyed(
+    proxy: DockerProxy, make_scheduler: Callable[..., Scheduler]
+) -> None:
+    """Two releases in flight when the service dies. The restarted service finishes
+    both before it answers (a lone SQLite store's release claims belong to the dead
+    process), so nobody has to call again; a caller who does retries gets 404."""
+    s = make_scheduler(DOCKER_HOST=proxy.url, SWEEP_INTERVAL_SECONDS="1")
+    keep = s.lease(kind="renderer", correlation_id="keep")
+    retried = s.lease(kind="anim", owner_id="anim-service")
+    forgotten = s.lease(kind="renderer")
+
+    proxy.delay(REMOVE, 30)
+    with own_client(s) as a, own_client(s) as b:
+        calls = [
+            in_thread(lambda: a.delete(f"/v1/lease/{retried['lease_id']}",
+                                       headers={"X-Lease-Owner": "anim-service"})),
+            in_thread(lambda: b.delete(f"/v1/lease/{forgotten['lease_id']}")),
+        ]
+        proxy.wait_held(2, timeout=60)
+        s.kill()
+        proxy.clear()
+        for thread, _ in calls:
+            thread.join(60)
+    for thread, outcome in calls:
+        assert not thread.is_alive()
+        assert isinstance(outcome.get("error"), httpx.TransportError), outcome
+    proxy.wait_held(0, timeout=30)
+    assert len(s.containers()) == 3  # nothing was destroyed before the crash
+
+    s.start()
+    assert s.leases() == [keep]
+    # Both workers were destroyed during start-up, before the service answered.
+    assert lease_ids_of(s.containers()) == [keep["lease_id"]]
+    assert db_state(s, forgotten["lease_id"]) == "released"
+    assert db_state(s, retried["lease_id"]) == "released"
+    assert s.metric("scheduler_leases_releasing") == 0
+    response = s.release(retried["lease_id"], owner="anim-service")
+    assert response.status_code == 404, response.text
+    assert s.release(forgotten["lease_id"]).status_code == 404
+    assert s.leases() == [keep]
+
+
+# --- the Docker engine stopped for real --------------------------------------------------
+
+
+@pytest.mark.timeout(420)
+def test_docker_engine_stopped_and_restarted(
+    private_engine: PrivateEngine, make_scheduler: Callable[..., Scheduler]
+) -> None:
+    s = make_scheduler(DOCKER_HOST=private_engine.url, SWEEP_INTERVAL_SECONDS="1")
+    keep = s.lease(kind="anim", correlation_id="keep")
+    lease = s.lease(kind="renderer", correlation_id="to-release")
+    assert lease_ids_of(private_engine.containers(s.instance)) == sorted(
+        [keep["lease_id"], lease["lease_id"]]
+    )
+
+    # Stop the engine the way an operator would: SIGTERM to the pid in its pid file.
+    engine = Engine.capture(private_engine.running_pid(), private_engine.sock,
+                            private_engine.root / "dockerd.log", own_netns=True)
+    assert engine.argv == private_engine.engine.argv  # type: ignore[union-attr]
+    assert engine.env == private_engine.engine.env  # type: ignore[union-attr]
+    try:
+        engine.stop()
+        assert not engine.answers()
+
+        health = httpx.get(f"{s.url}/health", timeout=30)
+        assert health.status_code == 200
+        assert health.json() == {"status": "ok", "service": "openalice-scheduler"}
+
+        assert_names_docker(s.acquire(kind="renderer"), (502, 503))
+
+        body = assert_names_docker(s.release(lease["lease_id"]), (502,))
+        assert body["error"] == "release_failed"
+        assert db_state(s, lease["lease_id"]) == "releasing"
+        assert s.metric("scheduler_leases_releasing") == 1
+        # The service keeps trying on its own while the engine is down.
+        wait_for(lambda: s.metric("scheduler_release_failures_total",
+                                  provider="local-docker") >= 2,
+                 60, interval=0.2, what="a background retry")
+        assert db_state(s, lease["lease_id"]) == "releasing"
+        # Listing needs no engine; the untouched lease is still listed as it was.
+        assert s.leases() == [keep]
+    finally:
+        if not engine.answers():
+            engine.start()  # same argv and environment, a session of its own
+        private_engine.adopt(engine)
+    assert engine.answers()
+
+    # Nobody calls again: the sweeper finishes the release once the engine is back.
+    def release_done() -> bool:
+        return (s.metric("scheduler_leases_releasing") == 0
+                and released(s, "explicit") == 1
+                and lease_ids_of(private_engine.containers(s.instance)) == [keep["lease_id"]])
+
+    wait_for(release_done, 90, interval=0.5, what="the release to complete")
+    assert db_state(s, lease["lease_id"]) == "released"
+    assert s.leases() == [keep]
+
+    # And the service serves again, with the same engine.
+    fresh = s.lease(kind="renderer")
+    for item in (fresh, keep):
+        response = s.release(item["lease_id"])
+        assert response.status_code == 204, response.text
+    assert private_engine.containers(s.instance) == []
+    assert released(s, "explicit") == 3
+
+
+# --- the Docker engine unreachable (proxy stopped) ---------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_docker_unreachable_then_back(
+    proxy: DockerProxy, make_scheduler: Callable[..., Scheduler]
+) -> None:
+    s = make_scheduler(DOCKER_HOST=proxy.url, SWEEP_INTERVAL_SECONDS="1")
+    keep = s.lease(kind="anim")
+    lease = s.lease(kind="renderer")
+    proxy.stop()
+    try:
+        assert httpx.get(f"{s.url}/health", timeout=30).status_code == 200
+        failed = assert_names_docker(s.acquire(kind="renderer"), (502, 503))
+        assert failed["error"] in ("no_provider_available", "provision_failed")
+        body = assert_names_docker(s.release(lease["lease_id"]), (502,))
+        assert body["error"] == "release_failed"
+        assert s.metric("scheduler_leases_releasing") == 1
+        assert db_state(s, lease["lease_id"]) == "releasing"
+        # The worker is still there (the engine is fine; only the way to it is cut).
+        assert lease_ids_of(s.containers()) == sorted([keep["lease_id"], lease["lease_id"]])
+        wait_for(lambda: s.metric("scheduler_release_failures_total",
+                                  provider="local-docker") >= 2,
+                 60, interval=0.2, what="a background retry")
+        assert s.leases() == [keep]
+    finally:
+        proxy.start()
+
+    wait_for(lambda: lease_ids_of(s.containers()) == [keep["lease_id"]], 90, interval=0.5,
+             what="the worker to be destroyed")
+    wait_for(lambda: s.metric("scheduler_leases_releasing") == 0, 30)
+    assert released(s, "explicit") == 1
+    assert db_state(s, lease["lease_id"]) == "released"
+    assert s.leases() == [keep]
+    fresh = s.lease(kind="renderer")
+    for item in (fresh, keep):
+        assert s.release(item["lease_id"]).status_code == 204
+    assert s.containers() == []
+
+
+@pytest.mark.timeout(240)
+def test_service_starts_while_docker_is_unreachable(
+    proxy: DockerProxy, make_scheduler: Callable[..., Scheduler]
+) -> None:
+    proxy.stop()
+    s = make_scheduler(DOCKER_HOST=proxy.url)  # waits for /health
+    response = s.acquire(kind="renderer")
+    body = assert_names_docker(response, (503,))
+    assert body["error"] == "no_provider_available"
+    assert "local-docker" in body["reasons"]
+    assert s.leases() == []
+
+    proxy.start()
+    lease = wait_for(lambda: (r := s.acquire(kind="renderer")).status_code == 200 and r, 30,
+                     interval=0.5, what="an acquire to succeed").json()["lease"]
+    assert s.leases() == [lease]
+    assert lease_ids_of(s.containers()) == [lease["lease_id"]]
+    assert s.release(lease["lease_id"]).status_code == 204
+    assert s.containers() == []
