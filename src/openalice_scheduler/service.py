@@ -177,7 +177,11 @@ class LeaseService:
         at_capacity = False
         self.in_flight.add(lease_id)
         try:
-            for provider in await self.policy.order(self.providers, spec):
+            order = await self.policy.order(self.providers, spec)
+            log.debug("lease %s (%s, gpu=%s, correlation_id=%s): trying %s", lease_id,
+                      request.kind.value, request.gpu.value, request.correlation_id,
+                      ", ".join(p.name for p in order))
+            for provider in order:
                 availability = await provider.available(spec)
                 if not availability.ok:
                     reasons[provider.name] = availability.reason
