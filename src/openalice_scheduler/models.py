@@ -59,9 +59,11 @@ class LeaseRequest(BaseModel):
     region: Annotated[str, Field(max_length=64)] | None = None
     ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS, strict=True)] = 3600
     env: dict[str, str] = Field(default_factory=dict)
-    wait_seconds: Annotated[int, Field(ge=0, le=MAX_WAIT_SECONDS, strict=True)] = Field(
-        0, description="How long to wait in line when no provider has capacity now."
-    )
+    wait_seconds: Annotated[
+        int,
+        Field(ge=0, le=MAX_WAIT_SECONDS, strict=True,
+              description="How long to wait in line when no provider has capacity now."),
+    ] = 0
 
     @field_validator("env", mode="before")
     @classmethod
