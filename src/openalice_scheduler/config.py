@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     )
     static_region: str | None = None
     database_url: str = Field("sqlite:///./openalice-scheduler.db")
+    sqlite_synchronous: Literal["full", "normal"] = Field(
+        "full", description="full: commits survive power loss; normal: survive a killed "
+        "process, faster",
+    )
 
     renderer_image: str = "openalice-demo-worker:latest"
     anim_image: str = "openalice-demo-worker:latest"

@@ -37,14 +37,14 @@ _READERS = 3
 
 
 class Database:
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, *, sqlite_synchronous: str = "full") -> None:
         url = make_url(database_url)
         self.dialect = url.get_backend_name()
         if self.dialect in ("postgresql", "postgres"):
             self.dialect = "postgresql"
             self._impl: _Postgres | _Sqlite = _Postgres(url)
         elif self.dialect == "sqlite":
-            self._impl = _Sqlite(url)
+            self._impl = _Sqlite(url, sqlite_synchronous)
         else:
             raise ValueError(f"unsupported DATABASE_URL scheme {self.dialect!r}")
         self.url = url
@@ -142,10 +142,10 @@ class _Job:
 
 
 class _Sqlite:
-    def __init__(self, url: URL) -> None:
+    def __init__(self, url: URL, synchronous: str) -> None:
         url = url.set(drivername="sqlite+pysqlite")
-        self.writer_engine = _sqlite_engine(url, begin="BEGIN IMMEDIATE", pool_size=1)
-        self.reader_engine = _sqlite_engine(url, begin="BEGIN", pool_size=_READERS)
+        self.writer_engine = _sqlite_engine(url, "BEGIN IMMEDIATE", 1, synchronous)
+        self.reader_engine = _sqlite_engine(url, "BEGIN", _READERS, synchronous)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
@@ -232,7 +232,7 @@ def _settle(job: _Job) -> None:
         job.future.set_result(job.result)
 
 
-def _sqlite_engine(url: URL, *, begin: str, pool_size: int) -> Engine:
+def _sqlite_engine(url: URL, begin: str, pool_size: int, synchronous: str) -> Engine:
     engine = create_engine(
         url, pool_size=pool_size, max_overflow=0,
         connect_args={"timeout": 30, "check_same_thread": False},
@@ -244,8 +244,9 @@ def _sqlite_engine(url: URL, *, begin: str, pool_size: int) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        # FULL: a committed lease survives power loss too, not only a killed process.
-        cursor.execute("PRAGMA synchronous=FULL")
+        # FULL (default): a committed lease survives power loss too. NORMAL: it survives
+        # a killed process, and the last commits may be lost if the machine loses power.
+        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 

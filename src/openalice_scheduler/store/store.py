@@ -140,8 +140,11 @@ def _same_request(lease: NewLease) -> tuple[Any, ...]:
 
 
 class LeaseStore:
-    def __init__(self, database_url: str, *, replica_id: str | None = None) -> None:
-        self.db = Database(database_url)
+    def __init__(
+        self, database_url: str, *, replica_id: str | None = None,
+        sqlite_synchronous: str = "full",
+    ) -> None:
+        self.db = Database(database_url, sqlite_synchronous=sqlite_synchronous)
         # This process, among the replicas sharing the store: it marks the leases it
         # provisions, so that another replica can tell a crashed provision from a slow one.
         self.replica_id = replica_id or uuid.uuid4().hex
