@@ -53,7 +53,7 @@ def create_app(
     metrics = Metrics()
     metrics.providers.set(len(providers))
     tracing = Tracing(settings)
-    store = LeaseStore(settings.database_url)
+    store = LeaseStore(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     # Taken here, not in the lifespan, so that a second process fails before serving,
     # with one line.
     lock = _lock_sqlite(store.sqlite_path)
@@ -77,6 +77,7 @@ def create_app(
             reconciler = Reconciler(
                 service, tracing.tracer, settings.reconcile_interval_seconds,
                 settings.provision_timeout_seconds, replica_timeout=3 * beat + 1,
+                heartbeat=heartbeat,  # a store outage is not the other replicas' death
             )
             await heartbeat.run_once()
             app.state.service, app.state.sweeper, app.state.reconciler = (

@@ -130,24 +130,27 @@ class Reconciler(LoopService):
 
     def __init__(
         self, service: LeaseService, tracer: Tracer, interval: float, provision_timeout: float,
-        replica_timeout: float,
+        replica_timeout: float, heartbeat: Heartbeat | None = None,
     ) -> None:
         super().__init__(interval)
         self.service = service
         self.tracer = tracer
         self.provision_timeout = provision_timeout
         self.replica_timeout = replica_timeout
+        self.heartbeat = heartbeat
 
     async def run_once(self) -> dict[str, int]:
         totals = {"failed": 0, "orphans": 0, "lost": 0}
         store = self.service.store
         # One replica at a time: two reconcilers would race to destroy the same workers.
         lock_ttl = int(max(30.0, 3 * self.interval) * 1e6)
-        if not await store.try_lock(RECONCILE_LOCK, ttl_us=lock_ttl, now=self.service.now_us()):
+        gone_before = self._gone_before()
+        if not await store.try_lock(RECONCILE_LOCK, ttl_us=lock_ttl, now=self.service.now_us(),
+                                    holder_gone_before=gone_before):
             return totals
         try:
             with self.tracer.start_as_current_span("reconcile"):
-                alive = await self._alive_replicas()
+                alive = await self._alive_replicas(gone_before)
                 for provider in self.service.providers:
                     try:
                         found = await self._reconcile(provider, alive)
@@ -163,21 +166,29 @@ class Reconciler(LoopService):
             log.info("reconcile: %s", ", ".join(f"{k}={v}" for k, v in totals.items()))
         return totals
 
-    async def _alive_replicas(self) -> set[str]:
+    def _gone_before(self) -> int | None:
+        """A replica whose last heartbeat is older than this is gone. None while this
+        replica cannot tell: its own heartbeats failed within the replica timeout, and a
+        store outage silences every replica at once without any of them being dead."""
+        if self.heartbeat is not None and not self.heartbeat.steady_for(self.replica_timeout):
+            return None
+        return self.service.now_us() - int(self.replica_timeout * 1e6)
+
+    async def _alive_replicas(self, gone_before: int | None) -> set[str] | None:
+        """The replicas alive now; None when every replica counts as alive."""
         store = self.service.store
         if store.dialect == "sqlite":
             return {store.replica_id}  # one process per SQLite file: any other is gone
-        since = self.service.now_us() - int(self.replica_timeout * 1e6)
-        return await store.alive_replicas(since=since)
+        if gone_before is None:
+            return None
+        return await store.alive_replicas(since=gone_before)
 
-    async def _reconcile(self, provider: Provider, alive: set[str]) -> dict[str, int]:
+    async def _reconcile(self, provider: Provider, alive: set[str] | None) -> dict[str, int]:
         service, store = self.service, self.service.store
         # Workers first, leases second: a worker exists only after its lease row was
         # written, so every worker listed here has its lease among the rows read next.
         listed_at = service.now_us()
         workers = await provider.list_workers()
-        if workers is None:
-            return {}  # the provider does not make workers: nothing can drift
         live = {r.lease_id: r for r in await store.live(provider.name)}
         stale_before = service.now_us() - int(self.provision_timeout * 1e6)
         counts = {"failed": 0, "orphans": 0, "lost": 0}
@@ -186,22 +197,38 @@ class Reconciler(LoopService):
             if record.state != LeaseState.provisioning or record.lease_id in service.in_flight:
                 continue
             # A provision whose replica stopped (crashed, killed) will never finish.
-            # This replica's own rows are still being worked on (or were just finished)
-            # unless older than any provision can take.
-            crashed = record.replica_id != store.replica_id and record.replica_id not in alive
-            if crashed or record.updated_at < stale_before:
+            crashed = (record.replica_id != store.replica_id and alive is not None
+                       and record.replica_id not in alive)
+            # This replica's own row, no longer in flight: its acquire ended without
+            # resolving it (the store failed under it, e.g. while recording `active`).
+            abandoned = record.replica_id == store.replica_id
+            if not (crashed or abandoned or record.updated_at < stale_before):
+                continue
+            # Recorded `failed` first, by a guarded update, and only then the worker
+            # destroyed: should the acquire still be running after all (its replica only
+            # seemed gone), its `activate` finds the lease resolved and destroys its own
+            # worker; never is a worker destroyed under an active lease. A worker left
+            # here (provider error) is an orphan for the next pass.
+            if await store.fail(record.lease_id, error="scheduler stopped while provisioning",
+                                now=service.now_us()):
+                service.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
+                service.capacity_freed()
+                counts["failed"] += 1
                 await provider.release("", record.lease_id)
-                if await store.fail(record.lease_id, error="scheduler stopped while provisioning",
-                                    now=service.now_us()):
-                    service.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
-                    service.capacity_freed()
-                    counts["failed"] += 1
 
+        if workers is None:
+            return counts  # the provider does not make workers: none can drift
         for lease_id, infos in workers.items():
             if lease_id in service.in_flight:
                 continue
             owner = live.get(lease_id)
             if owner is None:
+                # A lease that ended after the listing (a sweeper, here or on another
+                # replica, released it meanwhile) had its worker destroyed by that
+                # release: not an orphan. Were it still there, the next pass finds it.
+                ended = await store.get(lease_id)
+                if ended is not None and ended.updated_at >= listed_at:
+                    continue
                 extra = infos  # no live lease: every worker is an orphan
             elif owner.state == LeaseState.active and owner.provider_token:
                 # Names are not unique on some backends: keep only the recorded worker.
@@ -240,6 +267,16 @@ class Heartbeat(LoopService):
     def __init__(self, service: LeaseService, interval: float) -> None:
         super().__init__(interval)
         self.service = service
+        self._failed_at: float | None = None  # monotonic time of the last failed beat
 
     async def run_once(self) -> None:
-        await self.service.store.heartbeat(now=self.service.now_us())
+        try:
+            await self.service.store.heartbeat(now=self.service.now_us())
+        except StoreUnavailable:
+            self._failed_at = time.monotonic()
+            raise
+
+    def steady_for(self, seconds: float) -> bool:
+        """No heartbeat of this replica failed in the last `seconds`: had another
+        replica stopped beating meanwhile, it was not for a store outage."""
+        return self._failed_at is None or time.monotonic() - self._failed_at >= seconds
