@@ -31,16 +31,18 @@ def test_spans_reach_a_real_otlp_receiver(make_scheduler) -> None:  # type: igno
         assert provision.resource["service.name"] == "scheduler-under-test"
         assert provision.resource["service.version"]
 
-        request = [s for s in receiver.named("POST /v1/lease")
-                   if s.trace_id == provision.trace_id]
-        assert request, [s.name for s in receiver.spans]
+        # Each span is exported when it ends, batch by batch: wait for the request's.
+        request = wait_for(lambda: [s for s in receiver.named("POST /v1/lease")
+                                    if s.trace_id == provision.trace_id], 30,
+                           what="the request span")
         assert provision.parent_span_id == request[0].span_id
         assert request[0].attributes["http.response.status_code"] == 200
 
         release = receiver.named("release")[0]
         assert release.attributes["lease_id"] == lease["lease_id"]
-        sweep = [s for s in receiver.named("sweep") if s.trace_id == release.trace_id]
-        assert sweep and release.parent_span_id == sweep[0].span_id
+        sweep = wait_for(lambda: [s for s in receiver.named("sweep")
+                                  if s.trace_id == release.trace_id], 30, what="the sweep span")
+        assert release.parent_span_id == sweep[0].span_id
         assert time.time() - expired_at < 60
 
         # Nothing secret in any exported byte.
