@@ -142,6 +142,16 @@ class Settings(BaseSettings):
         return [t.strip() for t in value.split(",") if t.strip()]
 
     @property
+    def worker_images(self) -> dict[str, str]:
+        """Image per worker kind (RENDERER_IMAGE, ANIM_IMAGE)."""
+        return {"renderer": self.renderer_image, "anim": self.anim_image}
+
+    @property
+    def worker_ports(self) -> dict[str, int]:
+        """Port a worker serves on, per kind (RENDERER_PORT, ANIM_PORT)."""
+        return {"renderer": self.renderer_port, "anim": self.anim_port}
+
+    @property
     def cors_origin_list(self) -> list[str]:
         if not self.cors_origins:
             return []

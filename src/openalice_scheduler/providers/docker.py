@@ -22,7 +22,7 @@ from docker.types import DeviceRequest
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderUnavailable
-from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.models import GpuClass
 from openalice_scheduler.providers.base import (
     Availability,
     ProviderStatus,
@@ -57,10 +57,8 @@ class LocalDockerProvider:
         self.max_workers = settings.local_docker_max_workers
         self.region = settings.local_docker_region
         self.devices = settings.gpu_devices
-        self.images = {WorkerKind.renderer: settings.renderer_image,
-                       WorkerKind.anim: settings.anim_image}
-        self.ports = {WorkerKind.renderer: settings.renderer_port,
-                      WorkerKind.anim: settings.anim_port}
+        self.images = settings.worker_images
+        self.ports = settings.worker_ports
         self.where = settings.docker_host or "unix:///var/run/docker.sock"
         self.client = client or docker.DockerClient(
             base_url=self.where, version=DOCKER_API_VERSION, timeout=60, max_pool_size=64

@@ -81,10 +81,8 @@ class RunPodProvider:
         self.catalog_ttl = settings.runpod_catalog_ttl_seconds
         self.templates = {WorkerKind.renderer: settings.runpod_renderer_template,
                           WorkerKind.anim: settings.runpod_anim_template}
-        self.images = {WorkerKind.renderer: settings.renderer_image,
-                       WorkerKind.anim: settings.anim_image}
-        self.ports = {WorkerKind.renderer: settings.renderer_port,
-                      WorkerKind.anim: settings.anim_port}
+        self.images = settings.worker_images
+        self.ports = settings.worker_ports
         self.gpu_types = {c: settings.runpod_gpu_types(c.value)
                           for c in (GpuClass.entry, GpuClass.mid, GpuClass.high)}
         self._key_rejected_at: float | None = None
