@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,15 +43,13 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import HttpConnection, free_port  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 GOAL_RATIO = 1.5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Processes:
@@ -131,57 +127,7 @@ class Processes:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-class Connection:
-    """One kept-alive HTTP/1.1 connection to the scheduler, spoken by hand over asyncio
-    streams. The client shares the machine with the scheduler and the emulator; httpx
-    would spend more CPU per request than the scheduler's own RunPod work, and steal it."""
-
-    def __init__(self, port: int, secret: str) -> None:
-        self.port = port
-        self.secret = secret
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                f"X-Internal-Secret: {self.secret}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-        reused = self.writer is not None
-        try:
-            raw = await self._send(head)
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            # The server closes idle kept-alive connections (uvicorn: after 5 s); a closed
-            # one answers nothing at all, and the request was not seen: send it anew.
-            if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
-                raise
-            await self.close()
-            raw = await self._send(head)
-        lines = raw.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        assert self.reader is not None
-        return status, await self.reader.readexactly(length) if length else b""
-
-    async def _send(self, head: bytes) -> bytes:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        assert self.reader is not None
-        self.writer.write(head)
-        return await self.reader.readuntil(b"\r\n\r\n")
-
-    async def close(self) -> None:
-        writer, self.reader, self.writer = self.writer, None, None
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-
-async def acquire(conn: Connection, gpu: str) -> tuple[float, str]:
+async def acquire(conn: HttpConnection, gpu: str) -> tuple[float, str]:
     started = time.perf_counter()
     status, body = await conn.request(
         "POST", "/v1/lease", json.dumps({"kind": "renderer", "gpu": gpu}).encode())
@@ -191,14 +137,14 @@ async def acquire(conn: Connection, gpu: str) -> tuple[float, str]:
     return took, str(json.loads(body)["lease"]["lease_id"])
 
 
-async def release(conn: Connection, lease_id: str) -> None:
+async def release(conn: HttpConnection, lease_id: str) -> None:
     status, body = await conn.request("DELETE", f"/v1/lease/{lease_id}")
     if status != 204:
         raise RuntimeError(f"release answered {status}: {body.decode(errors='replace')}")
 
 
 async def burst_without_provisioning(
-    procs: Processes, conns: list[Connection], args: argparse.Namespace
+    procs: Processes, conns: list[HttpConnection], args: argparse.Namespace
 ) -> float:
     """The same burst with pods RUNNING at once: what the scheduler (and the emulator)
     cost on their own. Wall(concurrent) is about the provisioning delay plus this."""
@@ -217,7 +163,7 @@ async def burst_without_provisioning(
 
 
 async def run(procs: Processes, args: argparse.Namespace) -> int:
-    conns = [Connection(procs.port, procs.secret) for _ in range(args.n)]
+    conns = [HttpConnection(procs.port, {"X-Internal-Secret": procs.secret}) for _ in range(args.n)]
     one_conn = conns[0]
     try:
         for _ in range(2):  # warm-up: imports, first catalog, connections

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import uuid
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import update
+from sqlalchemy.engine import Connection
 
 from openalice_scheduler.models import ReleaseReason
-from openalice_scheduler.store import AtCapacity, LeaseStore, NewLease
+from openalice_scheduler.store import AtCapacity, LeaseStore, NewLease, schema
 from openalice_scheduler.store.schema import metadata
 from tests.harness import database_url
 
@@ -150,3 +154,67 @@ async def test_cached_listing_always_shows_the_current_leases(store: LeaseStore)
     after = json.loads(await store.list_wire_json())
     assert [x["lease_id"] for x in after] == [second.lease_id]
     assert json.loads(await store.list_wire_json()) == after  # served again from cache
+
+
+async def test_static_lease_is_reserved_active_and_released_in_one_write_each(
+    store: LeaseStore,
+) -> None:
+    owned = replace(new_lease(), owner_id="alice")
+    record = await store.reserve_active(
+        owned, "static", assign=lambda r: (f"http://{r}", f"token-{r}"), max_live=0,
+        resources=("a:1", "b:1"), now=NOW, first_try=True,
+    )
+    assert (record.state, record.endpoint, record.provider_token, record.resource) == (
+        "active", "http://a:1", "token-a:1", "a:1")
+    assert (await store.get(owned.lease_id)) == record
+
+    at_once = partial(store.release_at_once, owned.lease_id, providers=("static",),
+                      reason=ReleaseReason.explicit, now=NOW + 1)
+    # Someone else's lease, or one on a provider with workers to destroy: not released.
+    assert await at_once(owner=None) is None
+    assert await at_once(owner="bob") is None
+    assert await store.release_at_once(owned.lease_id, owner="alice", providers=("other",),
+                                       reason=ReleaseReason.explicit, now=NOW + 1) is None
+    done = await at_once(owner="alice")
+    assert done is not None and (done.state, done.release_reason, done.released_at) == (
+        "released", "explicit", NOW + 1)
+    assert await at_once(owner="alice") is None  # never twice
+    # Its endpoint is free again.
+    again = await store.reserve_active(
+        new_lease(), "static", assign=lambda r: (r, r), max_live=0, resources=("a:1", "b:1"),
+        now=NOW, first_try=True,
+    )
+    assert again.resource == "a:1"
+
+
+async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> None:
+    """Concurrent writes share a transaction (SQLite: group commit). A write that fails
+    after writing takes back only what it wrote; one that fails before writing costs the
+    others nothing; the rest commit."""
+    leases = [new_lease() for _ in range(6)]
+    for lease in leases:
+        await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+
+    def renew_then_fail(conn: Connection, lease_id: str) -> None:
+        conn.execute(update(schema.leases).where(schema.leases.c.lease_id == lease_id)
+                     .values(expires_at=NOW + 999))
+        raise RuntimeError("after writing")
+
+    def refuse(_conn: Connection) -> None:
+        raise LookupError("before writing")
+
+    outcomes = await asyncio.gather(
+        store.activate(leases[0].lease_id, endpoint="e0", provider_token="t", now=NOW),
+        store.db.write(renew_then_fail, leases[1].lease_id),
+        store.activate(leases[2].lease_id, endpoint="e2", provider_token="t", now=NOW),
+        store.db.write(refuse),
+        store.activate(leases[3].lease_id, endpoint="e3", provider_token="t", now=NOW),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[1], RuntimeError) and isinstance(outcomes[3], LookupError)
+    for place in (0, 2, 4):
+        assert outcomes[place] is not None and outcomes[place].state == "active"
+    stored = {lease.lease_id: await store.get(lease.lease_id) for lease in leases}
+    assert [stored[lease.lease_id].state for lease in leases] == [
+        "active", "provisioning", "active", "active", "provisioning", "provisioning"]
+    assert stored[leases[1].lease_id].expires_at == leases[1].expires_at

@@ -23,6 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openalice_scheduler.api import leases, ops
+from openalice_scheduler.api.fast import FastLeasePath
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import BodyTooLarge, SchedulerError, Unauthorized
 from openalice_scheduler.loops import Heartbeat, Reconciler, Sweeper
@@ -118,12 +119,15 @@ def create_app(
             if lock is not None:
                 lock.close()
 
-    app = FastAPI(
+    app = SchedulerApp(
         title="openalice-scheduler",
         version=service_version(),
         description="GPU/compute lease service: acquire and release renderer and anim "
         "workers on local Docker or RunPod.",
         lifespan=lifespan,
+        # Spans are ours (tracing.py, exported only when configured); FastAPI's own
+        # telemetry would look at the global OpenTelemetry providers on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.metrics = metrics
     app.state.settings = settings
@@ -142,8 +146,27 @@ def create_app(
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Content-Type", "X-Internal-Secret", "X-Lease-Owner"],
         )
-    app.add_middleware(RequestSpanMiddleware, tracer=tracing.tracer)
+    if tracing.enabled:
+        app.add_middleware(RequestSpanMiddleware, tracer=tracing.tracer)
+    app.fast_path = FastLeasePath(
+        super(SchedulerApp, app).__call__, secret=settings.internal_secret.get_secret_value(),
+        limit=MAX_BODY_BYTES, tracer=tracing.tracer if tracing.enabled else None,
+        state=app.state,
+    )
     return app
+
+
+class SchedulerApp(FastAPI):
+    """FastAPI, with the plain acquire and release calls answered ahead of its whole
+    middleware stack (api/fast.py); every other request goes through that stack."""
+
+    fast_path: FastLeasePath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.fast_path is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.fast_path(scope, receive, send)
 
 
 class SecretGate:

@@ -101,6 +101,8 @@ def serve() -> None:
             port=settings.scheduler_port,
             log_config=None,
             access_log=False,
+            # Client addresses are not used: no X-Forwarded-* parsing per request.
+            proxy_headers=False,
             timeout_graceful_shutdown=15,
         )
     except StartupError as exc:

@@ -12,10 +12,12 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from opentelemetry.trace import Status, StatusCode, Tracer
+from opentelemetry.trace import NoOpTracer, Status, StatusCode, Tracer
 
 from openalice_scheduler.errors import (
     Forbidden,
@@ -77,9 +79,14 @@ class LeaseService:
         self.store = store
         self.providers = list(providers)
         self.by_name = {p.name: p for p in self.providers}
+        # Providers whose workers already exist (`assign`): nothing to create or destroy.
+        self.instant = tuple(p.name for p in self.providers if hasattr(p, "assign"))
         self.policy = policy
         self.metrics = metrics
         self.tracer = tracer
+        # Spans are only made when exported: lease round trips on static endpoints are
+        # short enough for a no-op span's cost to show.
+        self.traced = not isinstance(tracer, NoOpTracer)
         self.provision_timeout = provision_timeout
         self.max_leases_per_owner = max_leases_per_owner
         self.clock = clock
@@ -186,16 +193,26 @@ class LeaseService:
                 if not availability.ok:
                     reasons[provider.name] = availability.reason
                     continue
+                assign = getattr(provider, "assign", None)
+                terms: dict[str, Any] = {
+                    "max_live": provider.max_workers,
+                    "resources": provider.exclusive_resources(spec),
+                    "now": self.now_us(),
+                    "owner_quota": self.max_leases_per_owner,
+                    "resource_label": getattr(provider, "resource_label", "GPU devices"),
+                    # Only a failed provision leaves this lease's row behind.
+                    "first_try": not failures,
+                }
                 try:
-                    resource = await self.store.reserve(
-                        new,
-                        provider.name,
-                        max_live=provider.max_workers,
-                        resources=provider.exclusive_resources(spec),
-                        now=self.now_us(),
-                        owner_quota=self.max_leases_per_owner,
-                        resource_label=getattr(provider, "resource_label", "GPU devices"),
-                    )
+                    if assign is not None:
+                        # Nothing to create: reserved and active in one transaction.
+                        with self._span("provision", lease_id, provider.name, spec.kind,
+                                        spec.correlation_id):
+                            active = await self.store.reserve_active(
+                                new, provider.name, assign=assign, **terms
+                            )
+                        return self._acquired(provider.name, active)
+                    resource = await self.store.reserve(new, provider.name, **terms)
                 except OverQuota as exc:
                     self.metrics.acquire_failures.labels("quota").inc()
                     raise QuotaExceeded(exc.message, limit=self.max_leases_per_owner) from None
@@ -282,10 +299,21 @@ class LeaseService:
             # Reconciliation resolved the lease while we provisioned: do not leak.
             await self._clean_half_made(provider, spec.lease_id, worker.provider_token)
             return "the lease was resolved by reconciliation while provisioning"
-        self.metrics.acquired.labels(provider.name, spec.kind.value, spec.gpu.value).inc()
+        return self._acquired(provider.name, record)
+
+    def _span(self, name: str, lease_id: str, provider: str, kind: str,
+              correlation_id: str | None) -> AbstractContextManager[object]:
+        if not self.traced:
+            return nullcontext()
+        return self.tracer.start_as_current_span(
+            name, attributes=_span_attributes(lease_id, provider, kind, correlation_id)
+        )
+
+    def _acquired(self, provider: str, record: LeaseRecord) -> LeaseRecord:
+        self.metrics.acquired.labels(provider, record.kind, record.gpu).inc()
         self.on_due(record.expires_at)
         log.info("lease %s acquired on %s (%s, gpu=%s, correlation_id=%s)", record.lease_id,
-                 provider.name, record.kind, record.gpu, record.correlation_id)
+                 provider, record.kind, record.gpu, record.correlation_id)
         return record
 
     async def _clean_half_made(self, provider: Provider, lease_id: str, token: str = "") -> None:
@@ -323,17 +351,41 @@ class LeaseService:
     # --- release ---------------------------------------------------------------------
 
     async def release(self, lease_id: str, owner: str | None) -> None:
-        record = await self.get(lease_id)
-        if record.state in (LeaseState.released, LeaseState.failed):
-            raise LeaseNotFound(f"lease {lease_id} is already released")
-        _check_owner(record, owner)
-        if record.state == LeaseState.provisioning:
-            raise LeaseConflict(f"lease {lease_id} is still provisioning; release it once acquired")
+        if not _is_uuid(lease_id):
+            raise LeaseNotFound(f"no lease {lease_id[:64]!r}")
+
+        def check(record: LeaseRecord | None) -> None:
+            # Runs in the claiming transaction: what it checks cannot change meanwhile.
+            if record is None:
+                raise LeaseNotFound(f"no lease {lease_id!r}")
+            if record.state in (LeaseState.released, LeaseState.failed):
+                raise LeaseNotFound(f"lease {lease_id} is already released")
+            _check_owner(record, owner)
+            if record.state == LeaseState.provisioning:
+                raise LeaseConflict(
+                    f"lease {lease_id} is still provisioning; release it once acquired"
+                )
+
+        started = time.time_ns()
+        if self.instant:
+            # The common case on static endpoints, in one statement.
+            done = await self.store.release_at_once(
+                lease_id, owner=owner, providers=self.instant,
+                reason=ReleaseReason.explicit, now=self.now_us(),
+            )
+            if done is not None:
+                self._released_at_once(done, started)
+                return
         claimed = await self.store.claim_release(
-            lease_id, ReleaseReason.explicit, now=self.now_us()
+            lease_id, ReleaseReason.explicit, now=self.now_us(), check=check,
+            bookkeeping=self._bookkeeping,
         )
         if claimed is None:
             raise LeaseNotFound(f"lease {lease_id} is already released")
+        if claimed.state == LeaseState.released:
+            # Nothing to destroy (static endpoint): released in the claiming transaction.
+            self._released_at_once(claimed, started)
+            return
         error = await self.destroy(claimed)
         if error is not None:
             raise ReleaseFailed(
@@ -368,12 +420,29 @@ class LeaseService:
                             record.lease_id, attempts, record.provider, exc.message)
                 return exc.message
         done = await self.store.finish_release(record.lease_id, now=self.now_us())
-        self.capacity_freed()
-        if done is not None:
-            reason = done.release_reason or ReleaseReason.explicit.value
-            self.metrics.released.labels(record.provider, reason).inc()
-            log.info("lease %s released (%s)", record.lease_id, reason)
+        if done is None:
+            self.capacity_freed()
+        else:
+            self._released(done)
         return None
+
+    def _bookkeeping(self, record: LeaseRecord) -> bool:
+        """The lease's provider has nothing to destroy (its workers already existed)."""
+        return record.provider in self.instant
+
+    def _released_at_once(self, record: LeaseRecord, started_ns: int) -> None:
+        if self.traced:
+            self.tracer.start_span(
+                "release", start_time=started_ns, attributes=_span_attributes(
+                    record.lease_id, record.provider, record.kind, record.correlation_id),
+            ).end()
+        self._released(record)
+
+    def _released(self, record: LeaseRecord) -> None:
+        self.capacity_freed()
+        reason = record.release_reason or ReleaseReason.explicit.value
+        self.metrics.released.labels(record.provider, reason).inc()
+        log.info("lease %s released (%s)", record.lease_id, reason)
 
     # --- renew -----------------------------------------------------------------------
 

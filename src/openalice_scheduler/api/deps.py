@@ -9,7 +9,8 @@ from fastapi import Depends, Header, Request
 from openalice_scheduler.service import LeaseService
 
 
-def _service(request: Request) -> LeaseService:
+async def _service(request: Request) -> LeaseService:
+    # async: FastAPI runs a plain `def` dependency on a worker thread, per request.
     return request.app.state.service
 
 

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
 
 from openalice_scheduler.api.deps import LeaseOwner, ServiceDep
+from openalice_scheduler.api.fast import watch_disconnect
 from openalice_scheduler.models import (
     AcquireResponse,
     ErrorBody,
@@ -22,6 +23,8 @@ from openalice_scheduler.models import (
     WorkerKind,
 )
 
+# POST /v1/lease and DELETE /v1/lease/{id} are usually answered by api/fast.py before
+# they reach these routes; these stay their definition and serve what it hands on.
 # Enforced by SecretGate before routing (so even a malformed body gets 401 first); declared
 # here so that /openapi.json shows the requirement.
 _secret = APIKeyHeader(name="X-Internal-Secret", auto_error=False)
@@ -54,7 +57,7 @@ async def acquire(body: LeaseRequest, request: Request, service: ServiceDep) -> 
     # A caller that hangs up while waiting or provisioning gets no worker: the lease is
     # given back as soon as it exists.
     gone = asyncio.Event()
-    watcher = asyncio.create_task(_watch_disconnect(request, gone))
+    watcher = asyncio.create_task(watch_disconnect(request.receive, gone))
     try:
         record = await service.acquire(body, gone=gone)
     finally:
@@ -142,11 +145,3 @@ async def list_leases(
 async def providers(service: ServiceDep) -> JSONResponse:
     return JSONResponse(await service.provider_view())
 
-
-async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:
-    # The body is read already, so the next message is the client going away.
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            gone.set()
-            return

@@ -3,7 +3,7 @@ provider only creates and destroys workers."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -76,6 +76,10 @@ class Provider(Protocol):
     - `list_workers()` returns every worker labelled as this scheduler instance's, by
       lease id, so reconciliation can find orphans and vanished workers; None when the
       provider does not make its workers (static endpoints): nothing to reconcile.
+    - A provider whose workers already exist (static endpoints) may also have
+      `assign(resource) -> (endpoint, provider_token)`: pure, no backend call. The
+      service then records such a lease `active` in the transaction that reserves it,
+      and `released` in the one that claims it, without calling provision or release.
     - `price(spec)` is the cost per hour of a worker for `spec` (None: unknown), for
       the cheapest-first policy; `status()` is its health and capacity per GPU class.
     """
@@ -83,7 +87,7 @@ class Provider(Protocol):
     name: str
     max_workers: int
 
-    def exclusive_resources(self, spec: WorkerSpec) -> list[str] | None:
+    def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
         """The pool one of which this lease must hold exclusively (GPU devices), or None."""
         ...
 

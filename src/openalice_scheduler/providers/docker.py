@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import docker
@@ -68,7 +68,7 @@ class LocalDockerProvider:
         self._ping_at = 0.0
         self._ping_error: str | None = None
 
-    def exclusive_resources(self, spec: WorkerSpec) -> list[str] | None:
+    def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
         return list(self.devices) if spec.gpu == GpuClass.entry else None
 
     async def available(self, spec: WorkerSpec) -> Availability:
@@ -217,8 +217,10 @@ class LocalDockerProvider:
             # Several replicas sharing DOCKER_NETWORK can create it at the same moment
             # (engine 20.10 checks duplicates without a lock), and a name that matches two
             # networks makes every container start fail ("is ambiguous"). All replicas
-            # keep the same one (the lowest id) and remove the others, still unused.
-            for extra in sorted(existing, key=lambda n: n.id)[1:]:
+            # keep the same one, the first created: containers started before the second
+            # one appeared are on it. The others are still unused, and removed.
+            oldest_first = sorted(existing, key=lambda n: (n.attrs.get("Created", ""), n.id))
+            for extra in oldest_first[1:]:
                 log.info("removing duplicate Docker network %s (%s)", self.network, extra.id[:12])
                 try:
                     extra.remove()

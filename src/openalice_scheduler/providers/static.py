@@ -9,7 +9,7 @@ nor destroys these workers; release just returns the endpoint to the pool."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from openalice_scheduler.models import GpuClass, WorkerKind
 from openalice_scheduler.providers.base import (
@@ -58,11 +58,12 @@ class StaticProvider:
     resource_label = "static endpoints"
 
     def __init__(self, workers: str, region: str | None = None) -> None:
-        self.pools = parse_static_workers(workers)
+        # Tuples: handed to every reserve as they are, never copied.
+        self.pools = {key: tuple(urls) for key, urls in parse_static_workers(workers).items()}
         self.region = region
 
-    def exclusive_resources(self, spec: WorkerSpec) -> list[str] | None:
-        return list(self.pools.get((spec.kind, spec.gpu), []))
+    def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
+        return self.pools.get((spec.kind, spec.gpu), ())
 
     async def available(self, spec: WorkerSpec) -> Availability:
         if not self.pools.get((spec.kind, spec.gpu)):
@@ -71,9 +72,15 @@ class StaticProvider:
             return Availability(False, f"region {spec.region!r} not served by static workers")
         return Availability(True)
 
+    def assign(self, resource: str | None) -> tuple[str, str]:
+        """(endpoint, provider_token) of the worker behind a reserved endpoint. Nothing
+        to create or destroy: the service records such a lease in one transaction."""
+        assert resource is not None, "the store reserves the endpoint"
+        return resource, resource
+
     async def provision(self, spec: WorkerSpec) -> Worker:
-        assert spec.resource is not None, "the store reserves the endpoint"
-        return Worker(endpoint=spec.resource, provider_token=spec.resource)
+        endpoint, token = self.assign(spec.resource)
+        return Worker(endpoint=endpoint, provider_token=token)
 
     async def release(self, provider_token: str, lease_id: str) -> None:
         return None  # the worker keeps running; its endpoint is free again

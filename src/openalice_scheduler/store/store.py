@@ -19,7 +19,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import String, cast, func, select, text, update
+from sqlalchemy import String, bindparam, cast, func, literal_column, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -30,6 +30,7 @@ from openalice_scheduler.store.schema import leases, locks, replicas
 log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
 # A worker's release is being attempted by someone: nobody else retries it before then.
 RELEASE_CLAIM_US = 60_000_000
 _DAY_US = 86_400_000_000
@@ -47,7 +48,9 @@ def from_us(us: int) -> datetime:
 
 
 def format_us(us: int) -> str:
-    return from_us(us).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """RFC 3339 in UTC with microseconds: `2026-11-29T17:34:49.948395Z`."""
+    # isoformat on a naive datetime is ~3x faster than strftime, with the same text.
+    return (_EPOCH_NAIVE + timedelta(microseconds=us)).isoformat(timespec="microseconds") + "Z"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +134,140 @@ _LIVE = [s.value for s in LIVE_STATES]
 _HELD = [LeaseState.provisioning.value, LeaseState.active.value]
 
 
-def _same_request(lease: NewLease) -> tuple[Any, ...]:
-    return (
-        leases.c.owner_id == lease.owner_id,
-        leases.c.correlation_id == lease.correlation_id,
-        leases.c.state.in_(_HELD),
-    )
+class _Prepared:
+    """A statement of the lease path, built once and compiled once per dialect.
+
+    On SQLite it runs straight on the driver's connection (inside the SQLAlchemy
+    transaction of the caller): ~15 µs a statement, against ~150 µs through
+    SQLAlchemy's execution path even with its compiled cache, and ~570 µs for a
+    statement built per call. On PostgreSQL it runs through SQLAlchemy, which reuses
+    its compiled form. Rows come back as plain tuples."""
+
+    __slots__ = ("statement", "_sqlite")
+
+    def __init__(self, statement: Any) -> None:
+        self.statement = statement
+        self._sqlite: tuple[str, tuple[str, ...], dict[str, Any]] | None = None
+
+    def _cursor(self, conn: Connection, params: dict[str, Any]) -> Any:
+        if conn.dialect.name != "sqlite":
+            return None
+        if self._sqlite is None:
+            compiled = self.statement.compile(dialect=conn.dialect)
+            self._sqlite = (compiled.string, tuple(compiled.positiontup or ()),
+                            dict(compiled.params))
+        sql, names, defaults = self._sqlite
+        driver = conn.connection.driver_connection
+        return driver.execute(sql, [params.get(n, defaults[n]) for n in names])  # type: ignore[union-attr]
+
+    def first(self, conn: Connection, params: dict[str, Any]) -> Any:
+        cursor = self._cursor(conn, params)
+        if cursor is None:
+            return conn.execute(self.statement, params).first()
+        rows = cursor.fetchall()
+        return rows[0] if rows else None
+
+    def scalar(self, conn: Connection, params: dict[str, Any]) -> Any:
+        row = self.first(conn, params)
+        return None if row is None else row[0]
+
+    def scalars(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
+        cursor = self._cursor(conn, params)
+        if cursor is None:
+            return list(conn.execute(self.statement, params).scalars())
+        return [row[0] for row in cursor.fetchall()]
+
+    def rowcount(self, conn: Connection, params: dict[str, Any]) -> int:
+        cursor = self._cursor(conn, params)
+        if cursor is None:
+            return int(conn.execute(self.statement, params).rowcount)
+        return int(cursor.rowcount)
+
+
+# The statements of the lease path, built once (see _Prepared).
+_BY_ID = leases.c.lease_id == bindparam("b_lease_id")
+_OTHER = leases.c.lease_id != bindparam("b_lease_id")
+
+
+def _state_in(states: Sequence[str]) -> Any:
+    """`state IN ('a', 'b')` with the constants written into the SQL: no parameters to
+    expand on every execution."""
+    return leases.c.state.in_([literal_column(f"'{LeaseState(s).value}'") for s in states])
+
+
+_SAME_REQUEST = (
+    leases.c.owner_id == bindparam("owner_id"),
+    leases.c.correlation_id == bindparam("correlation_id"),
+    _state_in(_HELD),
+)
+_LIVE_ON = (leases.c.provider == bindparam("provider"), _state_in(_LIVE), _OTHER)
+_GET = _Prepared(select(leases).where(_BY_ID))
+_FIND_REQUEST = _Prepared(select(leases).where(*_SAME_REQUEST))
+_TWIN = _Prepared(select(leases.c.lease_id).where(*_SAME_REQUEST, _OTHER))
+_HELD_BY_OWNER = _Prepared(select(func.count()).select_from(leases).where(
+    leases.c.owner_id == bindparam("owner_id"), _state_in(_HELD), _OTHER
+))
+_COUNT_LIVE = _Prepared(select(func.count()).select_from(leases).where(*_LIVE_ON))
+_TAKEN = _Prepared(
+    select(leases.c.resource).where(*_LIVE_ON, leases.c.resource.is_not(None))
+)
+_RESERVED = {"provider", "state", "resource", "updated_at", "replica_id"}
+_MOVE = _Prepared(
+    update(leases)
+    .where(_BY_ID, leases.c.state == LeaseState.provisioning.value)
+    .values({name: bindparam(f"v_{name}") for name in sorted(_RESERVED)})
+)
+# Every column is given, so one compiled form serves every insert.
+_INSERT = _Prepared(leases.insert().values(
+    {name: bindparam(f"v_{name}") for name in _COLUMNS}
+).returning(*leases.c))
+# Guarded updates by (expected states, columns set): see _transition_tx.
+_TRANSITIONS: dict[tuple[tuple[str, ...], tuple[str, ...]], _Prepared] = {}
+
+
+def _transition_statement(expected: tuple[str, ...], columns: tuple[str, ...]) -> _Prepared:
+    statement = _TRANSITIONS.get((expected, columns))
+    if statement is None:
+        statement = _TRANSITIONS[expected, columns] = _Prepared(
+            update(leases)
+            .where(_BY_ID, _state_in(expected))
+            .values({name: bindparam(f"v_{name}") for name in columns})
+            .returning(*leases.c)
+        )
+    return statement
+
+
+def _transition_tx(
+    conn: Connection, lease_id: str, expected: Sequence[LeaseState], frees: bool,
+    values: dict[str, Any],
+) -> LeaseRecord | None:
+    """Guarded update of one lease. `frees`: the lease stops holding capacity, which
+    other replicas hear about (PostgreSQL NOTIFY, sent on commit)."""
+    columns = tuple(sorted(values))
+    statement = _transition_statement(tuple(s.value for s in expected), columns)
+    params = {f"v_{name}": values[name] for name in columns}
+    params["b_lease_id"] = lease_id
+    row = statement.first(conn, params)
+    if row and frees and conn.dialect.name == "postgresql":
+        conn.execute(text(f"NOTIFY {CAPACITY_CHANNEL}"))
+    return _record(row) if row else None
+
+
+# By number of providers: see LeaseStore.release_at_once.
+_RELEASE_AT_ONCE: dict[int, _Prepared] = {}
+_RELEASED_COLUMNS = ("state", "released_at", "next_attempt_at", "updated_at", "release_reason")
+
+
+def _released_values(now: int, reason: str | None = None) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "state": LeaseState.released.value,
+        "released_at": now,
+        "next_attempt_at": None,
+        "updated_at": now,
+    }
+    if reason is not None:
+        values["release_reason"] = reason
+    return values
 
 
 class LeaseStore:
@@ -180,6 +311,7 @@ class LeaseStore:
         now: int,
         owner_quota: int = 0,
         resource_label: str = "GPU devices",
+        first_try: bool = False,
     ) -> str | None:
         """Record `lease` as `provisioning` on `provider`, atomically checking the
         provider's cap on live workers and taking one free exclusive resource (a GPU)
@@ -189,112 +321,45 @@ class LeaseStore:
         (and its reservation) to the next provider.
 
         Raises DuplicateRequest when another live lease has the same owner_id and
-        correlation_id, OverQuota when the owner holds `owner_quota` live leases."""
+        correlation_id, OverQuota when the owner holds `owner_quota` live leases.
+        `first_try`: no earlier reserve of this lease succeeded (saves a lookup)."""
+        reservation = _Reservation(lease, provider, max_live, resources, now, owner_quota,
+                                   resource_label, self.replica_id, first_try=first_try)
+        return await self._reserve(reservation)
+
+    async def reserve_active(
+        self,
+        lease: NewLease,
+        provider: str,
+        *,
+        assign: Callable[[str | None], tuple[str, str]],
+        max_live: int,
+        resources: Sequence[str] | None,
+        now: int,
+        owner_quota: int = 0,
+        resource_label: str = "GPU devices",
+        first_try: bool = False,
+    ) -> LeaseRecord:
+        """`reserve`, for a provider whose workers already exist (static endpoints):
+        `assign(resource)` names the worker's (endpoint, provider_token) without calling
+        anything, so the lease is recorded `active` at once, in the same transaction.
+        Returns the lease; raises as `reserve` does."""
+        reservation = _Reservation(lease, provider, max_live, resources, now, owner_quota,
+                                   resource_label, self.replica_id, assign, first_try)
+        record = await self._reserve(reservation)
+        assert isinstance(record, LeaseRecord)
+        return record
+
+    async def _reserve(self, reservation: _Reservation) -> Any:
         try:
-            return await self._reserve(
-                lease, provider, max_live, resources, now, owner_quota, resource_label
-            )
+            return await self.db.write(reservation.run)
         except IntegrityError as exc:
             # Another replica won the race for this (owner_id, correlation_id).
+            lease = reservation.lease
             existing = await self.find_request(lease.owner_id, lease.correlation_id)
             if existing is None:
                 raise
             raise DuplicateRequest(existing.lease_id) from exc
-
-    async def _reserve(
-        self, lease: NewLease, provider: str, max_live: int,
-        resources: Sequence[str] | None, now: int, owner_quota: int, resource_label: str,
-    ) -> str | None:
-        def _tx(conn: Connection) -> Any:
-            # PostgreSQL: serialise per owner (quota, idempotency), then per provider
-            # (its cap and GPU devices) across replicas. SQLite has one writer anyway.
-            if lease.owner_id:
-                _lock(conn, f"owner:{lease.owner_id}")
-            _lock(conn, f"provider:{provider}")
-            if lease.owner_id and lease.correlation_id:
-                twin = (
-                    conn.execute(
-                        select(leases.c.lease_id).where(*_same_request(lease),
-                                                        leases.c.lease_id != lease.lease_id)
-                    )
-                ).scalar()
-                if twin is not None:
-                    raise DuplicateRequest(twin)
-            if lease.owner_id and owner_quota:
-                held = (
-                    conn.execute(
-                        select(func.count()).select_from(leases).where(
-                            leases.c.owner_id == lease.owner_id,
-                            leases.c.state.in_(_HELD),
-                            leases.c.lease_id != lease.lease_id,
-                        )
-                    )
-                ).scalar_one()
-                if held >= owner_quota:
-                    raise OverQuota(
-                        f"owner {lease.owner_id!r} holds {held} leases; "
-                        f"MAX_LEASES_PER_OWNER is {owner_quota}"
-                    )
-            live = (
-                leases.c.provider == provider,
-                leases.c.state.in_(_LIVE),
-                leases.c.lease_id != lease.lease_id,
-            )
-            if max_live:
-                count = (
-                    conn.execute(select(func.count()).select_from(leases).where(*live))
-                ).scalar_one()
-                if count >= max_live:
-                    raise AtCapacity(f"at capacity ({count}/{max_live} live workers)")
-            resource = None
-            if resources is not None:
-                taken = set(
-                    (
-                        conn.execute(
-                            select(leases.c.resource).where(
-                                *live, leases.c.resource.is_not(None)
-                            )
-                        )
-                    ).scalars()
-                )
-                free = [r for r in resources if r not in taken]
-                if not free:
-                    raise AtCapacity(f"all {len(resources)} {resource_label} are leased")
-                resource = free[0]
-            values = {
-                "provider": provider,
-                "state": LeaseState.provisioning.value,
-                "resource": resource,
-                "updated_at": now,
-                "replica_id": self.replica_id,
-            }
-            moved = conn.execute(
-                update(leases)
-                .where(leases.c.lease_id == lease.lease_id)
-                .where(leases.c.state == LeaseState.provisioning.value)
-                .values(**values)
-            )
-            if moved.rowcount == 0:
-                conn.execute(
-                    leases.insert().values(
-                        lease_id=lease.lease_id,
-                        kind=lease.kind,
-                        gpu=lease.gpu,
-                        owner_id=lease.owner_id,
-                        correlation_id=lease.correlation_id,
-                        region=lease.region,
-                        ttl_seconds=lease.ttl_seconds,
-                        created_at=lease.created_at,
-                        expires_at=lease.expires_at,
-                        endpoint="",
-                        provider_token="",
-                        release_attempts=0,
-                        **values,
-                    )
-                )
-            return resource
-
-        return await self.db.write(_tx)
 
     async def activate(
         self, lease_id: str, *, endpoint: str, provider_token: str, now: int
@@ -326,18 +391,65 @@ class LeaseStore:
     # --- release ---------------------------------------------------------------------
 
     async def claim_release(
-        self, lease_id: str, reason: ReleaseReason, *, now: int
+        self, lease_id: str, reason: ReleaseReason, *, now: int,
+        check: Callable[[LeaseRecord | None], None] | None = None,
+        bookkeeping: Callable[[LeaseRecord], bool] | None = None,
     ) -> LeaseRecord | None:
         """active|releasing → releasing, claimed for one attempt. An explicit release
-        of a lease already `releasing` claims it again: the caller wants it gone now."""
-        return await self._transition(
-            lease_id,
-            (LeaseState.active, LeaseState.releasing),
-            state=LeaseState.releasing.value,
-            release_reason=reason.value,
-            next_attempt_at=now + RELEASE_CLAIM_US,
-            updated_at=now,
-        )
+        of a lease already `releasing` claims it again: the caller wants it gone now.
+
+        In the same transaction, `check` first sees the lease as it is (None: unknown)
+        and may refuse by raising; when `bookkeeping(lease)` says its provider has
+        nothing to destroy (static endpoints), the lease goes straight to `released`."""
+        def _tx(conn: Connection) -> LeaseRecord | None:
+            if check is not None or bookkeeping is not None:
+                row = _GET.first(conn, {"b_lease_id": lease_id})
+                current = _record(row) if row else None
+                if check is not None:
+                    check(current)
+                if current is not None and bookkeeping is not None and bookkeeping(current):
+                    return _transition_tx(
+                        conn, lease_id, (LeaseState.active, LeaseState.releasing), True,
+                        {**_released_values(now), "release_reason": reason.value},
+                    )
+            return _transition_tx(
+                conn, lease_id, (LeaseState.active, LeaseState.releasing), False,
+                {"state": LeaseState.releasing.value, "release_reason": reason.value,
+                 "next_attempt_at": now + RELEASE_CLAIM_US, "updated_at": now},
+            )
+
+        return await self.db.write(_tx)
+
+    async def release_at_once(
+        self, lease_id: str, *, owner: str | None, providers: Sequence[str],
+        reason: ReleaseReason, now: int,
+    ) -> LeaseRecord | None:
+        """active|releasing → released in one statement, for a lease on one of
+        `providers` (those with nothing to destroy) that `owner` may release. None when
+        that does not describe the lease: `claim_release` then says why, or claims it."""
+        statement = _RELEASE_AT_ONCE.get(len(providers))
+        if statement is None:
+            statement = _RELEASE_AT_ONCE[len(providers)] = _Prepared(
+                update(leases)
+                .where(
+                    _BY_ID, _state_in((LeaseState.active, LeaseState.releasing)),
+                    leases.c.provider.in_([bindparam(f"p{i}") for i in range(len(providers))]),
+                    leases.c.owner_id.is_(None) | (leases.c.owner_id == bindparam("owner")),
+                )
+                .values({name: bindparam(f"v_{name}") for name in _RELEASED_COLUMNS})
+                .returning(*leases.c)
+            )
+        params = {f"v_{name}": value for name, value in _released_values(now).items()}
+        params |= {f"p{i}": name for i, name in enumerate(providers)}
+        params |= {"b_lease_id": lease_id, "owner": owner, "v_release_reason": reason.value}
+
+        def _tx(conn: Connection) -> LeaseRecord | None:
+            row = statement.first(conn, params)
+            if row and conn.dialect.name == "postgresql":
+                conn.execute(text(f"NOTIFY {CAPACITY_CHANNEL}"))
+            return _record(row) if row else None
+
+        return await self.db.write(_tx)
 
     async def claim_expired(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
         """Active leases past `expires_at`, moved to `releasing` (reason `expired`)."""
@@ -393,14 +505,7 @@ class LeaseStore:
     async def finish_release(
         self, lease_id: str, *, now: int, reason: ReleaseReason | None = None
     ) -> LeaseRecord | None:
-        values: dict[str, Any] = {
-            "state": LeaseState.released.value,
-            "released_at": now,
-            "next_attempt_at": None,
-            "updated_at": now,
-        }
-        if reason is not None:
-            values["release_reason"] = reason.value
+        values = _released_values(now, reason.value if reason is not None else None)
         return await self._transition(lease_id, (LeaseState.releasing,), frees=True, **values)
 
     async def release_attempt_failed(
@@ -465,9 +570,10 @@ class LeaseStore:
         """The live (provisioning or active) lease made for this request, if any."""
         if not owner_id or not correlation_id:
             return None
-        probe = NewLease("", "", "", owner_id, correlation_id, None, 0, 0, 0)
         def _tx(conn: Connection) -> Any:
-            row = (conn.execute(select(leases).where(*_same_request(probe)))).first()
+            row = _FIND_REQUEST.first(
+                conn, {"owner_id": owner_id, "correlation_id": correlation_id}
+            )
             return _record(row) if row else None
 
         return await self.db.read(_tx)
@@ -510,7 +616,7 @@ class LeaseStore:
 
     async def get(self, lease_id: str) -> LeaseRecord | None:
         def _tx(conn: Connection) -> Any:
-            row = (conn.execute(select(leases).where(leases.c.lease_id == lease_id))).first()
+            row = _GET.first(conn, {"b_lease_id": lease_id})
             return _record(row) if row else None
 
         return await self.db.read(_tx)
@@ -716,24 +822,91 @@ class LeaseStore:
         self, lease_id: str, expected: Sequence[LeaseState], *, frees: bool = False,
         **values: Any,
     ) -> LeaseRecord | None:
-        """Guarded update of one lease. `frees`: the lease stops holding capacity, which
-        other replicas hear about (PostgreSQL NOTIFY, sent on commit)."""
+        return await self.db.write(_transition_tx, lease_id, expected, frees, values)
 
-        def _tx(conn: Connection) -> Any:
-            row = (
-                conn.execute(
-                    update(leases)
-                    .where(leases.c.lease_id == lease_id)
-                    .where(leases.c.state.in_([s.value for s in expected]))
-                    .values(**values)
-                    .returning(*leases.c)
+
+@dataclass(frozen=True, slots=True)
+class _Reservation:
+    """One reserve transaction (see LeaseStore.reserve and reserve_active)."""
+
+    lease: NewLease
+    provider: str
+    max_live: int
+    resources: Sequence[str] | None
+    now: int
+    owner_quota: int
+    resource_label: str
+    replica_id: str
+    assign: Callable[[str | None], tuple[str, str]] | None = None
+    # No earlier reserve of this lease wrote its row: insert without looking first.
+    first_try: bool = False
+
+    def run(self, conn: Connection) -> Any:
+        lease = self.lease
+        # PostgreSQL: serialise per owner (quota, idempotency), then per provider (its
+        # cap and GPU devices) across replicas. SQLite has one writer anyway.
+        if lease.owner_id:
+            _lock(conn, f"owner:{lease.owner_id}")
+        _lock(conn, f"provider:{self.provider}")
+        mine = {"b_lease_id": lease.lease_id}
+        if lease.owner_id and lease.correlation_id:
+            twin = _TWIN.scalar(conn, {**mine, "owner_id": lease.owner_id,
+                                       "correlation_id": lease.correlation_id})
+            if twin is not None:
+                raise DuplicateRequest(twin)
+        if lease.owner_id and self.owner_quota:
+            held = _HELD_BY_OWNER.scalar(conn, {**mine, "owner_id": lease.owner_id})
+            if held >= self.owner_quota:
+                raise OverQuota(
+                    f"owner {lease.owner_id!r} holds {held} leases; "
+                    f"MAX_LEASES_PER_OWNER is {self.owner_quota}"
                 )
-            ).first()
-            if row and frees and conn.dialect.name == "postgresql":
-                conn.execute(text(f"NOTIFY {CAPACITY_CHANNEL}"))
-            return _record(row) if row else None
+        live_on = {**mine, "provider": self.provider}
+        if self.max_live:
+            count = _COUNT_LIVE.scalar(conn, live_on)
+            if count >= self.max_live:
+                raise AtCapacity(f"at capacity ({count}/{self.max_live} live workers)")
+        resource = None
+        if self.resources is not None:
+            taken = set(_TAKEN.scalars(conn, live_on))
+            resource = next((r for r in self.resources if r not in taken), None)
+            if resource is None:
+                raise AtCapacity(f"all {len(self.resources)} {self.resource_label} are leased")
+        values = {
+            "provider": self.provider,
+            "state": LeaseState.provisioning.value,
+            "resource": resource,
+            "updated_at": self.now,
+            "replica_id": self.replica_id,
+        }
+        if self.assign is not None:
+            values["state"] = LeaseState.active.value
+            values["endpoint"], values["provider_token"] = self.assign(resource)
+        if not self.first_try:
+            # Moved from a provider that failed to provision it (or new after all).
+            if self.assign is None:
+                if _MOVE.rowcount(conn, {**mine, **{f"v_{k}": v for k, v in values.items()}}):
+                    return resource
+            else:
+                moved = _transition_tx(conn, lease.lease_id, (LeaseState.provisioning,),
+                                       False, values)
+                if moved is not None:
+                    return moved
+        row = _INSERT.first(conn, {
+            **_NEW_ROW, "v_lease_id": lease.lease_id, "v_kind": lease.kind,
+            "v_gpu": lease.gpu, "v_owner_id": lease.owner_id,
+            "v_correlation_id": lease.correlation_id, "v_region": lease.region,
+            "v_ttl_seconds": lease.ttl_seconds, "v_created_at": lease.created_at,
+            "v_expires_at": lease.expires_at,
+            **{f"v_{name}": value for name, value in values.items()},
+        })
+        return resource if self.assign is None else _record(row)
 
-        return await self.db.write(_tx)
+
+# A new lease row before its own values: every parameter of _INSERT.
+_NEW_ROW: dict[str, Any] = {f"v_{name}": None for name in _COLUMNS} | {
+    "v_endpoint": "", "v_provider_token": "", "v_release_attempts": 0,
+}
 
 
 # Columns a `Lease` is made of, then the cache key (state, updated_at, expires_at).

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from openalice_scheduler.config import Settings
@@ -96,7 +96,7 @@ class RunPodProvider:
     def pod_name(self, lease_id: str) -> str:
         return f"{self.prefix}{lease_id}"
 
-    def exclusive_resources(self, spec: WorkerSpec) -> list[str] | None:
+    def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
         return None
 
     async def available(self, spec: WorkerSpec) -> Availability:
