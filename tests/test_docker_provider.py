@@ -3,6 +3,7 @@ assignment, the worker cap, a missing image and regions. Real service, real Dock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -242,3 +243,29 @@ def test_region_is_served_only_where_local_docker_is(
     elsewhere = placed.acquire(region="us-east")
     assert elsewhere.status_code == 503, elsewhere.text
     assert "us-east" in elsewhere.json()["message"]
+
+
+def test_a_network_made_twice_by_replicas_is_healed(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    """Replicas sharing DOCKER_NETWORK can create it at the same moment (the engine checks
+    duplicates without a lock). Containers then cannot start on the name ("ambiguous"), or
+    land on a copy another replica removes. The scheduler keeps the first one made."""
+    network = f"oa-dup-{uuid.uuid4().hex[:10]}"
+    client = docker_client()
+    first = client.networks.create(network, driver="bridge", check_duplicate=False)
+    second = client.networks.create(network, driver="bridge", check_duplicate=False)
+    try:
+        assert first.id != second.id
+        sched = make_scheduler(DOCKER_NETWORK=network)
+        lease = sched.lease()
+        remaining = [n.id for n in client.networks.list(names=[network]) if n.name == network]
+        assert remaining == [first.id]
+        attached = client.api.inspect_container(lease["provider_token"])
+        assert list(attached["NetworkSettings"]["Networks"]) == [network]
+        assert attached["NetworkSettings"]["Networks"][network]["NetworkID"] == first.id
+        assert sched.release(lease["lease_id"]).status_code == 204
+    finally:
+        for net in (first, second):
+            with contextlib.suppress(docker.errors.APIError):
+                net.remove()

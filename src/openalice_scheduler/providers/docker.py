@@ -149,17 +149,22 @@ class LocalDockerProvider:
                 "build or pull it first",
                 transient=False,
             ) from exc
-        except NotFound as exc:
-            # The network was removed behind our back: make it again next time.
-            self._network_ready = False
+        except APIError as exc:
+            # The network was removed behind our back (404, or 500 "network … not found"
+            # when another replica removed a duplicate): make it again, once.
+            if not retried and (isinstance(exc, NotFound) or _network_trouble(_explain(exc))):
+                self._network_ready = False
+                return self._provision(spec, retried=True)
             raise ProviderError(f"Docker could not create {name}: {_explain(exc)}") from exc
         try:
             container.start()
         except DockerException as exc:
             _remove_quietly(container)
-            if not retried and "is ambiguous" in _explain(exc):
-                # Replicas sharing DOCKER_NETWORK created it twice at the same moment:
-                # keep one (see _ensure_network) and try once more.
+            if not retried and _network_trouble(_explain(exc)):
+                # Replicas sharing DOCKER_NETWORK created it twice at the same moment: the
+                # name matched both ("is ambiguous"), or this container was put on the
+                # copy another replica then removed ("network … not found"). Keep one
+                # (see _ensure_network) and try once more.
                 self._network_ready = False
                 return self._provision(spec, retried=True)
             raise ProviderError(f"Docker could not start {name}: {_explain(exc)}") from exc
@@ -274,6 +279,10 @@ def _is_connection_error(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return "Connection aborted" in str(exc) or "Connection refused" in str(exc)
+
+
+def _network_trouble(message: str) -> bool:
+    return "is ambiguous" in message or ("network" in message and "not found" in message)
 
 
 def _remove_quietly(container: Any) -> None:

@@ -5,11 +5,11 @@ executed whole.
 - SQLite: a sync engine (the stdlib driver). Writes run on the event loop's thread in
   batches: the writes that arrive while one batch is being committed run together next,
   in one transaction with one fsync (group commit), and one write's failure never
-  touches another's (see _Sqlite._commit); the COMMIT runs on a thread of its own. Reads run on
-  a small pool of threads, each with its own connection. Measured on the 2-core test
-  machine (static provider, in-process): a lease round trip took ~51 ms through
-  aiosqlite (every statement a thread round trip), ~10 ms with a writer thread, and
-  ~2 ms this way with the lease path's statements prepared (store.py).
+  touches another's (see _Sqlite._commit); the COMMIT runs on a thread of its own.
+  Reads run on a small pool of threads, each with its own connection. Measured on the
+  2-core test machine (static provider, in process): a lease round trip took ~51 ms
+  through aiosqlite (every statement a thread round trip), ~10 ms with a writer thread,
+  and ~2 ms this way with the lease path's statements prepared (store.py).
 """
 
 from __future__ import annotations
@@ -215,6 +215,7 @@ class _Sqlite:
                 self._conn = self.writer_engine.connect()
             conn = self._conn
             transaction = conn.begin()
+            commit: asyncio.Future[None] | None = None
             try:
                 raw = conn.connection.driver_connection
                 assert raw is not None
@@ -226,11 +227,13 @@ class _Sqlite:
                         job.error = exc
                         if raw.total_changes != before:
                             raise _Undo(place) from None
-                await asyncio.get_running_loop().run_in_executor(
+                commit = asyncio.get_running_loop().run_in_executor(
                     self._committer, transaction.commit
                 )
+                await commit
             except BaseException:
-                if transaction.is_active:
+                # Never while the COMMIT still runs on its thread (this task cancelled).
+                if transaction.is_active and (commit is None or commit.done()):
                     transaction.rollback()
                 raise
         except _Undo as undo:
