@@ -103,6 +103,7 @@ def test_static_workers_are_never_created_nor_destroyed(make_scheduler: Make) ->
     assert sched.containers() == []
     assert sched.metric("scheduler_leases_released_total", provider="static",
                         reason="explicit") == 1
+    assert sched.metric("scheduler_provision_seconds_count", provider="static") == 1
 
 
 def test_static_pool_with_region(make_scheduler: Make) -> None:

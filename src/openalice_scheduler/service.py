@@ -206,11 +206,15 @@ class LeaseService:
                 try:
                     if assign is not None:
                         # Nothing to create: reserved and active in one transaction.
+                        started = time.perf_counter()
                         with self._span("provision", lease_id, provider.name, spec.kind,
                                         spec.correlation_id):
                             active = await self.store.reserve_active(
                                 new, provider.name, assign=assign, **terms
                             )
+                        self.metrics.provision_seconds.labels(provider.name).observe(
+                            time.perf_counter() - started
+                        )
                         return self._acquired(provider.name, active)
                     resource = await self.store.reserve(new, provider.name, **terms)
                 except OverQuota as exc:
