@@ -216,7 +216,9 @@ class LocalDockerProvider:
                         check_duplicate=True,
                     )
                 except APIError as exc:
-                    if exc.status_code != 409:  # 409: someone else made it meanwhile
+                    # 409: another replica made it meanwhile. 404: ours was a duplicate
+                    # that another replica removed before the SDK could look at it.
+                    if exc.status_code not in (404, 409):
                         raise
                 existing = self._networks_named()
             # Several replicas sharing DOCKER_NETWORK can create it at the same moment
