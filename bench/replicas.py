@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Service, percentile  # noqa: E402
+from _common import HttpConnection, Service, percentile  # noqa: E402
 
 STATIC_ENDPOINTS = 1000
 
@@ -46,30 +46,32 @@ STATIC_ENDPOINTS = 1000
 
 
 async def _generate(url: str, secret: str, clients: int, seconds: float) -> dict[str, Any]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    conns = [HttpConnection(int(url.rsplit(":", 1)[1]), {"X-Internal-Secret": secret})
+             for _ in range(clients)]
     latencies: list[float] = []
     errors = 0
-    async with httpx.AsyncClient(base_url=url, headers={"X-Internal-Secret": secret},
-                                 limits=limits, timeout=30) as http:
-        deadline = time.perf_counter() + seconds
+    deadline = time.perf_counter() + seconds
+    body = json.dumps({"kind": "renderer", "ttl_seconds": 600}).encode()
 
-        async def client() -> None:
-            nonlocal errors
-            while time.perf_counter() < deadline:
-                started = time.perf_counter()
-                got = await http.post("/v1/lease", json={"kind": "renderer", "ttl_seconds": 600})
-                ok = got.status_code == 200 and (await http.delete(
-                    f"/v1/lease/{got.json()['lease']['lease_id']}")).status_code == 204
-                if ok:
-                    latencies.append(time.perf_counter() - started)
-                else:
-                    errors += 1
+    async def client(http: HttpConnection) -> None:
+        nonlocal errors
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            status, answer = await http.request("POST", "/v1/lease", body)
+            ok = status == 200 and (await http.request(
+                "DELETE", f"/v1/lease/{json.loads(answer)['lease']['lease_id']}"))[0] == 204
+            if ok:
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors += 1
 
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(client(http) for http in conns))
+    finally:
         elapsed = time.perf_counter() - started
+        for http in conns:
+            await http.close()
     return {"latencies": [round(x, 6) for x in latencies], "errors": errors,
             "elapsed": elapsed}
 
