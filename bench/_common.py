@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,49 @@ class HttpConnection:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+
+
+LEASE_BODY = b'{"kind": "renderer", "ttl_seconds": 600}'
+
+
+async def lease_round(http: HttpConnection) -> bool:
+    """One acquire + release through the scheduler; True when both succeeded."""
+    status, body = await http.request("POST", "/v1/lease", LEASE_BODY)
+    if status != 200:
+        return False
+    lease_id = json.loads(body)["lease"]["lease_id"]
+    return (await http.request("DELETE", f"/v1/lease/{lease_id}"))[0] == 204
+
+
+async def drive(
+    port: int, headers: dict[str, str], clients: int, seconds: float,
+    round_trip: Callable[[HttpConnection], Awaitable[bool]],
+) -> tuple[list[float], int, float]:
+    """`clients` connections, each running `round_trip` back to back for `seconds`.
+    Returns the durations of the round trips that succeeded, the number that failed, and
+    the wall time."""
+    conns = [HttpConnection(port, headers) for _ in range(clients)]
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client(http: HttpConnection) -> None:
+        nonlocal errors
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            if await round_trip(http):
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors += 1
+
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(client(http) for http in conns))
+    finally:
+        elapsed = time.perf_counter() - started
+        for http in conns:
+            await http.close()
+    return latencies, errors, elapsed
 
 
 class Service:

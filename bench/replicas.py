@@ -29,7 +29,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import HttpConnection, Service, percentile  # noqa: E402
+from _common import Service, drive, lease_round, percentile  # noqa: E402
 
 STATIC_ENDPOINTS = 1000
 
@@ -46,32 +45,10 @@ STATIC_ENDPOINTS = 1000
 
 
 async def _generate(url: str, secret: str, clients: int, seconds: float) -> dict[str, Any]:
-    conns = [HttpConnection(int(url.rsplit(":", 1)[1]), {"X-Internal-Secret": secret})
-             for _ in range(clients)]
-    latencies: list[float] = []
-    errors = 0
-    deadline = time.perf_counter() + seconds
-    body = json.dumps({"kind": "renderer", "ttl_seconds": 600}).encode()
-
-    async def client(http: HttpConnection) -> None:
-        nonlocal errors
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            status, answer = await http.request("POST", "/v1/lease", body)
-            ok = status == 200 and (await http.request(
-                "DELETE", f"/v1/lease/{json.loads(answer)['lease']['lease_id']}"))[0] == 204
-            if ok:
-                latencies.append(time.perf_counter() - started)
-            else:
-                errors += 1
-
-    started = time.perf_counter()
-    try:
-        await asyncio.gather(*(client(http) for http in conns))
-    finally:
-        elapsed = time.perf_counter() - started
-        for http in conns:
-            await http.close()
+    latencies, errors, elapsed = await drive(
+        int(url.rsplit(":", 1)[1]), {"X-Internal-Secret": secret}, clients, seconds,
+        lease_round,
+    )
     return {"latencies": [round(x, 6) for x in latencies], "errors": errors,
             "elapsed": elapsed}
 

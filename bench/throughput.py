@@ -29,10 +29,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import HttpConnection, Service, free_port, percentile  # noqa: E402
+from _common import (  # noqa: E402
+    HttpConnection,
+    Service,
+    drive,
+    free_port,
+    lease_round,
+    percentile,
+)
 
 STATIC_ENDPOINTS = 1000
-ACQUIRE_BODY = json.dumps({"kind": "renderer", "ttl_seconds": 600}).encode()
 GRANT_BODY = json.dumps({"TTL": 600}).encode()
 
 
@@ -53,19 +59,6 @@ def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: f
 
 async def _generate(url: str, headers: dict[str, str], shape: str, clients: int,
                     seconds: float) -> dict[str, Any]:
-    port = int(url.rsplit(":", 1)[1])
-    conns = [HttpConnection(port, headers) for _ in range(clients)]
-    latencies: list[float] = []
-    errors = 0
-    deadline = time.perf_counter() + seconds
-
-    async def scheduler_round(http: HttpConnection) -> bool:
-        status, body = await http.request("POST", "/v1/lease", ACQUIRE_BODY)
-        if status != 200:
-            return False
-        lease_id = json.loads(body)["lease"]["lease_id"]
-        return (await http.request("DELETE", f"/v1/lease/{lease_id}"))[0] == 204
-
     async def etcd_round(http: HttpConnection) -> bool:
         status, body = await http.request("POST", "/v3/lease/grant", GRANT_BODY)
         if status != 200:
@@ -73,25 +66,10 @@ async def _generate(url: str, headers: dict[str, str], shape: str, clients: int,
         revoke = json.dumps({"ID": json.loads(body)["ID"]}).encode()
         return (await http.request("POST", "/v3/lease/revoke", revoke))[0] == 200
 
-    round_trip = scheduler_round if shape == "scheduler" else etcd_round
-
-    async def client(http: HttpConnection) -> None:
-        nonlocal errors
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            ok = await round_trip(http)
-            if ok:
-                latencies.append(time.perf_counter() - started)
-            else:
-                errors += 1
-
-    started = time.perf_counter()
-    try:
-        await asyncio.gather(*(client(http) for http in conns))
-    finally:
-        elapsed = time.perf_counter() - started
-        for http in conns:
-            await http.close()
+    round_trip = lease_round if shape == "scheduler" else etcd_round
+    latencies, errors, elapsed = await drive(
+        int(url.rsplit(":", 1)[1]), headers, clients, seconds, round_trip
+    )
     return {
         "rate": len(latencies) / elapsed,
         "p50_ms": percentile(latencies, 50) * 1000 if latencies else None,
