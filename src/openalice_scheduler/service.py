@@ -370,9 +370,9 @@ class LeaseService:
                     f"lease {lease_id} is still provisioning; release it once acquired"
                 )
 
-        started = time.time_ns()
         if self.instant:
             # The common case on static endpoints, in one statement.
+            started = time.time_ns()
             done = await self.store.release_at_once(
                 lease_id, owner=owner, providers=self.instant,
                 reason=ReleaseReason.explicit, now=self.now_us(),
@@ -382,14 +382,9 @@ class LeaseService:
                 return
         claimed = await self.store.claim_release(
             lease_id, ReleaseReason.explicit, now=self.now_us(), check=check,
-            bookkeeping=self._bookkeeping,
         )
         if claimed is None:
             raise LeaseNotFound(f"lease {lease_id} is already released")
-        if claimed.state == LeaseState.released:
-            # Nothing to destroy (static endpoint): released in the claiming transaction.
-            self._released_at_once(claimed, started)
-            return
         error = await self.destroy(claimed)
         if error is not None:
             raise ReleaseFailed(
@@ -429,10 +424,6 @@ class LeaseService:
         else:
             self._released(done)
         return None
-
-    def _bookkeeping(self, record: LeaseRecord) -> bool:
-        """The lease's provider has nothing to destroy (its workers already existed)."""
-        return record.provider in self.instant
 
     def _released_at_once(self, record: LeaseRecord, started_ns: int) -> None:
         if self.traced:

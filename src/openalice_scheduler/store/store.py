@@ -393,25 +393,16 @@ class LeaseStore:
     async def claim_release(
         self, lease_id: str, reason: ReleaseReason, *, now: int,
         check: Callable[[LeaseRecord | None], None] | None = None,
-        bookkeeping: Callable[[LeaseRecord], bool] | None = None,
     ) -> LeaseRecord | None:
         """active|releasing → releasing, claimed for one attempt. An explicit release
         of a lease already `releasing` claims it again: the caller wants it gone now.
 
         In the same transaction, `check` first sees the lease as it is (None: unknown)
-        and may refuse by raising; when `bookkeeping(lease)` says its provider has
-        nothing to destroy (static endpoints), the lease goes straight to `released`."""
+        and may refuse by raising."""
         def _tx(conn: Connection) -> LeaseRecord | None:
-            if check is not None or bookkeeping is not None:
+            if check is not None:
                 row = _GET.first(conn, {"b_lease_id": lease_id})
-                current = _record(row) if row else None
-                if check is not None:
-                    check(current)
-                if current is not None and bookkeeping is not None and bookkeeping(current):
-                    return _transition_tx(
-                        conn, lease_id, (LeaseState.active, LeaseState.releasing), True,
-                        {**_released_values(now), "release_reason": reason.value},
-                    )
+                check(_record(row) if row else None)
             return _transition_tx(
                 conn, lease_id, (LeaseState.active, LeaseState.releasing), False,
                 {"state": LeaseState.releasing.value, "release_reason": reason.value,
