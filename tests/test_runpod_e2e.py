@@ -306,7 +306,10 @@ def test_a_rejected_key_makes_runpod_unavailable(
     first = sched.acquire(kind="renderer", gpu="mid")
     assert first.status_code == 503, first.text
     assert "RUNPOD_API_KEY" in first.json()["reasons"]["runpod"]
+    # The one call so far: start-up reconciliation's listing. The reconciler loop's first
+    # pass waits an interval after it, and the acquire knew the key was bad.
     calls = len(runpod.calls())
+    assert calls == 1, runpod.calls()
     again = sched.acquire(kind="renderer", gpu="high")
     assert again.status_code == 503
     assert len(runpod.calls()) == calls  # a key known to be bad is not tried again

@@ -85,11 +85,13 @@ def create_app(
                 service, sweeper, reconciler,
             )
             # Before serving: resolve what a crash left, release what expired meanwhile.
+            reconciled = False
             try:
                 if store.dialect == "sqlite":
                     # Release claims in a lone SQLite store belong to a stopped process.
                     await store.reclaim_releases(now=service.now_us())
                 await asyncio.wait_for(reconciler.run_once(), STARTUP_RECONCILE_TIMEOUT_S)
+                reconciled = True
                 # One sweep too, before serving: without it the leases that expired while
                 # the service was down were released only by the sweeper loop, after the
                 # service already answered (their workers still running at that point).
@@ -98,7 +100,9 @@ def create_app(
                 log.warning("start-up reconciliation incomplete (%s); the loop retries",
                             type(exc).__name__)
             sweeper.start()
-            reconciler.start()
+            # The loop's first pass comes an interval after the one just made (not a second
+            # listing of every provider's workers right away), at once when that one failed.
+            reconciler.start(first_wait=settings.reconcile_interval_seconds if reconciled else 0)
             heartbeat.start()
             # Waiters here hear of capacity freed on other replicas too.
             listener = asyncio.create_task(store.listen_capacity(service.capacity_freed))

@@ -38,8 +38,10 @@ class LoopService:
     async def next_wait(self) -> float:
         return self.interval
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=self.name)
+    def start(self, *, first_wait: float = 0.0) -> None:
+        """Run passes from now on; the first one after `first_wait` seconds (or a wake),
+        for a loop whose pass was just run by hand."""
+        self._task = asyncio.create_task(self._run(first_wait), name=self.name)
 
     def wake(self) -> None:
         self._wake.set()
@@ -55,7 +57,9 @@ class LoopService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _run(self) -> None:
+    async def _run(self, first_wait: float) -> None:
+        if first_wait > 0:
+            await self._sleep(first_wait)
         while not self._stopping:
             try:
                 await self.run_once()
@@ -67,9 +71,12 @@ class LoopService:
                 wait = self.interval
             if self._stopping:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(wait, _MIN_WAIT_S))
-            self._wake.clear()
+            await self._sleep(wait)
+
+    async def _sleep(self, wait: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), max(wait, _MIN_WAIT_S))
+        self._wake.clear()
 
 
 class Sweeper(LoopService):
