@@ -140,9 +140,8 @@ class Scheduler:
     # --- Docker ----------------------------------------------------------------------
 
     def containers(self, all: bool = True) -> list[Any]:
-        return docker_client().containers.list(
-            all=all, filters={"label": f"{INSTANCE_LABEL}={self.instance}"}
-        )
+        return list_containers(docker_client(), all=all,
+                               filters={"label": f"{INSTANCE_LABEL}={self.instance}"})
 
     def cleanup(self) -> None:
         self.kill()
@@ -161,12 +160,24 @@ def docker_client() -> docker.DockerClient:
     return _client
 
 
+def list_containers(client: docker.DockerClient, **filters: Any) -> list[Any]:
+    """`client.containers.list(**filters)` without its race: the SDK lists, then inspects
+    each container, and one removed in between (by the scheduler under test, say) made
+    the whole listing fail with 404. Such a container is simply not listed."""
+    found = []
+    for sparse in client.containers.list(sparse=True, **filters):
+        with suppress(docker.errors.NotFound):
+            found.append(client.containers.get(sparse.id))
+    return found
+
+
 def remove_instance(instance: str, network: str | None = None) -> None:
     client = docker_client()
-    for container in client.containers.list(
-        all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
+    for container in list_containers(
+        client, all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
     ):
-        container.remove(force=True)
+        with suppress(docker.errors.NotFound):
+            container.remove(force=True)
     if network:
         for net in client.networks.list(names=[network]):
             if net.name == network:

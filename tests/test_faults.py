@@ -24,7 +24,14 @@ import httpx
 import pytest
 
 from tests.dockerproxy import DockerProxy
-from tests.harness import SECRET, WORKER_IMAGE, Scheduler, docker_client, wait_for
+from tests.harness import (
+    SECRET,
+    WORKER_IMAGE,
+    Scheduler,
+    docker_client,
+    list_containers,
+    wait_for,
+)
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
 INSTANCE_LABEL = "openalice.scheduler.instance"
@@ -214,9 +221,8 @@ class PrivateEngine:
         return self._client
 
     def containers(self, instance: str) -> list[Any]:
-        return self.client.containers.list(
-            all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
-        )
+        return list_containers(self.client, all=True,
+                               filters={"label": f"{INSTANCE_LABEL}={instance}"})
 
     def running_pid(self) -> int:
         return int(self.pidfile.read_text().strip())
