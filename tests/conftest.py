@@ -1,4 +1,5 @@
-"""Fixtures: a real Docker engine, the demo worker image, and schedulers as processes."""
+"""Fixtures: a real Docker engine, the demo worker image, schedulers as processes, and
+the RunPod emulator."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import REPO, WORKER_IMAGE, Scheduler, docker_client
+from tests.runpod_emulator import RunPodEmulator
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,3 +44,17 @@ def make_scheduler(tmp_path: Path) -> Iterator[Callable[..., Scheduler]]:
 @pytest.fixture
 def sched(make_scheduler: Callable[..., Scheduler]) -> Scheduler:
     return make_scheduler()
+
+
+@pytest.fixture(scope="module")
+def runpod_server(request: pytest.FixtureRequest) -> Iterator[RunPodEmulator]:
+    """One RunPod emulator per test module, taking that module's own `KEY`: each module
+    then checks its own key leaks nowhere."""
+    with RunPodEmulator(api_key=request.module.KEY) as emulator:
+        yield emulator
+
+
+@pytest.fixture(params=["rest", "graphql"])
+def api(request: pytest.FixtureRequest) -> str:
+    """Each RunPod transport in turn."""
+    return str(request.param)

@@ -591,12 +591,6 @@ def test_owner_quota(make_scheduler: Make) -> None:
 # --- 6. policies, with RunPod (the emulator) -------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def runpod_server() -> Iterator[RunPodEmulator]:
-    with RunPodEmulator(api_key=KEY) as emulator:
-        yield emulator
-
-
 @pytest.fixture
 def runpod(runpod_server: RunPodEmulator) -> Iterator[RunPodEmulator]:
     runpod_server.reset()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -28,21 +28,10 @@ L40S = "NVIDIA L40S"
 CLIENTS: dict[str, type[RunPodClient]] = {"rest": RestClient, "graphql": GraphQLClient}
 
 
-@pytest.fixture(scope="module")
-def runpod_server() -> Iterator[RunPodEmulator]:
-    with RunPodEmulator(api_key=KEY) as emulator:
-        yield emulator
-
-
 @pytest.fixture
 def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
     runpod_server.reset()
     return runpod_server
-
-
-@pytest.fixture(params=APIS)
-def api(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def make_client(api: str, base_url: str, *, key: str = KEY, timeout: float = 5.0,

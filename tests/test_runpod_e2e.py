@@ -26,16 +26,9 @@ from tests.otlp_receiver import OtlpReceiver
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 
 KEY = "rpk-e2e-" + uuid.uuid4().hex
-APIS = ["rest", "graphql"]
 MID = ["NVIDIA L40S", "NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX A6000"]
 # Everything the service can log, at its most talkative, to show the key is in none of it.
 VERBOSE = "debug,httpx=debug,httpcore=debug"
-
-
-@pytest.fixture(scope="module")
-def runpod_server() -> Iterator[RunPodEmulator]:
-    with RunPodEmulator(api_key=KEY) as emulator:
-        yield emulator
 
 
 @pytest.fixture
@@ -43,11 +36,6 @@ def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
     runpod_server.reset()
     runpod_server.provision_delay = 0.3
     return runpod_server
-
-
-@pytest.fixture(params=APIS)
-def api(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -41,16 +41,9 @@ from tests.harness import SECRET
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 
 KEY = "rpk-provider-" + uuid.uuid4().hex
-APIS = ["rest", "graphql"]
 MID = ["NVIDIA L40S", "NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX A6000"]
 L40S, ADA, A6000 = MID
 ENTRY = ["NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000", "NVIDIA GeForce RTX 3090"]
-
-
-@pytest.fixture(scope="module")
-def runpod_server() -> Iterator[RunPodEmulator]:
-    with RunPodEmulator(api_key=KEY) as emulator:
-        yield emulator
 
 
 @pytest.fixture
@@ -58,11 +51,6 @@ def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
     runpod_server.reset()
     runpod_server.provision_delay = 0.2
     return runpod_server
-
-
-@pytest.fixture(params=APIS)
-def api(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def settings(runpod: RunPodEmulator, api: str, **overrides: Any) -> Settings:
