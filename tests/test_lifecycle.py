@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -263,3 +265,39 @@ def test_second_process_on_the_same_sqlite_file_refuses_to_start(
     assert httpx.get(f"{first.url}/health").status_code == 200
     assert listed_ids(first) == {lease["lease_id"]}
     assert [c.id for c in first.containers()] == [lease["provider_token"]]
+
+
+def test_another_process_holding_the_sqlite_write_lock_stalls_no_one(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    """A tool writing to the state file (an operator's sqlite3 shell, a script) holds its
+    write lock: writes wait for it, while health, metrics and reads go on answering; once
+    it lets go, the waiting acquire completes."""
+    sched = make_scheduler(PROVIDERS="static",
+                           STATIC_WORKERS="renderer=http://a:8080,http://b:8080")
+    kept = sched.lease(ttl_seconds=600)
+    path = sched.env["DATABASE_URL"].removeprefix("sqlite:///")
+    tool = sqlite3.connect(path, isolation_level=None)
+    tool.execute("BEGIN IMMEDIATE")  # the write lock, held
+    answers: list[httpx.Response] = []
+    caller = threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{sched.url}/v1/lease", headers=sched.http.headers, timeout=60,
+                   json={"kind": "renderer", "owner_id": "waits-for-the-lock"})))
+    try:
+        caller.start()
+        time.sleep(0.5)  # the acquire is waiting for the lock by now
+        assert not answers
+        for path_ in ("/health", "/metrics", "/v1/leases"):
+            response = httpx.get(f"{sched.url}{path_}", headers=sched.http.headers, timeout=5)
+            assert response.status_code == 200, (path_, response.text)
+        assert [lease["lease_id"] for lease in sched.leases()] == [kept["lease_id"]]
+        assert caller.is_alive() and not answers
+    finally:
+        tool.execute("ROLLBACK")
+        tool.close()
+        caller.join(60)
+    assert [response.status_code for response in answers] == [200], answers[0].text
+    waited = answers[0].json()["lease"]
+    assert waited["endpoint"] == "http://b:8080"
+    assert sorted(lease["lease_id"] for lease in sched.leases()) == sorted(
+        [kept["lease_id"], waited["lease_id"]])

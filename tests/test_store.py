@@ -15,8 +15,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import update
 from sqlalchemy.engine import Connection
 
+from openalice_scheduler.errors import StoreUnavailable
 from openalice_scheduler.models import ReleaseReason
-from openalice_scheduler.store import AtCapacity, LeaseStore, NewLease, schema
+from openalice_scheduler.store import AtCapacity, LeaseStore, NewLease, database, schema
 from openalice_scheduler.store.schema import metadata
 from tests.harness import database_url
 
@@ -218,3 +219,41 @@ async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> Non
     assert [stored[lease.lease_id].state for lease in leases] == [
         "active", "provisioning", "active", "active", "provisioning", "provisioning"]
     assert stored[leases[1].lease_id].expires_at == leases[1].expires_at
+
+
+async def test_a_write_lock_held_by_another_process_is_waited_for_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holding the SQLite file's write lock: writes wait without stopping
+    the event loop; reads go on; past the timeout the write is StoreUnavailable (503),
+    and once the lock is let go the same write succeeds: nothing was half done."""
+    monkeypatch.setattr(database, "_LOCKED_TIMEOUT_S", 0.5)
+    store = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
+    await store.migrate()
+    lease = new_lease()
+    tool = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    tool.execute("BEGIN IMMEDIATE")
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        with pytest.raises(StoreUnavailable, match="write lock"):
+            await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+        assert await store.get(lease.lease_id) is None  # reads answer meanwhile
+    finally:
+        ticker.cancel()
+        tool.execute("ROLLBACK")
+        tool.close()
+    # The loop ran on while the write waited (a wait inside SQLite would have stopped
+    # it for the whole half second: no tick at all).
+    assert ticks >= 10, ticks
+    await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+    stored = await store.get(lease.lease_id)
+    assert stored is not None and stored.state == "provisioning"
+    await store.close()

@@ -6,6 +6,8 @@ executed whole.
   batches: the writes that arrive while one batch is being committed run together next,
   in one transaction with one fsync (group commit), and one write's failure never
   touches another's (see _Sqlite._commit); the COMMIT runs on a thread of its own.
+  Another process holding the file's write lock makes the batch wait without holding
+  up the event loop (see _Sqlite._take_write_lock).
   Reads run on a small pool of threads, each with its own connection. Measured on the
   2-core test machine (static provider, in process): a lease round trip took ~51 ms
   through aiosqlite (every statement a thread round trip), ~10 ms with a writer thread,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +38,11 @@ T = TypeVar("T")
 
 _MAX_BATCH = 128
 _READERS = 3
+# Waiting for another process's write lock on the SQLite file: the first retry, the
+# longest pause between two, and when to give up (503), as SQLite's own busy_timeout did.
+_LOCKED_FIRST_S = 0.001
+_LOCKED_MAX_PAUSE_S = 0.05
+_LOCKED_TIMEOUT_S = 30.0
 
 
 class Database:
@@ -78,9 +86,10 @@ class Database:
         """Database outages become StoreUnavailable (503), never a 500."""
         try:
             return await work
-        except IntegrityError:
+        except (IntegrityError, sqlite3.IntegrityError):
             raise  # a constraint did its job: the caller decides what it means
-        except (OperationalError, DBAPIError, OSError) as exc:
+        # sqlite3's own errors too: the lease path runs its statements on the driver.
+        except (OperationalError, DBAPIError, OSError, sqlite3.DatabaseError) as exc:
             log.warning("state store unavailable: %s", type(exc).__name__)
             raise StoreUnavailable(
                 "the state store is unavailable; try again shortly",
@@ -152,7 +161,9 @@ class _Sqlite:
 
     def __init__(self, url: URL, synchronous: str) -> None:
         url = url.set(drivername="sqlite+pysqlite")
-        self.writer_engine = _sqlite_engine(url, "BEGIN IMMEDIATE", 1, synchronous)
+        # The writer's BEGIN IMMEDIATE is ours (_take_write_lock), its busy timeout 0: a
+        # wait inside SQLite would stop the event loop, on whose thread writes run.
+        self.writer_engine = _sqlite_engine(url, None, 1, synchronous, busy_ms=0)
         self.reader_engine = _sqlite_engine(url, "BEGIN", _READERS, synchronous)
         self._conn: Connection | None = None
         self._pending: list[_Job] = []
@@ -214,11 +225,12 @@ class _Sqlite:
             if self._conn is None or self._conn.invalidated or self._conn.closed:
                 self._conn = self.writer_engine.connect()
             conn = self._conn
-            transaction = conn.begin()
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            await self._take_write_lock(raw)
+            transaction = conn.begin()  # in the transaction just begun
             commit: asyncio.Future[None] | None = None
             try:
-                raw = conn.connection.driver_connection
-                assert raw is not None
                 for place, job in enumerate(batch):
                     before = raw.total_changes
                     try:
@@ -250,6 +262,34 @@ class _Sqlite:
         for job in batch:
             _settle(job)
 
+    @staticmethod
+    async def _take_write_lock(raw: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE, waiting on the event loop (not in SQLite's busy handler) while
+        another process holds the file's write lock: a scheduler never does (one process
+        per file), a tool writing to it may. Meanwhile reads, health and metrics answer."""
+        loop = asyncio.get_running_loop()
+        deadline = pause = 0.0
+        while True:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+                    raise
+            if not deadline:
+                deadline = loop.time() + _LOCKED_TIMEOUT_S
+                pause = _LOCKED_FIRST_S
+                log.info("state store: another process holds the SQLite write lock; waiting")
+            elif loop.time() >= deadline:
+                log.warning("state store: SQLite write lock still held by another process "
+                            "after %.0f s", _LOCKED_TIMEOUT_S)
+                raise StoreUnavailable(
+                    "the state store is unavailable: another process holds the SQLite "
+                    "file's write lock; try again shortly", cause="locked",
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _LOCKED_MAX_PAUSE_S)
+
 
 class _Undo(Exception):
     """A job failed after writing: its transaction must go."""
@@ -268,10 +308,13 @@ def _settle(job: _Job) -> None:
         job.future.set_result(job.result)
 
 
-def _sqlite_engine(url: URL, begin: str, pool_size: int, synchronous: str) -> Engine:
+def _sqlite_engine(url: URL, begin: str | None, pool_size: int, synchronous: str, *,
+                   busy_ms: int = 30000) -> Engine:
+    """`begin`: the statement that opens each transaction; None when the caller has
+    already opened it on the driver's connection."""
     engine = create_engine(
         url, pool_size=pool_size, max_overflow=0,
-        connect_args={"timeout": 30, "check_same_thread": False},
+        connect_args={"timeout": busy_ms / 1000, "check_same_thread": False},
     )
 
     @event.listens_for(engine, "connect")
@@ -283,12 +326,13 @@ def _sqlite_engine(url: URL, begin: str, pool_size: int, synchronous: str) -> En
         # FULL (default): a committed lease survives power loss too. NORMAL: it survives
         # a killed process, and the last commits may be lost if the machine loses power.
         cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
-    def _begin(conn: Connection) -> None:
-        conn.connection.driver_connection.execute(begin)  # type: ignore[union-attr]
+    if begin is not None:
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            conn.connection.driver_connection.execute(begin)  # type: ignore[union-attr]
 
     return engine
 
