@@ -54,6 +54,13 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process (all its threads) has used, from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (peak RSS) of a process, in KiB, from /proc."""
     found: dict[str, int] = {}

@@ -2,7 +2,9 @@
 (1,000 endpoints), at 1, 8 and 32 concurrent clients, from a load generator in a second
 process; p50 and p99 latency of one round trip. In the same run, when `etcd` is installed
 (Debian `etcd-server`), the same load shape against a single-node etcd's lease grant +
-revoke on its JSON gateway, and the ratio of the two rates.
+revoke on its JSON gateway, and the ratio of the two rates. For each system also the CPU
+time its server process used per round trip and the cores it kept busy (from /proc): the
+scheduler runs its event loop on one core, etcd on several.
 
     .venv/bin/python bench/throughput.py [--seconds 10] [--clients 1,8,32]
                                          [--database-url postgresql://...]
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     HttpConnection,
     Service,
+    cpu_seconds,
     drive,
     free_port,
     lease_round,
@@ -42,8 +45,11 @@ STATIC_ENDPOINTS = 1000
 GRANT_BODY = json.dumps({"TTL": 600}).encode()
 
 
-def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: float) -> dict:
-    """Run the load generator in a second process; returns its JSON result."""
+def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: float,
+         server_pid: int) -> dict:
+    """Run the load generator in a second process; returns its JSON result, with the CPU
+    time the server process used meanwhile per round trip (`cpu_ms`) and in cores."""
+    before = cpu_seconds(server_pid)
     out = subprocess.run(
         [sys.executable, __file__, "--generator", url, json.dumps(headers), shape,
          str(clients), str(seconds)],
@@ -51,7 +57,11 @@ def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: f
     )
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    used = cpu_seconds(server_pid) - before
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["cpu_ms"] = used / max(result["rounds"], 1) * 1000
+    result["cores"] = used / seconds
+    return result
 
 
 # --- the load generator (second process) ---------------------------------------------
@@ -88,6 +98,11 @@ class Etcd:
         self.port, self.peer = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def start(self) -> Etcd:
         import httpx
@@ -137,12 +152,13 @@ def main() -> None:
         headers = {"X-Internal-Secret": service.secret}
         for clients in levels:
             results[label][clients] = load(service.url, headers, "scheduler", clients,
-                                           args.seconds)
+                                           args.seconds, service.pid)
     etcd_bin = shutil.which("etcd")
     if etcd_bin:
         etcd = Etcd().start()
         try:
-            results["etcd"] = {c: load(etcd.url, {}, "etcd", c, args.seconds) for c in levels}
+            results["etcd"] = {c: load(etcd.url, {}, "etcd", c, args.seconds, etcd.pid)
+                               for c in levels}
         finally:
             etcd.stop()
     else:
@@ -150,12 +166,13 @@ def main() -> None:
 
     print(f"acquire+release round trips, {args.seconds:g} s per level, static provider with "
           f"{STATIC_ENDPOINTS} endpoints, load from a second process")
-    print(f"{'clients':>7} {'system':>12} {'rate/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    print(f"{'clients':>7} {'system':>12} {'rate/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+          f" {'cpu ms/rt':>9} {'cores':>5}")
     for clients in levels:
         for system, by_level in results.items():
             r = by_level[clients]
             print(f"{clients:>7} {system:>12} {r['rate']:>9.1f} {r['p50_ms']:>8.2f} "
-                  f"{r['p99_ms']:>8.2f} {r['errors']:>6}")
+                  f"{r['p99_ms']:>8.2f} {r['errors']:>6} {r['cpu_ms']:>9.3f} {r['cores']:>5.2f}")
         if "etcd" in results:
             ratio = results[label][clients]["rate"] / results["etcd"][clients]["rate"]
             print(f"{clients:>7} {'ratio':>12} {ratio:>9.2f}  ({label} / etcd; goal >= 1.0 "

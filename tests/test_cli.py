@@ -134,3 +134,24 @@ def test_help_documents_the_exit_codes() -> None:
                      "4 unauthorized or forbidden", "5 no capacity", "6 provision failed",
                      "7 owner quota"):
             assert code in text, (args, code)
+
+
+def test_tune_gc_freezes_what_exists_and_widens_the_first_generation() -> None:
+    """`serve` calls tune_gc once the app is built (in its own process here: freezing
+    would stay in the test process)."""
+    code = (
+        "import gc\n"
+        "from openalice_scheduler.app import create_app\n"
+        "from openalice_scheduler.cli import GC_YOUNG_THRESHOLD, tune_gc\n"
+        "tracked = len(gc.get_objects())\n"
+        "tune_gc()\n"
+        "print(tracked, gc.get_freeze_count(), len(gc.get_objects()),\n"
+        "      gc.get_threshold()[0] == GC_YOUNG_THRESHOLD)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    tracked, frozen, left, widened = done.stdout.split()
+    # Everything the imports made is out of the generations a collection walks.
+    assert int(frozen) >= 0.9 * int(tracked) > 10_000
+    assert int(left) < int(tracked) / 10
+    assert widened == "True"

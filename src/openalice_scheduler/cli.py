@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -94,6 +95,7 @@ def serve() -> None:
         # create_app takes the SQLite file lock itself (before serving), so a second
         # process on the same file fails here: one line, not a traceback.
         _die(str(exc))
+    tune_gc()
     try:
         uvicorn.run(
             application,
@@ -107,6 +109,23 @@ def serve() -> None:
         )
     except StartupError as exc:
         _die(str(exc))
+
+
+# The first generation's size before the collector runs (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Garbage collection for a long-running server, called once the app is built.
+
+    Frozen, the ~120,000 objects that exist by then (modules, classes, the app) live as
+    long as the process and are never walked again; every full collection walked them
+    all. What a request makes is freed by reference counting, so a larger first
+    generation leaves collections rare. Measured at 32 clients on static endpoints:
+    collections took ~60 µs of the event loop per lease round trip (~7%), none after."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 @app.command(epilog=EXIT_CODES_HELP)
