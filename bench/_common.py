@@ -54,11 +54,15 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process (all its threads) has used, from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time the processes (all their threads) used so far, from
+    /proc/<pid>/stat."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        used += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return used
 
 
 def rss_kib(pid: int) -> dict[str, int]:

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Service, drive, lease_round, percentile  # noqa: E402
+from _common import Service, cpu_seconds, drive, lease_round, percentile  # noqa: E402
 
 STATIC_ENDPOINTS = 1000
 
@@ -51,16 +51,6 @@ async def _generate(url: str, secret: str, clients: int, seconds: float) -> dict
     )
     return {"latencies": [round(x, 6) for x in latencies], "errors": errors,
             "elapsed": elapsed}
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time the processes used so far, from /proc/<pid>/stat."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    used = 0.0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        used += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-    return used
 
 
 def load(urls: list[str], secret: str, clients: int, seconds: float,

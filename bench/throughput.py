@@ -49,7 +49,7 @@ def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: f
          server_pid: int) -> dict:
     """Run the load generator in a second process; returns its JSON result, with the CPU
     time the server process used meanwhile per round trip (`cpu_ms`) and in cores."""
-    before = cpu_seconds(server_pid)
+    before = cpu_seconds([server_pid])
     out = subprocess.run(
         [sys.executable, __file__, "--generator", url, json.dumps(headers), shape,
          str(clients), str(seconds)],
@@ -57,7 +57,7 @@ def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: f
     )
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed:\n{out.stderr[-3000:]}")
-    used = cpu_seconds(server_pid) - before
+    used = cpu_seconds([server_pid]) - before
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["cpu_ms"] = used / max(result["rounds"], 1) * 1000
     result["cores"] = used / seconds
