@@ -141,7 +141,7 @@ def test_tune_gc_freezes_what_exists_and_widens_the_first_generation() -> None:
     would stay in the test process)."""
     code = (
         "import gc\n"
-        "from openalice_scheduler.app import create_app\n"
+        "import openalice_scheduler.app  # what serve has imported by then\n"
         "from openalice_scheduler.cli import GC_YOUNG_THRESHOLD, tune_gc\n"
         "tracked = len(gc.get_objects())\n"
         "tune_gc()\n"
