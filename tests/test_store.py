@@ -257,3 +257,35 @@ async def test_a_write_lock_held_by_another_process_is_waited_for_off_the_loop(
     stored = await store.get(lease.lease_id)
     assert stored is not None and stored.state == "provisioning"
     await store.close()
+
+
+async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that arrives while another is already waiting for another process's lock
+    gets its 503 one timeout after its own arrival, not a timeout after the one ahead of
+    it gave up (which made it wait up to twice as long)."""
+    monkeypatch.setattr(database, "_LOCKED_TIMEOUT_S", 2.0)
+    store = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
+    await store.migrate()
+    first, second = new_lease(), new_lease()
+    tool = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    tool.execute("BEGIN IMMEDIATE")
+    try:
+        waiting = asyncio.create_task(
+            store.reserve(first, "p", max_live=0, resources=None, now=NOW))
+        await asyncio.sleep(1.0)
+        behind = asyncio.create_task(
+            store.reserve(second, "p", max_live=0, resources=None, now=NOW))
+        # Let go at 3.5 s: past the second write's own limit (3.0 s), before the limit it
+        # had when its wait only began once the first gave up (2.0 + 2.0 s).
+        await asyncio.sleep(2.5)
+    finally:
+        tool.execute("ROLLBACK")
+        tool.close()
+    for task in (waiting, behind):
+        with pytest.raises(StoreUnavailable, match="write lock"):
+            await task
+    assert await store.get(first.lease_id) is None
+    assert await store.get(second.lease_id) is None
+    await store.close()

@@ -146,6 +146,8 @@ class _Job:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     future: asyncio.Future[Any]
+    # Loop time after which the job stops waiting for another process's write lock.
+    deadline: float
     result: Any = None
     error: BaseException | None = field(default=None)
 
@@ -177,7 +179,7 @@ class _Sqlite:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
-        job = _Job(fn, args, loop.create_future())
+        job = _Job(fn, args, loop.create_future(), loop.time() + _LOCKED_TIMEOUT_S)
         self._pending.append(job)
         if self._flushing is None:
             # Started on the next turn of the loop: writes issued meanwhile join in.
@@ -227,7 +229,8 @@ class _Sqlite:
             conn = self._conn
             raw = conn.connection.driver_connection
             assert raw is not None
-            await self._take_write_lock(raw)
+            if not await self._take_write_lock(raw, batch):
+                return  # every job of the batch gave up waiting for the lock
             transaction = conn.begin()  # in the transaction just begun
             commit: asyncio.Future[None] | None = None
             try:
@@ -263,30 +266,40 @@ class _Sqlite:
             _settle(job)
 
     @staticmethod
-    async def _take_write_lock(raw: sqlite3.Connection) -> None:
+    async def _take_write_lock(raw: sqlite3.Connection, batch: list[_Job]) -> bool:
         """BEGIN IMMEDIATE, waiting on the event loop (not in SQLite's busy handler) while
         another process holds the file's write lock: a scheduler never does (one process
-        per file), a tool writing to it may. Meanwhile reads, health and metrics answer."""
+        per file), a tool writing to it may. Meanwhile reads, health and metrics answer.
+
+        Each job waits at most _LOCKED_TIMEOUT_S from its own arrival, also when it
+        arrived behind a batch that was already waiting: past that it leaves the batch
+        with StoreUnavailable (503). False when no job is left."""
         loop = asyncio.get_running_loop()
-        deadline = pause = 0.0
+        pause = 0.0
         while True:
             try:
                 raw.execute("BEGIN IMMEDIATE")
-                return
+                return True
             except sqlite3.OperationalError as exc:
                 if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
                     raise
-            if not deadline:
-                deadline = loop.time() + _LOCKED_TIMEOUT_S
+            if not pause:
                 pause = _LOCKED_FIRST_S
                 log.info("state store: another process holds the SQLite write lock; waiting")
-            elif loop.time() >= deadline:
-                log.warning("state store: SQLite write lock still held by another process "
-                            "after %.0f s", _LOCKED_TIMEOUT_S)
-                raise StoreUnavailable(
-                    "the state store is unavailable: another process holds the SQLite "
-                    "file's write lock; try again shortly", cause="locked",
-                )
+            now = loop.time()
+            expired = [job for job in batch if job.deadline <= now]
+            if expired:
+                log.warning("state store: SQLite write lock still held by another process; "
+                            "%d write(s) gave up after %.0f s", len(expired), _LOCKED_TIMEOUT_S)
+                for job in expired:
+                    batch.remove(job)
+                    job.error = StoreUnavailable(
+                        "the state store is unavailable: another process holds the SQLite "
+                        "file's write lock; try again shortly", cause="locked",
+                    )
+                    _settle(job)
+                if not batch:
+                    return False
             await asyncio.sleep(pause)
             pause = min(pause * 2, _LOCKED_MAX_PAUSE_S)
 
