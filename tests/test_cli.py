@@ -89,6 +89,11 @@ def test_exit_codes(static: Scheduler) -> None:
     missing = cli(static.url, "lease", "get", str(uuid.uuid4()))
     assert missing.returncode == 3 and "lease_not_found" in missing.stderr
     assert missing.stdout == ""
+    # An empty id (`$id` of a failed acquire in a script) is a usage error, never sent.
+    for command in (["get", ""], ["renew", ""], ["release", ""]):
+        empty = cli(static.url, "lease", *command)
+        assert empty.returncode == 2, (command, empty.stderr)
+        assert "lease_id: must not be empty" in empty.stderr
 
     wrong = cli(static.url, "lease", "ls", secret="wrong-secret")
     assert wrong.returncode == 4 and "unauthorized" in wrong.stderr

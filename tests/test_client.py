@@ -103,6 +103,9 @@ def test_errors_are_typed_by_code(static: Scheduler, client: SchedulerClient) ->
         client.acquire("renderer", env={"bad-key": ENV_VALUE})
     assert "bad-key" in str(bad_env.value)
     assert ENV_VALUE not in "".join(traceback.format_exception(bad_env.value))
+    with pytest.raises(InvalidRequest) as no_id:
+        client.get("")
+    assert no_id.value.details["field"] == "lease_id"
 
     client.acquire("anim")
     with pytest.raises(NoProviderAvailable) as no_capacity:

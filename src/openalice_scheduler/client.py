@@ -620,6 +620,10 @@ def _lease_id(lease: str | Lease) -> str:
 
 
 def _lease_path(lease_id: str) -> str:
+    if not lease_id:
+        # `/v1/lease/` is no lease's path: the service would answer a redirect, not 404.
+        raise InvalidRequest("lease_id: must not be empty", field="lease_id",
+                             errors=[{"field": "lease_id", "message": "must not be empty"}])
     return f"/v1/lease/{quote(lease_id, safe='')}"
 
 
