@@ -219,6 +219,8 @@ def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
         ("PROVIDERS", {"PROVIDERS": "runpod", "RUNPOD_API_KEY": ""}, ["RUNPOD_API_KEY"]),
         ("SCHEDULER_PORT", {"SCHEDULER_PORT": "x"}, []),
         ("LOCAL_DOCKER_MAX_WORKERS", {"LOCAL_DOCKER_MAX_WORKERS": "-1"}, []),
+        # A check across variables (the model's own validator) names the variable once.
+        ("LOCAL_GPU_DEVICES", {"LOCAL_GPU_DEVICES": "0;1"}, ["'0;1'"]),
     ]
     for variable, change, also in cases:
         env = dict(valid)
@@ -232,6 +234,7 @@ def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
         assert result.returncode != 0, (change, result.stderr)
         assert len(lines) == 1, (change, result.stderr)
         assert variable in lines[0], (change, lines)
+        assert lines[0].count("configuration:") == 1, (change, lines)
         for word in also:
             assert word in lines[0], (change, lines)
         assert "Traceback" not in result.stderr and secret not in result.stderr

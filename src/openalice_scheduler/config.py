@@ -172,11 +172,13 @@ class Settings(BaseSettings):
 def describe_validation_error(exc: ValidationError) -> str:
     """One line naming the first offending variable, without echoing its value."""
     first = exc.errors()[0]
-    name = str(first["loc"][0]).upper() if first["loc"] else "configuration"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":
         message = "is required but not set"
-    return f"invalid configuration: {name}: {message}"
+    if not first["loc"]:
+        # A check across variables: its message names them itself.
+        return f"invalid configuration: {message}"
+    return f"invalid configuration: {str(first['loc'][0]).upper()}: {message}"
 
 
 def _nvidia_smi_devices() -> list[str]:
