@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 
@@ -40,6 +41,12 @@ def test_acquire_list_release_round_trip(sched: Scheduler) -> None:
     assert again.status_code == 404 and again.json()["error"] == "lease_not_found"
 
 
+def rendered_as_every_error(body: dict) -> bytes:
+    """The bytes of an error answer rendered by the app's exception handlers
+    (starlette's JSONResponse: compact, UTF-8)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def test_gated_routes_need_the_secret(sched: Scheduler) -> None:
     for method, path in [("POST", "/v1/lease"), ("GET", "/v1/leases"),
                          ("DELETE", f"/v1/lease/{uuid.uuid4()}")]:
@@ -48,6 +55,7 @@ def test_gated_routes_need_the_secret(sched: Scheduler) -> None:
                                      json={"kind": "renderer"})
             assert response.status_code == 401, (method, path, headers)
             assert response.json()["error"] == "unauthorized"
+            assert response.content == rendered_as_every_error(response.json())
     # Even a malformed body is refused for the secret first: nothing is parsed unauthenticated.
     response = httpx.post(f"{sched.url}/v1/lease", content=b"{nope")
     assert response.status_code == 401
@@ -131,6 +139,7 @@ def test_bad_bodies_get_clear_4xx_and_the_service_keeps_serving(sched: Scheduler
                      + b'"}', headers=json_header)
     assert oversized.status_code == 413
     assert oversized.json()["error"] == "body_too_large"
+    assert oversized.content == rendered_as_every_error(oversized.json())
 
     huge_env = post("/v1/lease", json={"kind": "renderer",
                                        "env": {f"K{i}": "v" for i in range(10_000)}})

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import fcntl
 import hmac
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openalice_scheduler.api import leases, ops
-from openalice_scheduler.api.fast import FastLeasePath
+from openalice_scheduler.api.fast import FastLeasePath, send_json
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import BodyTooLarge, SchedulerError, Unauthorized
 from openalice_scheduler.loops import Heartbeat, Reconciler, Sweeper
@@ -235,14 +234,8 @@ class BodyLimit:
 
 
 async def _send_error(send: Send, error: SchedulerError) -> None:
-    payload = json.dumps(error.body()).encode()
-    await send({
-        "type": "http.response.start",
-        "status": error.status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode())],
-    })
-    await send({"type": "http.response.body", "body": payload})
+    # Rendered as the exception handlers render every other error (JSONResponse).
+    await send_json(send, error.status, error.body(), error.headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -137,7 +137,7 @@ class FastLeasePath:
                       call: Callable[[], Awaitable[tuple[int, Any, Any]]]) -> None:
         if self.tracer is None:
             status, payload, extra = await _call(call)
-            await _send(send, status, payload, extra)
+            await send_json(send, status, payload, extra)
             return
         with self.tracer.start_as_current_span(
             route, kind=trace.SpanKind.SERVER,
@@ -145,7 +145,7 @@ class FastLeasePath:
         ) as span:
             status, payload, extra = await _call(call)
             span.set_attribute("http.response.status_code", status)
-            await _send(send, status, payload, extra)
+            await send_json(send, status, payload, extra)
 
 
 async def _call(call: Callable[[], Awaitable[tuple[int, Any, Any]]]) -> tuple[int, Any, Any]:
@@ -158,7 +158,9 @@ async def _call(call: Callable[[], Awaitable[tuple[int, Any, Any]]]) -> tuple[in
         return 500, _INTERNAL, None
 
 
-async def _send(send: Send, status: int, payload: Any, extra: dict[str, str] | None) -> None:
+async def send_json(send: Send, status: int, payload: Any,
+                    extra: dict[str, str] | None = None) -> None:
+    """An answer rendered as starlette's JSONResponse renders it (no body: `payload` None)."""
     body = b"" if payload is None else _ENCODE(payload).encode()
     headers = [] if payload is None else [(b"content-length", str(len(body)).encode()), _JSON]
     if extra:
