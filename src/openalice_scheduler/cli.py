@@ -28,7 +28,7 @@ class ExitCode(IntEnum):
 
     ok = 0
     error = 1  # anything else: 409 still provisioning, 500, an unexpected answer
-    usage = 2  # bad options, INTERNAL_SECRET unset, or the service refused the request (422)
+    usage = 2  # bad options, INTERNAL_SECRET unset, or the request refused (422, 413)
     not_found = 3  # 404: no such lease, or it has ended
     denied = 4  # 401 wrong secret, 403 X-Lease-Owner missing or different
     unavailable = 5  # 503: no capacity (after --wait), or the service cannot be reached
@@ -39,7 +39,7 @@ class ExitCode(IntEnum):
 EXIT_CODES_HELP = (
     "Talks to the scheduler at --url (env SCHEDULER_URL, default http://localhost:8080) "
     "with the secret from env INTERNAL_SECRET.\n\n"
-    "Exit codes: 0 ok; 1 other error; 2 usage (bad options, INTERNAL_SECRET unset, 422); "
+    "Exit codes: 0 ok; 1 other error; 2 usage (bad options, INTERNAL_SECRET unset, 422, 413); "
     "3 lease not found (404); 4 unauthorized or forbidden (401/403); "
     "5 no capacity or scheduler unavailable/unreachable (503); "
     "6 provision failed (502); 7 owner quota reached (429)."
