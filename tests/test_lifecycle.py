@@ -127,6 +127,43 @@ def test_periodic_reconcile_destroys_orphans_and_marks_vanished_workers_lost(
             orphan.remove(force=True)
 
 
+def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_workers(
+    make_scheduler: Callable[..., Scheduler], tmp_path: Path,
+) -> None:
+    """Two schedulers with one SCHEDULER_INSTANCE (the default is `default` for everyone)
+    and their own databases: each worker carries its store's id, so neither destroys the
+    other's workers as orphans; an unlabelled worker (made before the label) is still
+    taken for this instance's."""
+    instance = f"t-shared-{uuid.uuid4().hex[:8]}"
+    first = make_scheduler(SCHEDULER_INSTANCE=instance, RECONCILE_INTERVAL_SECONDS="1",
+                           DATABASE_URL=f"sqlite:///{tmp_path / 'first.db'}")
+    second = make_scheduler(SCHEDULER_INSTANCE=instance, RECONCILE_INTERVAL_SECONDS="1",
+                            DATABASE_URL=f"sqlite:///{tmp_path / 'second.db'}")
+    leases = [first.lease(ttl_seconds=600), second.lease(ttl_seconds=600)]
+    labels = {c.id: c.labels for c in first.containers()}
+    stores = {labels[lease["provider_token"]].get("openalice.scheduler.store")
+              for lease in leases}
+    assert len(stores) == 2 and None not in stores, labels
+
+    unlabelled = docker_client().containers.run(
+        WORKER_IMAGE, detach=True, network_mode="none",
+        labels={INSTANCE_LABEL: instance, LEASE_LABEL: str(uuid.uuid4())},
+    )
+    try:
+        wait_for(lambda: unlabelled.id not in {c.id for c in first.containers()},
+                 timeout=30, interval=0.2, what="the unlabelled orphan to be destroyed")
+        time.sleep(2.5)  # at least two more passes of each
+        for sched, lease in zip((first, second), leases, strict=True):
+            assert listed_ids(sched) == {lease["lease_id"]}
+            assert sched.metric(RELEASED, provider="local-docker", reason="lost") == 0
+        running = {c.id for c in first.containers(all=False)}
+        assert running == {lease["provider_token"] for lease in leases}
+        assert "belong to another state store" in first.log() + second.log()
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):  # destroyed, as it should be
+            unlabelled.remove(force=True)
+
+
 def test_lease_that_expired_while_the_service_was_down_is_released_at_start_up(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:

@@ -225,9 +225,17 @@ class Reconciler(LoopService):
 
         if workers is None:
             return counts  # the provider does not make workers: none can drift
+        foreign = 0
         for lease_id, infos in workers.items():
             if lease_id in service.in_flight:
                 continue
+            # Workers made for another state store under the same SCHEDULER_INSTANCE are
+            # that store's scheduler's to judge (unlabelled ones, from before labels, ours).
+            mine = [i for i in infos if i.store_id in (None, store.store_id)]
+            foreign += len(infos) - len(mine)
+            if not mine:
+                continue
+            infos = mine
             owner = live.get(lease_id)
             if owner is None:
                 # A lease that ended after the listing (a sweeper, here or on another
@@ -248,6 +256,10 @@ class Reconciler(LoopService):
                 log.info("reconcile: destroyed orphan worker %s of lease %s on %s",
                          info.provider_token[:12], lease_id, provider.name)
                 counts["orphans"] += 1
+        if foreign:
+            log.warning("reconcile: %d worker(s) on %s carry this SCHEDULER_INSTANCE but "
+                        "belong to another state store; left alone (give each store its own "
+                        "SCHEDULER_INSTANCE)", foreign, provider.name)
 
         for record in live.values():
             vanished = record.lease_id not in workers

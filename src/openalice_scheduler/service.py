@@ -166,6 +166,7 @@ class LeaseService:
             owner_id=request.owner_id,
             correlation_id=request.correlation_id,
             region=request.region,
+            store_id=self.store.store_id,
             env=request.env,
         )
         new = NewLease(

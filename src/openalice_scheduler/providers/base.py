@@ -24,6 +24,9 @@ class WorkerSpec:
     region: str | None = None
     # Exclusive resource reserved for this lease by the store (a GPU device id).
     resource: str | None = None
+    # The state store recording the lease (LeaseStore.store_id), for providers that label
+    # their workers with it.
+    store_id: str | None = None
     # Passed to the worker only; never logged, stored or traced.
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -41,6 +44,8 @@ class WorkerInfo:
     lease_id: str
     provider_token: str
     running: bool
+    # The state store the worker was made for, when the backend records it (a label).
+    store_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ LABEL_LEASE = "openalice.scheduler.lease_id"
 LABEL_KIND = "openalice.scheduler.kind"
 LABEL_OWNER = "openalice.scheduler.owner"
 LABEL_INSTANCE = "openalice.scheduler.instance"
+LABEL_STORE = "openalice.scheduler.store"
 # Docker API 1.41 (engine 20.10) has everything used here; naming it avoids a version
 # round trip at start-up, so the service starts even while the engine is down.
 DOCKER_API_VERSION = "1.41"
@@ -123,6 +124,8 @@ class LocalDockerProvider:
         }
         if spec.owner_id:
             labels[LABEL_OWNER] = spec.owner_id
+        if spec.store_id:
+            labels[LABEL_STORE] = spec.store_id
         environment = {
             **spec.env,
             "LEASE_ID": spec.lease_id,
@@ -194,11 +197,13 @@ class LocalDockerProvider:
         for row in self.client.api.containers(
             all=True, filters={"label": f"{LABEL_INSTANCE}={self.instance}"}
         ):
-            lease_id = (row.get("Labels") or {}).get(LABEL_LEASE)
+            labels = row.get("Labels") or {}
+            lease_id = labels.get(LABEL_LEASE)
             if lease_id:
-                found[lease_id].append(
-                    WorkerInfo(lease_id, row["Id"], running=row.get("State") == "running")
-                )
+                found[lease_id].append(WorkerInfo(
+                    lease_id, row["Id"], running=row.get("State") == "running",
+                    store_id=labels.get(LABEL_STORE),
+                ))
         return found
 
     def _ensure_network(self) -> None:

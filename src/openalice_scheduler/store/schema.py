@@ -65,3 +65,12 @@ locks = Table(
     Column("holder", String(64), nullable=False),
     Column("expires_at", BigInteger, nullable=False),
 )
+
+# The state store's own name, made once by its migration. Docker workers carry it as a
+# label: schedulers that share a SCHEDULER_INSTANCE but not a store leave each other's
+# workers alone instead of destroying them as orphans.
+store_identity = Table(
+    "store_identity",
+    metadata,
+    Column("store_id", String(36), primary_key=True),
+)

@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 
 from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
 from openalice_scheduler.store.database import Database, ping
-from openalice_scheduler.store.schema import leases, locks, replicas
+from openalice_scheduler.store.schema import leases, locks, replicas, store_identity
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +279,8 @@ class LeaseStore:
         # This process, among the replicas sharing the store: it marks the leases it
         # provisions, so that another replica can tell a crashed provision from a slow one.
         self.replica_id = replica_id or uuid.uuid4().hex
+        # The store's own id (see schema.store_identity), known once migrated.
+        self.store_id: str | None = None
         self.dialect = self.db.dialect
         # lease_id -> ((state, updated_at, expires_at), encoded Lease): see list_wire_json.
         self._wire_cache: dict[str, tuple[tuple[Any, ...], bytes]] = {}
@@ -290,8 +292,11 @@ class LeaseStore:
         return self.db.sqlite_path
 
     async def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision."""
+        """Bring the schema to the newest Alembic revision; then `store_id` is known."""
         await self.db.write(_upgrade)
+        self.store_id = await self.db.read(
+            lambda conn: conn.execute(select(store_identity.c.store_id)).scalar_one()
+        )
 
     async def close(self) -> None:
         await self.db.close()
