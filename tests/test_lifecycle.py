@@ -29,6 +29,7 @@ from tests.harness import (
 )
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
+STORE_LABEL = "openalice.scheduler.store"
 RELEASED = "scheduler_leases_released_total"
 
 
@@ -141,7 +142,7 @@ def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_w
                             DATABASE_URL=f"sqlite:///{tmp_path / 'second.db'}")
     leases = [first.lease(ttl_seconds=600), second.lease(ttl_seconds=600)]
     labels = {c.id: c.labels for c in first.containers()}
-    stores = {labels[lease["provider_token"]].get("openalice.scheduler.store")
+    stores = {labels[lease["provider_token"]].get(STORE_LABEL)
               for lease in leases}
     assert len(stores) == 2 and None not in stores, labels
 
