@@ -48,7 +48,7 @@ def create_app(
     *,
     providers: Sequence[Provider] | None = None,
     clock: Clock = utcnow,
-) -> FastAPI:
+) -> SchedulerApp:
     providers = list(providers) if providers is not None else build_providers(settings)
     metrics = Metrics()
     metrics.providers.set(len(providers))

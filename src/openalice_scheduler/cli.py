@@ -77,6 +77,7 @@ def serve() -> None:
     """Run the service. Configured only by environment variables (see README)."""
     import uvicorn
 
+    from openalice_scheduler.api.protocol import lease_protocol
     from openalice_scheduler.app import StartupError, create_app
     from openalice_scheduler.config import Settings, describe_validation_error
     from openalice_scheduler.logs import configure_logging
@@ -96,6 +97,7 @@ def serve() -> None:
         # process on the same file fails here: one line, not a traceback.
         _die(str(exc))
     tune_gc()
+    assert application.fast_path is not None  # made by create_app
     try:
         uvicorn.run(
             application,
@@ -106,6 +108,8 @@ def serve() -> None:
             # Client addresses are not used: no X-Forwarded-* parsing per request.
             proxy_headers=False,
             timeout_graceful_shutdown=15,
+            # Plain acquire and release answered from the parser (api/protocol.py).
+            http=lease_protocol(application.fast_path),
         )
     except StartupError as exc:
         _die(str(exc))

@@ -213,7 +213,7 @@ class LeaseService:
                             active = await self.store.reserve_active(
                                 new, provider.name, assign=assign, **terms
                             )
-                        self.metrics.provision_seconds.labels(provider.name).observe(
+                        self.metrics.of(self.metrics.provision_seconds, provider.name).observe(
                             time.perf_counter() - started
                         )
                         return self._acquired(provider.name, active)
@@ -315,7 +315,7 @@ class LeaseService:
         )
 
     def _acquired(self, provider: str, record: LeaseRecord) -> LeaseRecord:
-        self.metrics.acquired.labels(provider, record.kind, record.gpu).inc()
+        self.metrics.of(self.metrics.acquired, provider, record.kind, record.gpu).inc()
         self.on_due(record.expires_at)
         log.info("lease %s acquired on %s (%s, gpu=%s, correlation_id=%s)", record.lease_id,
                  provider, record.kind, record.gpu, record.correlation_id)
@@ -437,7 +437,7 @@ class LeaseService:
     def _released(self, record: LeaseRecord) -> None:
         self.capacity_freed()
         reason = record.release_reason or ReleaseReason.explicit.value
-        self.metrics.released.labels(record.provider, reason).inc()
+        self.metrics.of(self.metrics.released, record.provider, reason).inc()
         log.info("lease %s released (%s)", record.lease_id, reason)
 
     # --- renew -----------------------------------------------------------------------

@@ -13,6 +13,11 @@ else goes on, unchanged, to the routes in leases.py, which remain the definition
 the OpenAPI document): so a wrong secret, an invalid or oversized body, every other
 route keep the one rendering they have there. The service's own errors are answered
 here with the same body and headers as the app's handler for them (SchedulerError.body).
+
+Under `serve`, uvicorn's protocol applies these same rules before any ASGI is involved
+(api/protocol.py: `takes_acquire`, `parse_acquire`, `acquire`...). This middleware
+answers what reaches the app anyway: a call pipelined behind another on its connection,
+and every call when the app runs under another server.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ _ENCODE = json.JSONEncoder(
 ).encode
 # An acquire still running after this long starts watching for the caller hanging up.
 WATCH_AFTER_S = 0.05
+# An answer: status, headers (lower-case names), body.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 _INTERNAL = {"error": "internal_error", "message": "internal error; see the scheduler's log"}
 
 
@@ -79,50 +86,35 @@ class FastLeasePath:
             and getattr(self.state, "service", None) is not None
         )
 
-    async def _acquire(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = dict(scope["headers"])
+    def takes_acquire(self, headers: dict[bytes, bytes]) -> bool:
+        """Whether an acquire with these headers is ours, its body still unread."""
         length = headers.get(b"content-length", b"")
         content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip()
-        if not (self._takes(headers) and content_type == b"application/json"
-                and length.isdigit() and int(length) <= self.limit):
-            await self.app(scope, receive, send)
-            return
-        body, complete = await _read_body(receive, self.limit)
+        return (self._takes(headers) and content_type == b"application/json"
+                and length.isdigit() and int(length) <= self.limit)
+
+    def takes_release(self, headers: dict[bytes, bytes]) -> bool:
+        return self._takes(headers) and headers.get(b"content-length", b"0") == b"0"
+
+    @staticmethod
+    def parse_acquire(body: bytes) -> LeaseRequest | None:
+        """The LeaseRequest in `body`; None when it is not one (the route says why)."""
         try:
-            request = LeaseRequest.model_validate_json(body) if complete else None
+            return LeaseRequest.model_validate_json(body)
         except ValidationError:
-            request = None
-        if request is None:
-            # Not ours to judge: the route renders the error, from the same bytes.
-            await self.app(scope, _replay(body, complete, receive), send)
-            return
+            return None
+
+    async def acquire(self, request: LeaseRequest, gone: asyncio.Event) -> Answer:
+        """The answer to an acquire taken here; `gone` is set if the caller hangs up."""
         service = self.state.service
 
         async def acquire() -> tuple[int, Any, Any]:
-            # Whether the caller hangs up matters to an acquire that waits or provisions:
-            # watched from WATCH_AFTER_S on, so that a quick one spares the task.
-            gone = asyncio.Event()
-            watcher: list[asyncio.Task[None]] = []
-            loop = asyncio.get_running_loop()
-            timer = loop.call_later(WATCH_AFTER_S, lambda: watcher.append(
-                loop.create_task(watch_disconnect(receive, gone))))
-            try:
-                record = await service.acquire(request, gone=gone)
-            finally:
-                timer.cancel()
-                for task in watcher:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            record = await service.acquire(request, gone=gone)
             return 200, {"lease": record.wire(), "provider": record.provider}, None
 
-        await self._answer(send, "POST /v1/lease", "POST", acquire)
+        return await self._answer("POST /v1/lease", "POST", acquire)
 
-    async def _release(self, scope: Scope, receive: Receive, send: Send, lease_id: str) -> None:
-        headers = dict(scope["headers"])
-        if not self._takes(headers) or headers.get(b"content-length", b"0") != b"0":
-            await self.app(scope, receive, send)
-            return
+    async def release(self, lease_id: str, headers: dict[bytes, bytes]) -> Answer:
         owner_raw = headers.get(b"x-lease-owner")
         owner = None if owner_raw is None else owner_raw.decode("latin-1")
         service = self.state.service
@@ -131,21 +123,53 @@ class FastLeasePath:
             await service.release(lease_id, owner)
             return 204, None, None
 
-        await self._answer(send, "DELETE /v1/lease/{lease_id}", "DELETE", release)
+        return await self._answer("DELETE /v1/lease/{lease_id}", "DELETE", release)
 
-    async def _answer(self, send: Send, route: str, method: str,
-                      call: Callable[[], Awaitable[tuple[int, Any, Any]]]) -> None:
-        if self.tracer is None:
-            status, payload, extra = await _call(call)
-            await send_json(send, status, payload, extra)
+    async def _acquire(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.takes_acquire(dict(scope["headers"])):
+            await self.app(scope, receive, send)
             return
+        body, complete = await _read_body(receive, self.limit)
+        request = self.parse_acquire(body) if complete else None
+        if request is None:
+            # Not ours to judge: the route renders the error, from the same bytes.
+            await self.app(scope, _replay(body, complete, receive), send)
+            return
+        # Whether the caller hangs up matters to an acquire that waits or provisions:
+        # watched from WATCH_AFTER_S on, so that a quick one spares the task.
+        gone = asyncio.Event()
+        watcher: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(WATCH_AFTER_S, lambda: watcher.append(
+            loop.create_task(watch_disconnect(receive, gone))))
+        try:
+            answer = await self.acquire(request, gone)
+        finally:
+            timer.cancel()
+            for task in watcher:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await _send(send, answer)
+
+    async def _release(self, scope: Scope, receive: Receive, send: Send, lease_id: str) -> None:
+        headers = dict(scope["headers"])
+        if not self.takes_release(headers):
+            await self.app(scope, receive, send)
+            return
+        await _send(send, await self.release(lease_id, headers))
+
+    async def _answer(self, route: str, method: str,
+                      call: Callable[[], Awaitable[tuple[int, Any, Any]]]) -> Answer:
+        if self.tracer is None:
+            return render(*await _call(call))
         with self.tracer.start_as_current_span(
             route, kind=trace.SpanKind.SERVER,
             attributes={"http.request.method": method, "url.path": route.split(" ", 1)[1]},
         ) as span:
             status, payload, extra = await _call(call)
             span.set_attribute("http.response.status_code", status)
-            await send_json(send, status, payload, extra)
+            return render(status, payload, extra)
 
 
 async def _call(call: Callable[[], Awaitable[tuple[int, Any, Any]]]) -> tuple[int, Any, Any]:
@@ -158,13 +182,24 @@ async def _call(call: Callable[[], Awaitable[tuple[int, Any, Any]]]) -> tuple[in
         return 500, _INTERNAL, None
 
 
-async def send_json(send: Send, status: int, payload: Any,
-                    extra: dict[str, str] | None = None) -> None:
-    """An answer rendered as starlette's JSONResponse renders it (no body: `payload` None)."""
+def render(status: int, payload: Any, extra: dict[str, str] | None = None) -> Answer:
+    """(status, headers, body) as starlette's JSONResponse renders them (no body:
+    `payload` None)."""
     body = b"" if payload is None else _ENCODE(payload).encode()
     headers = [] if payload is None else [(b"content-length", str(len(body)).encode()), _JSON]
     if extra:
         headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+    return status, headers, body
+
+
+async def send_json(send: Send, status: int, payload: Any,
+                    extra: dict[str, str] | None = None) -> None:
+    """An answer rendered as starlette's JSONResponse renders it (no body: `payload` None)."""
+    await _send(send, render(status, payload, extra))
+
+
+async def _send(send: Send, answer: Answer) -> None:
+    status, headers, body = answer
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -211,16 +211,23 @@ _COUNT_LIVE = _Prepared(select(func.count()).select_from(leases).where(*_LIVE_ON
 _TAKEN = _Prepared(
     select(leases.c.resource).where(*_LIVE_ON, leases.c.resource.is_not(None))
 )
+# The same for a lease not yet written (a first try): no `lease_id != ?` to check.
+_TAKEN_NEW = _Prepared(
+    select(leases.c.resource).where(*_LIVE_ON[:2], leases.c.resource.is_not(None))
+)
 _RESERVED = {"provider", "state", "resource", "updated_at", "replica_id"}
 _MOVE = _Prepared(
     update(leases)
     .where(_BY_ID, leases.c.state == LeaseState.provisioning.value)
     .values({name: bindparam(f"v_{name}") for name in sorted(_RESERVED)})
 )
-# Every column is given, so one compiled form serves every insert.
+# Every column is given, so one compiled form serves every insert, and the new row is
+# known without reading it back: RETURNING would double what an insert costs SQLite
+# (~48 µs against ~22, bench/README.md).
 _INSERT = _Prepared(leases.insert().values(
     {name: bindparam(f"v_{name}") for name in _COLUMNS}
-).returning(*leases.c))
+))
+_INSERTED = tuple(f"v_{name}" for name in _COLUMNS)
 # Guarded updates by (expected states, columns set): see _transition_tx.
 _TRANSITIONS: dict[tuple[tuple[str, ...], tuple[str, ...]], _Prepared] = {}
 
@@ -253,8 +260,8 @@ def _transition_tx(
     return _record(row) if row else None
 
 
-# By number of providers: see LeaseStore.release_at_once.
-_RELEASE_AT_ONCE: dict[int, _Prepared] = {}
+# By number of providers, without and with RETURNING: see LeaseStore.release_at_once.
+_RELEASE_AT_ONCE: dict[int, tuple[_Prepared, _Prepared]] = {}
 _RELEASED_COLUMNS = ("state", "released_at", "next_attempt_at", "updated_at", "release_reason")
 
 
@@ -423,9 +430,9 @@ class LeaseStore:
         """active|releasing → released in one statement, for a lease on one of
         `providers` (those with nothing to destroy) that `owner` may release. None when
         that does not describe the lease: `claim_release` then says why, or claims it."""
-        statement = _RELEASE_AT_ONCE.get(len(providers))
-        if statement is None:
-            statement = _RELEASE_AT_ONCE[len(providers)] = _Prepared(
+        statements = _RELEASE_AT_ONCE.get(len(providers))
+        if statements is None:
+            plain = (
                 update(leases)
                 .where(
                     _BY_ID, _state_in((LeaseState.active, LeaseState.releasing)),
@@ -433,15 +440,25 @@ class LeaseStore:
                     leases.c.owner_id.is_(None) | (leases.c.owner_id == bindparam("owner")),
                 )
                 .values({name: bindparam(f"v_{name}") for name in _RELEASED_COLUMNS})
-                .returning(*leases.c)
             )
-        params = {f"v_{name}": value for name, value in _released_values(now).items()}
+            statements = _RELEASE_AT_ONCE[len(providers)] = (
+                _Prepared(plain), _Prepared(plain.returning(*leases.c))
+            )
+        values = _released_values(now, reason.value)
+        params = {f"v_{name}": value for name, value in values.items()}
         params |= {f"p{i}": name for i, name in enumerate(providers)}
-        params |= {"b_lease_id": lease_id, "owner": owner, "v_release_reason": reason.value}
+        params |= {"b_lease_id": lease_id, "owner": owner}
 
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = statement.first(conn, params)
-            if row and conn.dialect.name == "postgresql":
+            if conn.dialect.name == "sqlite":
+                # Read, then update without RETURNING: on SQLite that costs about half
+                # as much (bench/README.md), and nothing else writes in between.
+                row = _GET.first(conn, {"b_lease_id": lease_id})
+                if row is None or not statements[0].rowcount(conn, params):
+                    return None
+                return _updated(row, values)
+            row = statements[1].first(conn, params)
+            if row:
                 conn.execute(text(f"NOTIFY {CAPACITY_CHANNEL}"))
             return _record(row) if row else None
 
@@ -864,7 +881,7 @@ class _Reservation:
                 raise AtCapacity(f"at capacity ({count}/{self.max_live} live workers)")
         resource = None
         if self.resources is not None:
-            taken = set(_TAKEN.scalars(conn, live_on))
+            taken = set((_TAKEN_NEW if self.first_try else _TAKEN).scalars(conn, live_on))
             resource = next((r for r in self.resources if r not in taken), None)
             if resource is None:
                 raise AtCapacity(f"all {len(self.resources)} {self.resource_label} are leased")
@@ -888,15 +905,16 @@ class _Reservation:
                                        False, values)
                 if moved is not None:
                     return moved
-        row = _INSERT.first(conn, {
+        row = {
             **_NEW_ROW, "v_lease_id": lease.lease_id, "v_kind": lease.kind,
             "v_gpu": lease.gpu, "v_owner_id": lease.owner_id,
             "v_correlation_id": lease.correlation_id, "v_region": lease.region,
             "v_ttl_seconds": lease.ttl_seconds, "v_created_at": lease.created_at,
             "v_expires_at": lease.expires_at,
             **{f"v_{name}": value for name, value in values.items()},
-        })
-        return resource if self.assign is None else _record(row)
+        }
+        _INSERT.rowcount(conn, row)
+        return resource if self.assign is None else _record([row[k] for k in _INSERTED])
 
 
 # A new lease row before its own values: every parameter of _INSERT.
@@ -1003,6 +1021,15 @@ def _record(row: Any) -> LeaseRecord:
 
 
 assert [f.name for f in fields(LeaseRecord)] == _COLUMNS, "LeaseRecord fields != leases columns"
+_PLACE = {name: place for place, name in enumerate(_COLUMNS)}
+
+
+def _updated(row: Any, values: dict[str, Any]) -> LeaseRecord:
+    """The lease of `row` once `values` (column: value) are written."""
+    columns = list(row)
+    for name, value in values.items():
+        columns[_PLACE[name]] = value
+    return LeaseRecord(*columns)
 
 
 def _upgrade(connection: Connection) -> None:
