@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import re
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
@@ -156,7 +157,7 @@ class LeaseService:
         return record
 
     async def _acquire_once(self, request: LeaseRequest) -> LeaseRecord:
-        lease_id = str(uuid.uuid4())
+        lease_id = new_lease_id()
         now = self.clock()
         spec = WorkerSpec(
             lease_id=lease_id,
@@ -517,12 +518,22 @@ def _backoff(attempts: int) -> float:
     return float(min(RETRY_BACKOFF_CAP_S, 2 ** (attempts - 1)))
 
 
+def new_lease_id() -> str:
+    """A random (version 4) UUID in its canonical form: what `str(uuid.uuid4())` gives,
+    in less than half the time."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
 def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return len(value) == 36
+    """Whether `value` is a UUID in canonical form (as every lease id is)."""
+    return _UUID.fullmatch(value) is not None
 
 
 def _span_attributes(

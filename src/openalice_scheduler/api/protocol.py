@@ -27,6 +27,16 @@ _LEASE = b"/v1/lease"
 _LEASE_PREFIX = b"/v1/lease/"
 
 
+class _NobodyWaits:
+    """`message_event` of a call that does not watch for its caller hanging up."""
+
+    def set(self) -> None:
+        pass
+
+
+_NOBODY_WAITS = _NobodyWaits()
+
+
 class _Call:
     """A call answered here: what uvicorn's code asks of `protocol.cycle`, as long as
     it is the connection's current request (keep_alive, response_complete, and the
@@ -44,7 +54,8 @@ class _Call:
         self.keep_alive = keep_alive
         self.response_complete = False
         self.disconnected = False
-        self.message_event = asyncio.Event()  # set when the caller hangs up
+        # Set when the caller hangs up: an acquire may wait or provision for a while.
+        self.message_event = asyncio.Event() if kind == "acquire" else _NOBODY_WAITS
 
 
 class LeaseHttpProtocol(HttpToolsProtocol):
@@ -113,8 +124,9 @@ class LeaseHttpProtocol(HttpToolsProtocol):
         if call.kind == "acquire":
             request = self.fast.parse_acquire(body)
             if request is None:
-                self._hand_on(call, body)
+                self._hand_on(body)
                 return
+            assert isinstance(call.message_event, asyncio.Event)
             job = self.fast.acquire(request, call.message_event)
         else:
             job = self.fast.release(call.lease_id, call.headers)
@@ -122,21 +134,19 @@ class LeaseHttpProtocol(HttpToolsProtocol):
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
-    def _hand_on(self, call: _Call, body: bytes) -> None:
+    def _hand_on(self, body: bytes) -> None:
         """A call that looked like ours but is not (an invalid body): to the app, as
         uvicorn would have handed it on, with the body already read."""
         self.cycle = self._cycle_before
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not call:
-            cycle.body += body
-            cycle.more_body = False
-            cycle.message_event.set()
+        super().on_headers_complete()  # a new cycle, started at once: the line was idle
+        self.cycle.body += body
+        self.cycle.more_body = False
+        self.cycle.message_event.set()
 
     async def _answer(self, call: _Call, job: Any) -> None:
         status, headers, body = await job
-        if call.disconnected:
-            return
+        if call.disconnected or self.transport.is_closing():
+            return  # the caller hung up
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += (name, b": ", value, b"\r\n")
