@@ -25,7 +25,9 @@ def test_acquire_list_release_round_trip(sched: Scheduler) -> None:
     body = response.json()
     lease = body["lease"]
     assert body["provider"] == "local-docker" == lease["provider"]
-    uuid.UUID(lease["lease_id"])
+    parsed = uuid.UUID(lease["lease_id"])
+    assert (str(parsed), parsed.version, parsed.variant) == (
+        lease["lease_id"], 4, uuid.RFC_4122)  # canonical and random
     assert lease["kind"] == "anim" and lease["gpu"] == "none"
     assert lease["state"] == "active" and lease["correlation_id"] == "job-7"
     assert lease["owner_id"] is None
