@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -271,6 +272,36 @@ def test_duplicates_and_orphans_are_destroyed_by_reconciliation(
     assert sched.leases() == [lease]
     assert sched.metric("scheduler_leases_released_total", provider="runpod",
                         reason="orphan") == 2
+
+
+def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_pods(
+    api: str, start: Callable[..., Scheduler], runpod: RunPodEmulator, tmp_path: Path,
+) -> None:
+    """Pods are found by name, and two schedulers with one SCHEDULER_INSTANCE (`default`
+    unless set) make the same names: each pod carries its store's id in its env, so
+    neither scheduler destroys the other's pods as orphans. A pod without that entry
+    (made before it existed) is still taken for this instance's."""
+    instance = f"t-shared-{uuid.uuid4().hex[:8]}"
+    first, second = (
+        start(api, SCHEDULER_INSTANCE=instance, RECONCILE_INTERVAL_SECONDS="0.5",
+              DATABASE_URL=f"sqlite:///{tmp_path / name}.db")
+        for name in ("first", "second")
+    )
+    leases = [first.lease(kind="renderer", gpu="mid"), second.lease(kind="renderer", gpu="mid")]
+    stores = {p.env.get("OPENALICE_SCHEDULER_STORE") for p in runpod.list_pods()}
+    assert len(stores) == 2 and None not in stores, stores
+
+    unlabelled = make_pod(runpod, f"oa-{instance}-{uuid.uuid4()}")
+    wait_for(lambda: unlabelled not in {p.id for p in runpod.list_pods()}, 30,
+             what="the pod without a store to be destroyed as an orphan")
+    time.sleep(1.5)  # several more passes of each reconciler
+    assert sorted(p.id for p in runpod.list_pods()) == sorted(
+        lease["provider_token"] for lease in leases)
+    for sched, lease in zip((first, second), leases, strict=True):
+        assert sched.leases() == [lease]
+        assert sched.metric("scheduler_leases_released_total", provider="runpod",
+                            reason="lost") == 0
+    assert "belong to another state store" in first.log() + second.log()
 
 
 def test_orphans_left_while_down_are_destroyed_at_start_up(

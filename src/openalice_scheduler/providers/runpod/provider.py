@@ -2,8 +2,9 @@
 the raw API is `client.py`'s business.
 
 Pods have no labels, so a pod is named `oa-<SCHEDULER_INSTANCE>-<lease_id>` and carries
-`LEASE_ID` and `OPENALICE_SCHEDULER_INSTANCE` in its env; reconciliation keeps only
-those names."""
+`LEASE_ID`, `OPENALICE_SCHEDULER_INSTANCE` and `OPENALICE_SCHEDULER_STORE` (the state
+store's id) in its env; reconciliation keeps only those names, and leaves pods made for
+another state store to that store's scheduler."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from openalice_scheduler.providers.runpod.client import (
 )
 
 log = logging.getLogger(__name__)
+# The pod's env entry naming the state store it was made for (see WorkerInfo.store_id).
+STORE_ENV = "OPENALICE_SCHEDULER_STORE"
 
 _STOCK_RANK = {"HIGH": 3, "MEDIUM": 2, "LOW": 1, "NONE": 0}
 _KEY_RECHECK_S = 300.0
@@ -154,7 +157,8 @@ class RunPodProvider:
         for pod in pods:
             lease_id = self._lease_of(pod)
             if lease_id is not None and pod.status != "TERMINATED":
-                found[lease_id].append(WorkerInfo(lease_id, pod.id, running=pod.running))
+                found[lease_id].append(WorkerInfo(lease_id, pod.id, running=pod.running,
+                                                  store_id=pod.env.get(STORE_ENV)))
         return found
 
     async def price(self, spec: WorkerSpec) -> float | None:
@@ -282,6 +286,8 @@ class RunPodProvider:
             "WORKER_KIND": spec.kind.value,
             "OPENALICE_SCHEDULER_INSTANCE": self.instance,
         }
+        if spec.store_id is not None:
+            env[STORE_ENV] = spec.store_id
         template = self.templates[spec.kind]
         return PodRequest(
             name=name,
