@@ -1,8 +1,8 @@
 """uvicorn's HTTP protocol, answering the plain acquire and release calls itself.
 
 Why: at 32 clients on static endpoints the service runs one event loop at 100 % of a
-core, and uvicorn's ASGI cycle (a scope, a receive/send pair, two messages per answer,
-a keep-alive timer) cost more per lease round trip than the lease itself. Here those two
+core, and uvicorn's ASGI cycle (a scope, a receive/send pair, two messages and two
+writes per answer) was a fifth of what a lease round trip cost it. Here those two
 calls are taken from the parser (httptools) and answered with one write; everything
 else, and every call the fast path does not take (see api/fast.py), goes through
 uvicorn's own cycle to the app, unchanged.
