@@ -3,7 +3,7 @@
 Why: at 32 clients on static endpoints the service runs one event loop at 100 % of a
 core, and uvicorn's ASGI cycle (a scope, a receive/send pair, two messages and two
 writes per answer) is work it must spare: with the lease calls answered by a stub, a
-round trip cost 0.223 ms of CPU that way and costs 0.178 ms here. Here those two
+round trip cost 0.223 ms of CPU that way and costs 0.178 ms here. The two
 calls are taken from the parser (httptools) and answered with one write; everything
 else, and every call the fast path does not take (see api/fast.py), goes through
 uvicorn's own cycle to the app, unchanged.
