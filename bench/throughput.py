@@ -139,7 +139,8 @@ def main() -> None:
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--label", default=None, help="name for the scheduler column")
     args = parser.parse_args()
-    levels = [int(c) for c in args.clients.split(",")]
+    # Results are kept per level: a level given twice is measured once.
+    levels = list(dict.fromkeys(int(c) for c in args.clients.split(",")))
 
     endpoints = ",".join(f"http://w{i}.static.invalid:8080" for i in range(STATIC_ENDPOINTS))
     env = {"PROVIDERS": "static", "STATIC_WORKERS": f"renderer={endpoints}",

@@ -66,9 +66,9 @@ locks = Table(
     Column("expires_at", BigInteger, nullable=False),
 )
 
-# The state store's own name, made once by its migration. Docker workers carry it as a
-# label: schedulers that share a SCHEDULER_INSTANCE but not a store leave each other's
-# workers alone instead of destroying them as orphans.
+# The state store's own name, made once by its migration. Workers carry it (a Docker
+# label, a RunPod pod's env): schedulers that share a SCHEDULER_INSTANCE but not a store
+# leave each other's workers alone instead of destroying them as orphans.
 store_identity = Table(
     "store_identity",
     metadata,
