@@ -56,13 +56,28 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU time the processes (all their threads) used so far, from
-    /proc/<pid>/stat."""
+    /proc/<pid>/stat; a process that has ended counts nothing."""
     ticks = os.sysconf("SC_CLK_TCK")
     used = 0.0
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
         used += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
     return used
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and the processes it started, theirs too (the scheduler's SQLite sync
+    helper), from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            todo += map(int, Path(f"/proc/{current}/task/{current}/children").read_text().split())
+    return found
 
 
 def rss_kib(pid: int) -> dict[str, int]:

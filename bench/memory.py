@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Resident memory (VmRSS from /proc/<pid>/status) of the service process: idle, then
-with 10,000 active leases after listing them a few times.
+with 10,000 active leases after listing them a few times. The SQLite sync helper the
+service starts (a second, small process) is shown on its own line and counted in the
+total held against the goal.
 
 Same set-up as list_leases.py: the service starts on an empty SQLite file, the leases
 are inserted into it while it runs, and RECONCILE_INTERVAL_SECONDS=86400 keeps the
@@ -18,7 +20,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Service, ensure_src_on_path, rss_kib, seed_active_leases  # noqa: E402
+from _common import (  # noqa: E402
+    Service,
+    ensure_src_on_path,
+    process_tree,
+    rss_kib,
+    seed_active_leases,
+)
 
 GOAL_MIB = 150.0
 
@@ -53,6 +61,7 @@ def main() -> int:
             counts.append(len(r.json()))
         time.sleep(1)
         loaded = rss_kib(svc.pid)
+        helpers = [rss_kib(pid) for pid in process_tree(svc.pid)[1:]]
         if set(counts) != {args.leases}:
             raise RuntimeError(f"expected {args.leases} leases listed, got {sorted(set(counts))}")
     finally:
@@ -63,9 +72,14 @@ def main() -> int:
           f"peak so far {mib(idle['VmHWM'])}")
     print(f"  {args.leases} active leases, listed {args.lists}x      {mib(loaded['VmRSS'])}   "
           f"peak {mib(loaded['VmHWM'])}")
-    ok = loaded["VmRSS"] / 1024 <= GOAL_MIB
+    helper_kib = sum(h.get("VmRSS", 0) for h in helpers)
+    print(f"  sync helper process(es): {len(helpers)}             {mib(helper_kib)}")
+    total = loaded["VmRSS"] + helper_kib
+    print(f"  total                                    {mib(total)}")
+    ok = total / 1024 <= GOAL_MIB
     print(f"  goal <= {GOAL_MIB:.0f} MiB: {'met' if ok else 'MISSED'} "
-          f"(peak {'within' if loaded['VmHWM'] / 1024 <= GOAL_MIB else 'over'} the goal too)")
+          f"(peak {'within' if (loaded['VmHWM'] + helper_kib) / 1024 <= GOAL_MIB else 'over'} "
+          "the goal too)")
     return 0
 
 

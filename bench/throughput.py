@@ -3,8 +3,9 @@
 process; p50 and p99 latency of one round trip. In the same run, when `etcd` is installed
 (Debian `etcd-server`), the same load shape against a single-node etcd's lease grant +
 revoke on its JSON gateway, and the ratio of the two rates. For each system also the CPU
-time its server process used per round trip and the cores it kept busy (from /proc): the
-scheduler runs its event loop on one core, etcd on several.
+time its server used per round trip and the cores it kept busy (from /proc; for the
+scheduler, its process and the SQLite sync helper it starts): the scheduler runs its
+event loop on one core, etcd on several.
 
     .venv/bin/python bench/throughput.py [--seconds 10] [--clients 1,8,32]
                                          [--database-url postgresql://...]
@@ -39,6 +40,7 @@ from _common import (  # noqa: E402
     free_port,
     lease_round,
     percentile,
+    process_tree,
 )
 
 STATIC_ENDPOINTS = 1000
@@ -48,8 +50,10 @@ GRANT_BODY = json.dumps({"TTL": 600}).encode()
 def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: float,
          server_pid: int) -> dict:
     """Run the load generator in a second process; returns its JSON result, with the CPU
-    time the server process used meanwhile per round trip (`cpu_ms`) and in cores."""
-    before = cpu_seconds([server_pid])
+    time the server used meanwhile per round trip (`cpu_ms`) and in cores: its process
+    and the ones it started (the scheduler's SQLite sync helper)."""
+    pids = process_tree(server_pid)
+    before = cpu_seconds(pids)
     out = subprocess.run(
         [sys.executable, __file__, "--generator", url, json.dumps(headers), shape,
          str(clients), str(seconds)],
@@ -57,7 +61,7 @@ def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: f
     )
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed:\n{out.stderr[-3000:]}")
-    used = cpu_seconds([server_pid]) - before
+    used = cpu_seconds(pids) - before
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["cpu_ms"] = used / max(result["rounds"], 1) * 1000
     result["cores"] = used / seconds

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import signal
 import sqlite3
+import sys
+import time
 import uuid
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -17,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from openalice_scheduler.errors import StoreUnavailable
 from openalice_scheduler.models import ReleaseReason
-from openalice_scheduler.store import AtCapacity, LeaseStore, NewLease, database, schema
+from openalice_scheduler.store import AtCapacity, LeaseStore, NewLease, database, schema, syncer
 from openalice_scheduler.store.schema import metadata
 from tests.harness import database_url
 
@@ -188,6 +195,34 @@ async def test_static_lease_is_reserved_active_and_released_in_one_write_each(
     assert again.resource == "a:1"
 
 
+async def test_a_static_lease_is_released_as_it_is_now_not_as_it_was_acquired(
+    store: LeaseStore,
+) -> None:
+    """On SQLite, release_at_once does not read again a lease that reserve_active wrote
+    and that has not changed since. One renewed (or otherwise written) meanwhile is
+    read: either way the released lease returned is the stored one."""
+    def acquire() -> Any:
+        return store.reserve_active(
+            new_lease(), "static", assign=lambda r: (r, r), max_live=0,
+            resources=("a:1", "b:1"), now=NOW, first_try=True,
+        )
+
+    plain, renewed = await acquire(), await acquire()
+    assert (await store.renew(renewed.lease_id, expires_at=NOW + 999_000_000, now=NOW + 5)
+            is not None)
+    release = partial(store.release_at_once, owner=None, providers=("static",),
+                      reason=ReleaseReason.explicit, now=NOW + 10)
+
+    done = await release(plain.lease_id)
+    assert done == replace(plain, state="released", released_at=NOW + 10,
+                           updated_at=NOW + 10, release_reason="explicit")
+    assert done == await store.get(plain.lease_id)
+    done = await release(renewed.lease_id)
+    assert done is not None and done.expires_at == NOW + 999_000_000
+    assert done == await store.get(renewed.lease_id)
+    assert await release(renewed.lease_id) is None  # never twice
+
+
 async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> None:
     """Concurrent writes share a transaction (SQLite: group commit). A write that fails
     after writing takes back only what it wrote; one that fails before writing costs the
@@ -219,6 +254,92 @@ async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> Non
     assert [stored[lease.lease_id].state for lease in leases] == [
         "active", "provisioning", "active", "active", "provisioning", "provisioning"]
     assert stored[leases[1].lease_id].expires_at == leases[1].expires_at
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+async def test_sqlite_writes_are_synced_by_a_helper_started_again_when_it_dies(
+    tmp_path: Path,
+) -> None:
+    """With SQLITE_SYNCHRONOUS=full a write is answered once the helper process has
+    fsynced the file. A helper killed between two writes costs nothing: the next write
+    starts another and succeeds. Closing the store ends it."""
+    store = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
+    await store.migrate()
+    syncer = store.db._impl._syncer  # type: ignore[union-attr]
+    assert syncer is not None
+    try:
+        await store.reserve(new_lease(), "p", max_live=0, resources=None, now=NOW)
+        first = syncer.pid
+        assert first is not None and _alive(first)
+        assert "syncer.py" in Path(f"/proc/{first}/cmdline").read_text()
+
+        os.kill(first, signal.SIGKILL)
+        lease = new_lease()
+        # Twice: the first may find the pipe already closed, or hear nothing back.
+        for _ in range(2):
+            await store.reserve(new_lease(), "p", max_live=0, resources=None, now=NOW)
+        await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
+        second = syncer.pid
+        assert second is not None and second != first and _alive(second)
+        assert (await store.get(lease.lease_id)) is not None
+    finally:
+        await store.close()
+    assert not _alive(second)
+
+
+async def test_a_failed_fsync_fails_the_write_with_store_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper whose fsync fails (it answers `e`): the caller is told the store is
+    unavailable (503), not that its write is safe."""
+    store = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
+    await store.migrate()
+    failing = [sys.executable, "-c", "import os\nwhile os.read(0, 1): os.write(1, b'e')"]
+    monkeypatch.setattr(database._Syncer, "command", lambda _self: failing)
+    store.db._impl._syncer.close()  # type: ignore[union-attr]  # the next write starts one
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.reserve(new_lease(), "p", max_live=0, resources=None, now=NOW)
+    finally:
+        await store.close()
+
+
+async def test_the_helper_checkpoints_the_wal_into_the_database_file(tmp_path: Path) -> None:
+    """The writer does not checkpoint (it would fsync on the event loop): the helper
+    does, every CHECKPOINT_EVERY syncs, so the WAL does not grow without end and the
+    database file itself receives the leases."""
+    path = tmp_path / "store.db"
+    store = LeaseStore(f"sqlite:///{path}")
+    await store.migrate()
+
+    def in_database_file() -> int:
+        copy = tmp_path / "copy.db"  # the database file alone, without its WAL
+        shutil.copyfile(path, copy)
+        try:
+            with contextlib.closing(sqlite3.connect(copy)) as conn:
+                return int(conn.execute("SELECT count(*) FROM leases").fetchone()[0])
+        except sqlite3.Error:  # copied mid-checkpoint
+            return -1
+        finally:
+            for name in ("copy.db", "copy.db-wal", "copy.db-shm"):
+                (tmp_path / name).unlink(missing_ok=True)
+
+    try:
+        for _ in range(syncer.CHECKPOINT_EVERY + 8):  # one batch, one sync each
+            await store.reserve(new_lease(), "p", max_live=0, resources=None, now=NOW)
+        deadline = time.monotonic() + 30
+        while in_database_file() < syncer.CHECKPOINT_EVERY // 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert in_database_file() >= syncer.CHECKPOINT_EVERY // 2
+    finally:
+        await store.close()
 
 
 async def test_a_write_lock_held_by_another_process_is_waited_for_off_the_loop(

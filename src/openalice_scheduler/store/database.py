@@ -3,11 +3,11 @@ executed whole.
 
 - PostgreSQL: the async engine (asyncpg), `run_sync` inside one transaction.
 - SQLite: a sync engine (the stdlib driver). Writes run on the event loop's thread in
-  batches: the writes that arrive while one batch is being committed run together next,
-  in one transaction with one fsync (group commit), and one write's failure never
-  touches another's (see _Sqlite._commit); the COMMIT runs on a thread of its own.
-  Another process holding the file's write lock makes the batch wait without holding
-  up the event loop (see _Sqlite._take_write_lock).
+  batches: the writes that arrive while one batch is being made durable run together
+  next, in one transaction with one fsync (group commit), and one write's failure never
+  touches another's (see _Sqlite._commit). The fsync is made by a helper process
+  (_Syncer, store/syncer.py). Another process holding the file's write lock makes the
+  batch wait without holding up the event loop (see _Sqlite._take_write_lock).
   Reads run on a small pool of threads, each with its own connection. Measured on the
   2-core test machine (static provider, in process): a lease round trip took ~51 ms
   through aiosqlite (every statement a thread round trip), ~10 ms with a writer thread,
@@ -17,8 +17,13 @@ executed whole.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -154,23 +159,38 @@ class _Job:
 
 class _Sqlite:
     """Writes run on the event loop's thread, one batch at a time: the jobs that arrive
-    while a commit is being made to disk wait, then run together in one transaction,
-    whose COMMIT (the fsync) runs on a thread of its own (group commit).
+    while a batch is being made durable wait, then run together in one transaction
+    (group commit).
+
+    The writer commits with `synchronous=NORMAL`, which writes the WAL without an
+    fsync, and with SQLITE_SYNCHRONOUS=full (the default) no job of the batch hears
+    back before the helper process (_Syncer) has fsynced the WAL: what a caller was
+    told is on disk, as with SQLite's FULL. Meanwhile the event loop serves other calls.
+    Readers (other connections) may see a batch a fraction of a millisecond before it
+    is durable; nobody is answered from it before.
 
     Not on a writer thread: SQLite releases the GIL for every statement step, so a
     thread that writes while the event loop runs Python waits for the GIL again at each
-    step; measured at 32 concurrent clients, ~110 µs per statement spent waiting."""
+    step; measured at 32 concurrent clients, ~110 µs per statement spent waiting. For
+    the same reason the fsync is not made on a thread either (see store/syncer.py)."""
 
     def __init__(self, url: URL, synchronous: str) -> None:
         url = url.set(drivername="sqlite+pysqlite")
+        path = url.database
+        self._syncer: _Syncer | None = None
+        writer_pragmas = {"synchronous": "NORMAL"}
+        if synchronous == "full" and path and path != ":memory:":
+            self._syncer = _Syncer(str(Path(path).resolve()))
+            # The helper checkpoints, off the event loop (with its fsyncs).
+            writer_pragmas["wal_autocheckpoint"] = "0"
         # The writer's BEGIN IMMEDIATE is ours (_take_write_lock), its busy timeout 0: a
         # wait inside SQLite would stop the event loop, on whose thread writes run.
-        self.writer_engine = _sqlite_engine(url, None, 1, synchronous, busy_ms=0)
-        self.reader_engine = _sqlite_engine(url, "BEGIN", _READERS, synchronous)
+        self.writer_engine = _sqlite_engine(url, None, 1, writer_pragmas, busy_ms=0)
+        self.reader_engine = _sqlite_engine(url, "BEGIN", _READERS,
+                                            {"synchronous": synchronous.upper()})
         self._conn: Connection | None = None
         self._pending: list[_Job] = []
         self._flushing: asyncio.Task[None] | None = None
-        self._committer = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="sqlite-read")
         # Each reader thread keeps its connection: a pool checkout per read costs more
         # than most reads.
@@ -193,7 +213,6 @@ class _Sqlite:
     async def close(self) -> None:
         if self._flushing is not None:
             await asyncio.shield(self._flushing)
-        self._committer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         for conn in self._reader_conns:
             conn.close()
@@ -201,6 +220,8 @@ class _Sqlite:
             self._conn.close()
         self.writer_engine.dispose()
         self.reader_engine.dispose()
+        if self._syncer is not None:
+            self._syncer.close()
 
     def _read_sync(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn: Connection | None = getattr(self._local, "conn", None)
@@ -232,7 +253,6 @@ class _Sqlite:
             if not await self._take_write_lock(raw, batch):
                 return  # every job of the batch gave up waiting for the lock
             transaction = conn.begin()  # in the transaction just begun
-            commit: asyncio.Future[None] | None = None
             try:
                 for place, job in enumerate(batch):
                     before = raw.total_changes
@@ -242,15 +262,13 @@ class _Sqlite:
                         job.error = exc
                         if raw.total_changes != before:
                             raise _Undo(place) from None
-                commit = asyncio.get_running_loop().run_in_executor(
-                    self._committer, transaction.commit
-                )
-                await commit
+                transaction.commit()  # NORMAL: the WAL is written, not yet fsynced
             except BaseException:
-                # Never while the COMMIT still runs on its thread (this task cancelled).
-                if transaction.is_active and (commit is None or commit.done()):
+                if transaction.is_active:
                     transaction.rollback()
                 raise
+            if self._syncer is not None:
+                await self._syncer.sync()
         except _Undo as undo:
             failed = batch.pop(undo.place)
             for job in batch:
@@ -259,6 +277,8 @@ class _Sqlite:
             _settle(failed)
             return
         except Exception as exc:  # noqa: BLE001 - the commit itself failed: nobody's work stands
+            # Also when the fsync failed: the batch is in the file but maybe not on disk,
+            # and nobody is told it is.
             for job in batch:
                 if job.error is None:
                     job.error = exc
@@ -304,6 +324,112 @@ class _Sqlite:
             pause = min(pause * 2, _LOCKED_MAX_PAUSE_S)
 
 
+class _Syncer:
+    """The helper process that fsyncs the SQLite file for the writer (store/syncer.py:
+    why, and its protocol). Started with the first write; a helper that died is started
+    again and asked again, and since the batch is still in the page cache, that fsync
+    covers it. Runs as long as this process: it ends when the pipe closes."""
+
+    def __init__(self, db_path: str) -> None:
+        self.db_path = db_path
+        self._proc: subprocess.Popen[bytes] | None = None
+        # The callers of the requests sent and not yet answered, in order.
+        self._waiting: collections.deque[asyncio.Future[bytes]] = collections.deque()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    async def sync(self) -> None:
+        """Return once everything this process wrote to the file is on disk. Raises
+        OSError when it cannot be made so."""
+        for _attempt in range(2):
+            try:
+                answer = await self._ask()
+            except OSError:  # the pipe is gone: the helper died
+                answer = b""
+            if answer == b"k":
+                return
+            if answer == b"e":
+                raise OSError("fsync of the SQLite file failed (see the scheduler's log)")
+            log.warning("state store: the SQLite sync helper exited; starting it again")
+            self._stop()
+        raise OSError("the SQLite sync helper does not answer")
+
+    async def _ask(self) -> bytes:
+        loop = asyncio.get_running_loop()
+        if self._proc is None:
+            self._start(loop)
+        assert self._proc is not None and self._proc.stdin is not None
+        os.write(self._proc.stdin.fileno(), b"s")
+        answer = loop.create_future()  # after the write: one future per request sent
+        self._waiting.append(answer)
+        return await answer
+
+    def command(self) -> list[str]:
+        from openalice_scheduler.store import syncer
+
+        return [sys.executable, "-I", "-S", syncer.__file__, self.db_path]
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+        )
+        assert self._proc.stdout is not None
+        out = self._proc.stdout.fileno()
+        os.set_blocking(out, False)
+        loop.add_reader(out, self._answered, loop, out)
+
+    def _answered(self, loop: asyncio.AbstractEventLoop, out: int) -> None:
+        try:
+            data = os.read(out, 4096)
+        except BlockingIOError:
+            return
+        if not data:  # the helper is gone: everyone still waiting hears so
+            loop.remove_reader(out)
+            while self._waiting:
+                self._resolve(self._waiting.popleft(), b"")
+            return
+        for byte in data:
+            if self._waiting:
+                self._resolve(self._waiting.popleft(), bytes((byte,)))
+
+    @staticmethod
+    def _resolve(answer: asyncio.Future[bytes], value: bytes) -> None:
+        if not answer.done():
+            answer.set_result(value)
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        while self._waiting:  # asked of this helper: they will not hear from it
+            self._resolve(self._waiting.popleft(), b"")
+        if proc is None:
+            return
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_reader(proc.stdout.fileno())
+        proc.stdin.close()
+        proc.stdout.close()
+        proc.kill()
+        proc.wait(5)
+
+    def close(self) -> None:
+        """Close the pipe: the helper ends once it has answered what it was asked."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_reader(proc.stdout.fileno())
+        proc.stdin.close()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        proc.stdout.close()
+
+
 class _Undo(Exception):
     """A job failed after writing: its transaction must go."""
 
@@ -321,7 +447,7 @@ def _settle(job: _Job) -> None:
         job.future.set_result(job.result)
 
 
-def _sqlite_engine(url: URL, begin: str | None, pool_size: int, synchronous: str, *,
+def _sqlite_engine(url: URL, begin: str | None, pool_size: int, pragmas: dict[str, str], *,
                    busy_ms: int = 30000) -> Engine:
     """`begin`: the statement that opens each transaction; None when the caller has
     already opened it on the driver's connection."""
@@ -336,9 +462,9 @@ def _sqlite_engine(url: URL, begin: str | None, pool_size: int, synchronous: str
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        # FULL (default): a committed lease survives power loss too. NORMAL: it survives
-        # a killed process, and the last commits may be lost if the machine loses power.
-        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        # synchronous: the writer's is NORMAL, see _Sqlite.
+        for name, value in pragmas.items():
+            cursor.execute(f"PRAGMA {name}={value}")
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.close()
 
