@@ -223,6 +223,50 @@ async def test_a_static_lease_is_released_as_it_is_now_not_as_it_was_acquired(
     assert await release(renewed.lease_id) is None  # never twice
 
 
+async def test_free_resources_are_judged_by_the_file_not_by_what_the_process_remembers(
+    tmp_path: Path,
+) -> None:
+    """On SQLite the lease path knows which resources are held without asking the
+    database for every reservation. Whatever else changed the leases meanwhile is seen
+    by the next reservation all the same: a lease written by another connection (an
+    operator's tool), a release by another path than release_at_once."""
+    path = tmp_path / "store.db"
+    store = LeaseStore(f"sqlite:///{path}")
+    await store.migrate()
+    resources = ("a", "b", "c")
+
+    def take() -> Any:
+        return store.reserve_active(new_lease(), "static", assign=lambda r: (r, r),
+                                    max_live=0, resources=resources, now=NOW, first_try=True)
+
+    try:
+        first = await take()
+        assert first.resource == "a"
+        assert await store.release_at_once(first.lease_id, owner=None, providers=("static",),
+                                           reason=ReleaseReason.explicit, now=NOW + 1)
+        second = await take()
+        assert second.resource == "a"  # freed by release_at_once: free again at once
+
+        # Another connection writes a live lease holding "b".
+        columns = [c.name for c in schema.leases.columns]
+        chosen = [{"lease_id": "?", "resource": "'b'"}.get(c, c) for c in columns]
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as tool:
+            tool.execute(f"INSERT INTO leases ({', '.join(columns)}) "
+                         f"SELECT {', '.join(chosen)} FROM leases WHERE lease_id = ?",
+                         (str(uuid.uuid4()), second.lease_id))
+        third = await take()
+        assert third.resource == "c"
+
+        # "a" freed by claim_release + finish_release: the next lease gets it.
+        await store.claim_release(second.lease_id, ReleaseReason.explicit, now=NOW + 2)
+        await store.finish_release(second.lease_id, now=NOW + 2)
+        assert (await take()).resource == "a"
+        with pytest.raises(AtCapacity):
+            await take()
+    finally:
+        await store.close()
+
+
 async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> None:
     """Concurrent writes share a transaction (SQLite: group commit). A write that fails
     after writing takes back only what it wrote; one that fails before writing costs the

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _MAX_BATCH = 128
+# Key in the writer connection's `info`: how many of its transactions were rolled back
+# (store._TakenCache relies on it).
+ROLLBACKS = "openalice_rollbacks"
 _READERS = 3
 # Waiting for another process's write lock on the SQLite file: the first retry, the
 # longest pause between two, and when to give up (503), as SQLite's own busy_timeout did.
@@ -264,6 +267,7 @@ class _Sqlite:
                             raise _Undo(place) from None
                 transaction.commit()  # NORMAL: the WAL is written, not yet fsynced
             except BaseException:
+                conn.info[ROLLBACKS] = conn.info.get(ROLLBACKS, 0) + 1
                 if transaction.is_active:
                     transaction.rollback()
                 raise

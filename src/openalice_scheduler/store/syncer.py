@@ -10,12 +10,16 @@ fsync of ~0.2 ms, and the event loop sat idle for ~12 % of the time meanwhile
 
 Protocol, on stdin and stdout: each request is one byte. For what one read brings, the
 helper fsyncs the WAL file once (the database file when there is no WAL) and answers
-one byte per request, `k` when the fsync succeeded, `e` when it failed. Every
-CHECKPOINT_EVERY syncs it also checkpoints the WAL into the database (PASSIVE: it never
-waits for the writer), which the writer then never does on the event loop. It exits at
-the end of its input, that is when the scheduler closes the pipe or is gone; SIGINT and
+one byte per request, `k` when the fsync succeeded, `e` when it failed. It exits at the
+end of its input, that is when the scheduler closes the pipe or is gone; SIGINT and
 SIGTERM sent to the whole process group are left to the scheduler, which may still have
 writes to make durable while it shuts down.
+
+Every CHECKPOINT_EVERY syncs a thread of the helper checkpoints the WAL into the database
+(PASSIVE: it never waits for the writer), which the writer then never does on the event
+loop; meanwhile syncs go on. A WAL checkpointed in full is written from its start again
+by the next commit: its file stops growing, and a sync of a file that did not grow costs
+about half as much (0.15 against 0.30 ms measured here).
 
 Only the standard library, and no site packages (-S): it starts in ~10 ms.
 """
@@ -26,8 +30,9 @@ import os
 import signal
 import sqlite3
 import sys
+import threading
 
-CHECKPOINT_EVERY = 256
+CHECKPOINT_EVERY = 64
 
 
 def fsync_path(*paths: str) -> bool:
@@ -40,7 +45,9 @@ def fsync_path(*paths: str) -> bool:
         except FileNotFoundError:
             continue
         try:
-            os.fsync(fd)
+            # As SQLite syncs its files on Linux: the data, and the size when it grew, not
+            # the modification time (which would cost a journal commit each time).
+            os.fdatasync(fd)
             return True
         except OSError as exc:
             print(f"sqlite sync helper: fsync {path}: {exc}", file=sys.stderr, flush=True)
@@ -54,23 +61,32 @@ def main(db_path: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     wal = db_path + "-wal"
-    checkpointer: sqlite3.Connection | None = None
-    since_checkpoint = 0
+    due = threading.Event()
+    threading.Thread(target=checkpoints, args=(db_path, due), daemon=True).start()
+    syncs = 0
     while True:
         requests = os.read(0, 4096)
         if not requests:
             return
         answer = b"k" if fsync_path(wal, db_path) else b"e"
         os.write(1, answer * len(requests))
-        since_checkpoint += 1
-        if since_checkpoint >= CHECKPOINT_EVERY:
-            since_checkpoint = 0
-            try:
-                if checkpointer is None:
-                    checkpointer = sqlite3.connect(db_path, isolation_level=None)
-                checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            except sqlite3.Error as exc:
-                print(f"sqlite sync helper: checkpoint: {exc}", file=sys.stderr, flush=True)
+        syncs += 1
+        if syncs % CHECKPOINT_EVERY == 0:
+            due.set()
+
+
+def checkpoints(db_path: str, due: threading.Event) -> None:
+    """Checkpoint the WAL each time `due` is set (sqlite3 lets go of the GIL meanwhile)."""
+    conn: sqlite3.Connection | None = None
+    while True:
+        due.wait()
+        due.clear()
+        try:
+            if conn is None:
+                conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            print(f"sqlite sync helper: checkpoint: {exc}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
