@@ -83,7 +83,7 @@ def checkpoints(db_path: str, due: threading.Event) -> None:
         due.clear()
         try:
             if conn is None:
-                conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+                conn = sqlite3.connect(db_path, isolation_level=None)
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error as exc:
             print(f"sqlite sync helper: checkpoint: {exc}", file=sys.stderr, flush=True)
