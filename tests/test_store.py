@@ -338,6 +338,28 @@ async def test_sqlite_writes_are_synced_by_a_helper_started_again_when_it_dies(
     assert not _alive(second)
 
 
+def test_a_store_used_from_a_second_event_loop_still_syncs(tmp_path: Path) -> None:
+    """The helper's answers are read on the event loop of the write that asks: a store
+    used from a second loop (the first one closed) is not left waiting."""
+    store = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
+
+    async def first() -> None:
+        await store.migrate()
+        await store.reserve(new_lease(), "p", max_live=0, resources=None, now=NOW)
+
+    async def second() -> None:
+        try:
+            lease = new_lease()
+            await asyncio.wait_for(
+                store.reserve(lease, "p", max_live=0, resources=None, now=NOW), 30)
+            assert (await store.get(lease.lease_id)) is not None
+        finally:
+            await store.close()
+
+    asyncio.run(first())
+    asyncio.run(second())
+
+
 async def test_a_failed_fsync_fails_the_write_with_store_unavailable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -342,6 +342,7 @@ class _Syncer:
     def __init__(self, db_path: str) -> None:
         self.db_path = db_path
         self._proc: subprocess.Popen[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # where its answers are read
         # The callers of the requests sent and not yet answered, in order.
         self._waiting: collections.deque[asyncio.Future[bytes]] = collections.deque()
 
@@ -367,7 +368,8 @@ class _Syncer:
 
     async def _ask(self) -> bytes:
         loop = asyncio.get_running_loop()
-        if self._proc is None:
+        if self._loop is not loop:  # not started yet, or the store moved to another loop
+            self._stop()
             self._start(loop)
         assert self._proc is not None and self._proc.stdin is not None
         os.write(self._proc.stdin.fileno(), b"s")
@@ -388,6 +390,7 @@ class _Syncer:
         out = self._proc.stdout.fileno()
         os.set_blocking(out, False)
         loop.add_reader(out, self._answered, loop, out)
+        self._loop = loop
 
     def _answered(self, loop: asyncio.AbstractEventLoop, out: int) -> None:
         try:
@@ -406,30 +409,35 @@ class _Syncer:
     @staticmethod
     def _resolve(answer: asyncio.Future[bytes], value: bytes) -> None:
         if not answer.done():
-            answer.set_result(value)
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                answer.set_result(value)
 
     def _stop(self) -> None:
-        proc, self._proc = self._proc, None
+        proc = self._detach()
         while self._waiting:  # asked of this helper: they will not hear from it
             self._resolve(self._waiting.popleft(), b"")
         if proc is None:
             return
         assert proc.stdin is not None and proc.stdout is not None
-        with contextlib.suppress(RuntimeError, ValueError):
-            asyncio.get_running_loop().remove_reader(proc.stdout.fileno())
         proc.stdin.close()
         proc.stdout.close()
         proc.kill()
         proc.wait(5)
 
+    def _detach(self) -> subprocess.Popen[bytes] | None:
+        """Forget the helper (its answers are no longer read); returns it."""
+        proc, loop, self._proc, self._loop = self._proc, self._loop, None, None
+        if proc is not None and proc.stdout is not None and loop is not None:
+            with contextlib.suppress(RuntimeError, ValueError):  # a loop closed meanwhile
+                loop.remove_reader(proc.stdout.fileno())
+        return proc
+
     def close(self) -> None:
         """Close the pipe: the helper ends once it has answered what it was asked."""
-        proc, self._proc = self._proc, None
+        proc = self._detach()
         if proc is None:
             return
         assert proc.stdin is not None and proc.stdout is not None
-        with contextlib.suppress(RuntimeError, ValueError):
-            asyncio.get_running_loop().remove_reader(proc.stdout.fileno())
         proc.stdin.close()
         try:
             proc.wait(5)
