@@ -337,13 +337,16 @@ def test_the_sync_helper_never_outlives_its_scheduler(
 ) -> None:
     """The helper that fsyncs SQLite for the scheduler ends with it: on a graceful stop,
     and after kill -9 too (its pipe closes). A lease answered before the kill was on
-    disk: the restarted scheduler lists it."""
+    disk: the restarted scheduler lists it. The helper holds no secret."""
     sched = make_scheduler(PROVIDERS="static",
                            STATIC_WORKERS="renderer=http://a:8080,http://b:8080")
     assert sched.proc is not None
     first = sched.lease(ttl_seconds=600)
     helpers = _sync_helpers(sched.proc.pid)
     assert len(helpers) == 1, helpers
+    # It is started with an empty environment: none of the scheduler's secrets.
+    assert sched.env["INTERNAL_SECRET"].encode() not in Path(
+        f"/proc/{helpers[0]}/environ").read_bytes()
 
     sched.kill()
     wait_for(lambda: not _runs(helpers[0]), 15, what="the helper to end after kill -9")

@@ -385,6 +385,7 @@ class _Syncer:
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+            env={},  # it needs none, and so holds none of the secrets
         )
         assert self._proc.stdout is not None
         out = self._proc.stdout.fileno()
