@@ -311,16 +311,16 @@ def _alive(pid: int) -> bool:
 async def test_sqlite_writes_are_synced_by_a_helper_started_again_when_it_dies(
     tmp_path: Path,
 ) -> None:
-    """With SQLITE_SYNCHRONOUS=full a write is answered once the helper process has
-    fsynced the file. A helper killed between two writes costs nothing: the next write
-    starts another and succeeds. Closing the store ends it."""
+    """With SQLITE_SYNCHRONOUS=full the writes are fsynced by a helper process (a test
+    below shows that its failure fails them). A helper killed between two writes costs
+    nothing: the next write starts another and succeeds. Closing the store ends it."""
     store = LeaseStore(f"sqlite:///{tmp_path / 'store.db'}")
     await store.migrate()
-    syncer = store.db._impl._syncer  # type: ignore[union-attr]
-    assert syncer is not None
+    helper = store.db._impl._syncer  # type: ignore[union-attr]
+    assert helper is not None
     try:
         await store.reserve(new_lease(), "p", max_live=0, resources=None, now=NOW)
-        first = syncer.pid
+        first = helper.pid
         assert first is not None and _alive(first)
         assert "syncer.py" in Path(f"/proc/{first}/cmdline").read_text()
 
@@ -330,7 +330,7 @@ async def test_sqlite_writes_are_synced_by_a_helper_started_again_when_it_dies(
         for _ in range(2):
             await store.reserve(new_lease(), "p", max_live=0, resources=None, now=NOW)
         await store.reserve(lease, "p", max_live=0, resources=None, now=NOW)
-        second = syncer.pid
+        second = helper.pid
         assert second is not None and second != first and _alive(second)
         assert (await store.get(lease.lease_id)) is not None
     finally:
