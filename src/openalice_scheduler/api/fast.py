@@ -107,10 +107,15 @@ class FastLeasePath:
     async def acquire(self, request: LeaseRequest, gone: asyncio.Event) -> Answer:
         """The answer to an acquire taken here; `gone` is set if the caller hangs up."""
         service = self.state.service
+        if self.tracer is None:  # the common case, without the layers a span needs
+            try:
+                record = await service.acquire(request, gone=gone)
+            except Exception as exc:  # noqa: BLE001 - answered as the app's handler would
+                return render(*_failure(exc))
+            return render(*_granted(record))
 
         async def acquire() -> tuple[int, Any, Any]:
-            record = await service.acquire(request, gone=gone)
-            return 200, {"lease": record.wire(), "provider": record.provider}, None
+            return _granted(await service.acquire(request, gone=gone))
 
         return await self._answer("POST /v1/lease", "POST", acquire)
 
@@ -118,6 +123,12 @@ class FastLeasePath:
         owner_raw = headers.get(b"x-lease-owner")
         owner = None if owner_raw is None else owner_raw.decode("latin-1")
         service = self.state.service
+        if self.tracer is None:
+            try:
+                await service.release(lease_id, owner)
+            except Exception as exc:  # noqa: BLE001 - answered as the app's handler would
+                return render(*_failure(exc))
+            return render(204, None)
 
         async def release() -> tuple[int, Any, Any]:
             await service.release(lease_id, owner)
@@ -175,11 +186,21 @@ class FastLeasePath:
 async def _call(call: Callable[[], Awaitable[tuple[int, Any, Any]]]) -> tuple[int, Any, Any]:
     try:
         return await call()
-    except SchedulerError as exc:
+    except Exception as exc:  # noqa: BLE001 - answered as the app's handler would
+        return _failure(exc)
+
+
+def _granted(record: Any) -> tuple[int, Any, Any]:
+    """(status, payload, headers) of an acquire that got `record`."""
+    return 200, {"lease": record.wire(), "provider": record.provider}, None
+
+
+def _failure(exc: Exception) -> tuple[int, Any, Any]:
+    """(status, payload, headers) of the app's answer to `exc`."""
+    if isinstance(exc, SchedulerError):
         return exc.status, exc.body(), exc.headers
-    except Exception as exc:  # noqa: BLE001 - answered as the app's handler answers it
-        log.error("unexpected error: %s", type(exc).__name__, exc_info=exc)
-        return 500, _INTERNAL, None
+    log.error("unexpected error: %s", type(exc).__name__, exc_info=exc)
+    return 500, _INTERNAL, None
 
 
 def render(status: int, payload: Any, extra: dict[str, str] | None = None) -> Answer:
