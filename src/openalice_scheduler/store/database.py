@@ -398,10 +398,9 @@ class _Syncer:
             data = os.read(out, 4096)
         except BlockingIOError:
             return
-        if not data:  # the helper is gone: everyone still waiting hears so
+        if not data:  # the helper is gone
             loop.remove_reader(out)
-            while self._waiting:
-                self._resolve(self._waiting.popleft(), b"")
+            self._give_up()
             return
         for byte in data:
             if self._waiting:
@@ -413,10 +412,14 @@ class _Syncer:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
                 answer.set_result(value)
 
+    def _give_up(self) -> None:
+        """Everyone still waiting for the helper hears that it will not answer."""
+        while self._waiting:
+            self._resolve(self._waiting.popleft(), b"")
+
     def _stop(self) -> None:
         proc = self._detach()
-        while self._waiting:  # asked of this helper: they will not hear from it
-            self._resolve(self._waiting.popleft(), b"")
+        self._give_up()
         if proc is None:
             return
         assert proc.stdin is not None and proc.stdout is not None
