@@ -2,10 +2,6 @@
 # Make a Docker engine answer on this machine. Idempotent: when an engine already
 # answers, nothing is changed. Otherwise, as root on Debian, install docker.io when it is
 # missing and start dockerd in the background.
-#
-# OPENALICE_GPU_SHIM=1 puts a no-op `nvidia-container-runtime-hook` on dockerd's PATH, so
-# GPU device requests are accepted on a machine without GPUs (tests only: never on a real
-# GPU host).
 set -euo pipefail
 
 say() { printf '[ensure-docker] %s\n' "$*" >&2; }
@@ -34,23 +30,8 @@ if ! command -v dockerd >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
 fi
 
-path="$PATH"
-if [ "${OPENALICE_GPU_SHIM:-0}" = 1 ]; then
-  shim_dir=/usr/local/lib/openalice-gpu-shim
-  mkdir -p "$shim_dir"
-  cat > "$shim_dir/nvidia-container-runtime-hook" <<'SHIM'
-#!/bin/sh
-# Test shim: accepts Docker's GPU device requests on a machine without GPUs.
-cat >/dev/null
-exit 0
-SHIM
-  chmod +x "$shim_dir/nvidia-container-runtime-hook"
-  path="$shim_dir:$PATH"
-  say "GPU test shim on dockerd's PATH ($shim_dir)"
-fi
-
 say "starting dockerd (log: /var/log/dockerd.log)"
-PATH="$path" setsid dockerd >/var/log/dockerd.log 2>&1 < /dev/null &
+setsid dockerd >/var/log/dockerd.log 2>&1 < /dev/null &
 for _ in $(seq 1 60); do
   if engine_answers; then say "dockerd is ready"; exit 0; fi
   sleep 0.5

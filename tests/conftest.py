@@ -1,5 +1,5 @@
-"""Fixtures: a real Docker engine, the demo worker image, schedulers as processes, and
-the RunPod emulator."""
+"""Fixtures: a real Docker engine, the demo worker image, an engine that accepts GPU
+device requests, schedulers as processes, and the RunPod emulator."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.engines import PrivateEngine
 from tests.harness import REPO, WORKER_IMAGE, Scheduler, docker_client
 from tests.runpod_emulator import RunPodEmulator
 
@@ -25,10 +26,23 @@ def docker_engine() -> None:
     subprocess.run([str(REPO / "scripts" / "build-worker-image.sh"), WORKER_IMAGE], check=True)
 
 
+@pytest.fixture(scope="session")
+def gpu_engine(docker_engine: None) -> Iterator[PrivateEngine]:
+    """A Docker engine of the tests' own, with a no-op GPU hook on its PATH, for the
+    tests whose workers get GPU device requests (`make_scheduler(engine=gpu_engine.url)`).
+    The shared engine may have been started without one (by scripts/serve-demo, say)
+    and is left as it is. Started once, by the first test that asks for it."""
+    engine = PrivateEngine(gpu_shim=True)
+    try:
+        yield engine.start()
+    finally:
+        engine.destroy()
+
+
 @pytest.fixture
 def make_scheduler(tmp_path: Path) -> Iterator[Callable[..., Scheduler]]:
-    """Start schedulers with extra environment; all are killed and their containers
-    removed at the end of the test."""
+    """Start schedulers with extra environment (and `engine=`, see Scheduler); all are
+    killed and their containers removed at the end of the test."""
     started: list[Scheduler] = []
 
     def make(start: bool = True, **env: str) -> Scheduler:

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-" + uuid.uuid4().hex
 INSTANCE_LABEL = "openalice.scheduler.instance"
 WORKER_IMAGE = "openalice-demo-worker:latest"
+SHARED_ENGINE = "unix:///var/run/docker.sock"
 
 
 def free_port() -> int:
@@ -33,10 +34,15 @@ def free_port() -> int:
 
 class Scheduler:
     """One scheduler process. `env` overrides its environment; the database, instance
-    and Docker network are unique to the test unless given."""
+    and Docker network are unique to the test unless given. `engine` is the Docker
+    engine its workers run on (the shared one unless given; its DOCKER_HOST unless that
+    is given too, a proxy say): its containers are listed and removed there."""
 
-    def __init__(self, workdir: Path, **env: str) -> None:
+    def __init__(self, workdir: Path, engine: str = SHARED_ENGINE, **env: str) -> None:
         self.workdir = workdir
+        self.engine = engine
+        if engine != SHARED_ENGINE:
+            env.setdefault("DOCKER_HOST", engine)
         self.instance = env.pop("SCHEDULER_INSTANCE", f"t-{uuid.uuid4().hex[:10]}")
         self.port = free_port()
         self.env = {
@@ -140,24 +146,22 @@ class Scheduler:
     # --- Docker ----------------------------------------------------------------------
 
     def containers(self, all: bool = True) -> list[Any]:
-        return list_containers(docker_client(), all=all,
+        return list_containers(docker_client(self.engine), all=all,
                                filters={"label": f"{INSTANCE_LABEL}={self.instance}"})
 
     def cleanup(self) -> None:
         self.kill()
         self.http.close()
-        remove_instance(self.instance, self.env["DOCKER_NETWORK"])
+        remove_instance(self.instance, self.env["DOCKER_NETWORK"], self.engine)
 
 
-_client: docker.DockerClient | None = None
+_clients: dict[str, docker.DockerClient] = {}
 
 
-def docker_client() -> docker.DockerClient:
-    global _client
-    if _client is None:
-        _client = docker.DockerClient(base_url="unix:///var/run/docker.sock", version="1.41",
-                                      timeout=120)
-    return _client
+def docker_client(engine: str = SHARED_ENGINE) -> docker.DockerClient:
+    if engine not in _clients:
+        _clients[engine] = docker.DockerClient(base_url=engine, version="1.41", timeout=120)
+    return _clients[engine]
 
 
 def list_containers(client: docker.DockerClient, **filters: Any) -> list[Any]:
@@ -171,8 +175,9 @@ def list_containers(client: docker.DockerClient, **filters: Any) -> list[Any]:
     return found
 
 
-def remove_instance(instance: str, network: str | None = None) -> None:
-    client = docker_client()
+def remove_instance(instance: str, network: str | None = None,
+                    engine: str = SHARED_ENGINE) -> None:
+    client = docker_client(engine)
     for container in list_containers(
         client, all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
     ):

@@ -14,6 +14,7 @@ from typing import Any
 import docker
 import httpx
 
+from tests.engines import PrivateEngine
 from tests.harness import (
     SECRET,
     Scheduler,
@@ -44,8 +45,8 @@ def network_exists(name: str) -> bool:
     return any(n.name == name for n in docker_client().networks.list(names=[name]))
 
 
-def device_ids(container_id: str) -> list[str]:
-    attrs = docker_client().api.inspect_container(container_id)
+def device_ids(engine: docker.DockerClient, container_id: str) -> list[str]:
+    attrs = engine.api.inspect_container(container_id)
     requests = attrs["HostConfig"]["DeviceRequests"] or []
     assert len(requests) == 1, requests
     return list(requests[0]["DeviceIDs"])
@@ -114,8 +115,11 @@ def test_worker_container_has_the_contract_name_labels_env_and_network(
     assert sched.containers() == []
 
 
-def test_entry_gpus_are_assigned_exclusively(make_scheduler: Callable[..., Scheduler]) -> None:
-    sched = make_scheduler(LOCAL_GPU_DEVICES="0,1")
+def test_entry_gpus_are_assigned_exclusively(
+    gpu_engine: PrivateEngine, make_scheduler: Callable[..., Scheduler]
+) -> None:
+    sched = make_scheduler(engine=gpu_engine.url, LOCAL_GPU_DEVICES="0,1")
+    engine = gpu_engine.client
 
     responses = acquire_concurrently(sched, 6, gpu="entry")
     ok = [r for r in responses if r.status_code == 200]
@@ -128,13 +132,13 @@ def test_entry_gpus_are_assigned_exclusively(make_scheduler: Callable[..., Sched
         assert "GPU" in body["message"], body
 
     leases = [r.json()["lease"] for r in ok]
-    held = {lease["lease_id"]: device_ids(lease["provider_token"]) for lease in leases}
+    held = {lease["lease_id"]: device_ids(engine, lease["provider_token"]) for lease in leases}
     assert sorted(sum(held.values(), [])) == ["0", "1"], held
     assert all(lease["gpu"] == "entry" for lease in leases)
     assert len(sched.containers()) == 2
     # The worker itself is told which GPU it has.
     for lease in leases:
-        container = docker_client().containers.get(lease["provider_token"])
+        container = engine.containers.get(lease["provider_token"])
         # The main process's environment (an exec'd process does not inherit it).
         out = container.exec_run(["/bin/busybox", "cat", "/proc/1/environ"]).output.decode()
         visible = [v for v in out.split("\0") if v.startswith("NVIDIA_VISIBLE_DEVICES=")]
@@ -145,7 +149,7 @@ def test_entry_gpus_are_assigned_exclusively(make_scheduler: Callable[..., Sched
     freed = held[first["lease_id"]]
     assert sched.release(first["lease_id"]).status_code == 204
     again = sched.lease(gpu="entry")
-    assert device_ids(again["provider_token"]) == freed
+    assert device_ids(engine, again["provider_token"]) == freed
     full = sched.acquire(gpu="entry")
     assert full.status_code == 503, full.text
     assert len(sched.containers()) == 2

@@ -7,34 +7,22 @@ workers that are destroyed without anyone asking twice, and no leaked containers
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import httpx
 import pytest
 
 from tests.dockerproxy import DockerProxy
-from tests.harness import (
-    SECRET,
-    WORKER_IMAGE,
-    Scheduler,
-    docker_client,
-    list_containers,
-    wait_for,
-)
+from tests.engines import Engine, PrivateEngine
+from tests.harness import SECRET, Scheduler, wait_for
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
-INSTANCE_LABEL = "openalice.scheduler.instance"
 START = r"^POST /v[\d.]+/containers/[^/?]+/start(\?|$)"
 REMOVE = r"^DELETE /v[\d.]+/containers/[^/?]+(\?|$)"
 
@@ -44,10 +32,23 @@ REMOVE = r"^DELETE /v[\d.]+/containers/[^/?]+(\?|$)"
 
 @pytest.fixture
 def proxy() -> Iterator[DockerProxy]:
-    """A fault-injecting proxy in front of the shared engine, on a short socket path
-    (unix socket paths are limited to 107 bytes)."""
+    """A fault-injecting proxy in front of the shared engine."""
+    with _proxy_to("/var/run/docker.sock") as p:
+        yield p
+
+
+@pytest.fixture
+def gpu_proxy(gpu_engine: PrivateEngine) -> Iterator[DockerProxy]:
+    """A fault-injecting proxy in front of the engine that accepts GPU device requests."""
+    with _proxy_to(gpu_engine.sock) as p:
+        yield p
+
+
+@contextlib.contextmanager
+def _proxy_to(upstream: str) -> Iterator[DockerProxy]:
+    # On a short socket path: unix socket paths are limited to 107 bytes.
     where = Path(tempfile.mkdtemp(prefix="oa-proxy-", dir="/tmp"))
-    p = DockerProxy(where / "docker.sock").start()
+    p = DockerProxy(where / "docker.sock", upstream).start()
     try:
         yield p
     finally:
@@ -103,171 +104,11 @@ def assert_names_docker(response: httpx.Response, statuses: tuple[int, ...]) -> 
 # --- a Docker engine we may stop for real ----------------------------------------------
 
 
-class Engine:
-    """A dockerd process: stopped with SIGTERM, started again with the very argv and
-    environment it had (read from /proc), in a session of its own like `setsid dockerd`.
-    With `own_netns`, it is started in a fresh network namespace (`unshare --net`)."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], sock: str, log: Path,
-                 own_netns: bool = False) -> None:
-        self.argv, self.env, self.sock, self.log = argv, env, sock, log
-        self.own_netns = own_netns
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.pid: int | None = None
-
-    @classmethod
-    def capture(cls, pid: int, sock: str, log: Path, own_netns: bool = False) -> Engine:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
-        engine = cls([a.decode() for a in argv if a], env, sock, log, own_netns)
-        engine.pid = pid
-        return engine
-
-    def answers(self) -> bool:
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(3)
-                s.connect(self.sock)
-                s.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
-                return b" 200 " in s.recv(4096)
-        except OSError:
-            return False
-
-    def running(self) -> bool:
-        if self.pid is None:
-            return False
-        try:
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, IndexError):
-            return False
-        return state != "Z"
-
-    def start(self, timeout: float = 90) -> None:
-        with open(self.log, "ab") as log:
-            # `unshare` execs dockerd: the child's pid is dockerd's.
-            prefix = ["unshare", "--net", "--"] if self.own_netns else []
-            self.proc = subprocess.Popen(
-                [*prefix, *self.argv], env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,  # what `setsid` does
-            )
-        self.pid = self.proc.pid
-        try:
-            wait_for(self.answers, timeout, interval=0.2, what=f"dockerd on {self.sock}")
-        except AssertionError as exc:
-            tail = self.log.read_text(errors="replace")[-3000:]
-            raise AssertionError(f"{exc}; dockerd log ends:\n{tail}") from None
-
-    def stop(self, timeout: float = 90) -> None:
-        """SIGTERM and wait until it has exited and its socket no longer answers.
-        (dockerd stops the running containers first: about 10 s each at most, in
-        parallel.)"""
-        if self.pid is not None and self.running():
-            os.kill(self.pid, signal.SIGTERM)
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout)
-        wait_for(lambda: not self.running(), timeout, interval=0.2, what="dockerd to exit")
-        wait_for(lambda: not self.answers(), timeout, interval=0.2, what="the socket to go quiet")
-
-    def kill(self) -> None:
-        if self.pid is not None and self.running():
-            os.kill(self.pid, signal.SIGKILL)
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(30)
-
-
-class PrivateEngine:
-    """A second, private Docker engine for this test alone.
-
-    Stopping the shared engine (/var/run/docker.pid) would stop every container of every
-    other test running on this machine at the same time, so the engine stopped here is a
-    dockerd of our own: same binary and same environment as the shared one (its PATH
-    holds the GPU test shim), its own data root, exec root, socket and pid file, and its
-    own network namespace. The namespace matters: a second dockerd in the host's
-    namespace deletes the shared engine's `docker0` (with `--bridge=none`, or when it
-    restarts with `--default-address-pool`). The scheduler only needs its unix socket."""
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="oa-eng-", dir="/tmp"))
-        self.sock = str(self.root / "docker.sock")
-        self.pidfile = self.root / "docker.pid"
-        self.url = f"unix://{self.sock}"
-        self.engine: Engine | None = None
-        self._client: docker.DockerClient | None = None
-
-    def start(self) -> PrivateEngine:
-        argv = [
-            shutil.which("dockerd") or "dockerd",
-            "--data-root", str(self.root / "data"),
-            "--exec-root", str(self.root / "x"),
-            "--pidfile", str(self.pidfile),
-            "-H", self.url,
-            "--iptables=false", "--ip-forward=false",
-        ]
-        self.engine = Engine(argv, _shared_engine_env(), self.sock, self.root / "dockerd.log",
-                             own_netns=True)
-        self.engine.start()
-        # The worker image, copied from the shared engine: no registry is needed.
-        image = b"".join(docker_client().images.get(WORKER_IMAGE).save(named=True))
-        self.client.images.load(image)
-        return self
-
-    @property
-    def client(self) -> docker.DockerClient:
-        if self._client is None:
-            self._client = docker.DockerClient(base_url=self.url, version="1.41", timeout=120)
-        return self._client
-
-    def containers(self, instance: str) -> list[Any]:
-        return list_containers(self.client, all=True,
-                               filters={"label": f"{INSTANCE_LABEL}={instance}"})
-
-    def running_pid(self) -> int:
-        return int(self.pidfile.read_text().strip())
-
-    def adopt(self, engine: Engine) -> None:
-        """`engine` (captured from /proc and restarted) is now the running one."""
-        if self.engine is not None and self.engine.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.engine.proc.wait(30)  # reap the first process, stopped meanwhile
-        self.engine = engine
-
-    def destroy(self) -> None:
-        if self.engine is not None:
-            with contextlib.suppress(Exception):
-                if self.engine.answers():
-                    for container in self.client.containers.list(all=True):
-                        container.remove(force=True)
-            with contextlib.suppress(Exception):
-                self.engine.stop(timeout=60)
-            self.engine.kill()
-        if self._client is not None:
-            self._client.close()
-        # Anything left of it (its containerd, shims) runs from our private directory.
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if str(self.root).encode() in (proc / "cmdline").read_bytes():
-                        os.kill(int(proc.name), signal.SIGKILL)
-        with open("/proc/mounts") as mounts:
-            targets = [line.split()[1] for line in mounts if str(self.root) in line]
-        for target in sorted(targets, key=len, reverse=True):
-            subprocess.run(["umount", "-l", target], check=False, capture_output=True)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _shared_engine_env() -> dict[str, str]:
-    """The shared dockerd's environment (it has the GPU shim dir on PATH)."""
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(Path("/var/run/docker.pid").read_text().strip())
-        return Engine.capture(pid, "/var/run/docker.sock", Path("/dev/null")).env
-    return dict(os.environ)
-
-
 @pytest.fixture
 def private_engine() -> Iterator[PrivateEngine]:
+    """A Docker engine for this test alone: stopping the shared engine
+    (/var/run/docker.pid) would stop every container of every other test running on
+    this machine at the same time."""
     engine = PrivateEngine()
     try:
         yield engine.start()
@@ -280,9 +121,9 @@ def private_engine() -> Iterator[PrivateEngine]:
 
 @pytest.mark.timeout(300)
 def test_kill_9_mid_provision_keeps_leases_and_leaks_nothing(
-    proxy: DockerProxy, make_scheduler: Callable[..., Scheduler]
+    gpu_engine: PrivateEngine, gpu_proxy: DockerProxy, make_scheduler: Callable[..., Scheduler]
 ) -> None:
-    s = make_scheduler(DOCKER_HOST=proxy.url, LOCAL_GPU_DEVICES="0")
+    s = make_scheduler(engine=gpu_engine.url, DOCKER_HOST=gpu_proxy.url, LOCAL_GPU_DEVICES="0")
     bodies: list[dict[str, Any]] = [
         {"kind": "renderer", "correlation_id": "job-1", "ttl_seconds": 3600},
         {"kind": "anim", "owner_id": "anim-service", "ttl_seconds": 7200},
@@ -299,12 +140,12 @@ def test_kill_9_mid_provision_keeps_leases_and_leaks_nothing(
     assert lease_ids_of(s.containers()) == ids
 
     # The 6th acquire: its container gets created, its start is held by the proxy.
-    proxy.delay(START, 30)
+    gpu_proxy.delay(START, 30)
     with own_client(s) as client:
         thread, outcome = in_thread(
             lambda: client.post("/v1/lease", json={"kind": "anim", "correlation_id": "doomed"})
         )
-        proxy.wait_held(1, timeout=60)
+        gpu_proxy.wait_held(1, timeout=60)
         extra = wait_for(
             lambda: [c for c in s.containers() if c.labels[LEASE_LABEL] not in ids],
             60, what="the 6th container",
@@ -314,13 +155,13 @@ def test_kill_9_mid_provision_keeps_leases_and_leaks_nothing(
         assert db_state(s, doomed) == "provisioning"
 
         s.kill()
-        proxy.clear()
+        gpu_proxy.clear()
         thread.join(60)
     assert not thread.is_alive()
     # The caller of the 6th acquire never got a lease: the connection died under it.
     assert "response" not in outcome, outcome["response"].text
     assert isinstance(outcome["error"], httpx.TransportError)
-    proxy.wait_held(0, timeout=30)  # the held start was dropped, never forwarded
+    gpu_proxy.wait_held(0, timeout=30)  # the held start was dropped, never forwarded
 
     s.start()
 

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.engines import PrivateEngine
 from tests.harness import SECRET, Scheduler, docker_client, wait_for
 from tests.runpod_emulator import RunPodEmulator
 
@@ -693,8 +694,11 @@ def test_providers_view_shows_static_capacity_and_use(make_scheduler: Make) -> N
     assert after["in_use"] == 1 and after["gpu"]["none"] == {"capacity": 3, "in_use": 1}
 
 
-def test_providers_view_shows_docker_workers_and_gpus(make_scheduler: Make) -> None:
-    sched = make_scheduler(LOCAL_DOCKER_MAX_WORKERS="3", LOCAL_GPU_DEVICES="0,1")
+def test_providers_view_shows_docker_workers_and_gpus(
+    gpu_engine: PrivateEngine, make_scheduler: Make
+) -> None:
+    sched = make_scheduler(engine=gpu_engine.url, LOCAL_DOCKER_MAX_WORKERS="3",
+                           LOCAL_GPU_DEVICES="0,1")
 
     def view() -> dict[str, Any]:
         response = sched.http.get("/v1/providers")

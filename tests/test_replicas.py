@@ -47,7 +47,8 @@ import httpx
 import pytest
 
 from tests.dockerproxy import DockerProxy
-from tests.harness import SECRET, Scheduler, database_url, docker_client, wait_for
+from tests.engines import PrivateEngine
+from tests.harness import SECRET, Scheduler, database_url, wait_for
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
 START = r"^POST /v[\d.]+/containers/[^/?]+/start(\?|$)"
@@ -64,8 +65,9 @@ Replicas = Callable[..., list[Scheduler]]
 def replicas(tmp_path: Path) -> Iterator[Replicas]:
     """`replicas(n=2, database=None, each=None, **env)`: n scheduler processes sharing a
     fresh PostgreSQL database (or `database`), one SCHEDULER_INSTANCE and one
-    DOCKER_NETWORK; `each[i]` adds environment for replica i only. They are started
-    together and are all killed, their containers removed, at the end of the test."""
+    DOCKER_NETWORK (and one `engine=`, see Scheduler); `each[i]` adds environment for
+    replica i only. They are started together and are all killed, their containers
+    removed, at the end of the test."""
     started: list[Scheduler] = []
     with contextlib.ExitStack() as stack:
 
@@ -152,8 +154,8 @@ def total(group: list[Scheduler], name: str, **labels: str) -> float:
 
 
 def device_ids(container: Any) -> list[str]:
-    requests = docker_client().api.inspect_container(container.id)["HostConfig"][
-        "DeviceRequests"] or []
+    """The GPU ids of a container as inspected (`containers.get`)."""
+    requests = container.attrs["HostConfig"]["DeviceRequests"] or []
     return [d for r in requests for d in r["DeviceIDs"]]
 
 
@@ -211,8 +213,10 @@ def test_capacity_cap_holds_across_replicas(replicas: Replicas) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_gpu_devices_are_exclusive_across_replicas(replicas: Replicas) -> None:
-    group = replicas(LOCAL_GPU_DEVICES="0,1")
+def test_gpu_devices_are_exclusive_across_replicas(
+    gpu_engine: PrivateEngine, replicas: Replicas
+) -> None:
+    group = replicas(engine=gpu_engine.url, LOCAL_GPU_DEVICES="0,1")
     responses = burst(split(12, group, {"kind": "renderer", "gpu": "entry"}))
 
     expect(responses, {200: 2, 503: 10})
@@ -226,11 +230,11 @@ def test_gpu_devices_are_exclusive_across_replicas(replicas: Replicas) -> None:
 
     # A device freed on one replica is handed out by the other.
     release_all(group, leases[:1])
-    freed = device_ids(docker_client().containers.get(leases[1]["provider_token"]))
+    freed = device_ids(gpu_engine.client.containers.get(leases[1]["provider_token"]))
     again = burst(split(4, group, {"kind": "anim", "gpu": "entry"}))
     expect(again, {200: 1, 503: 3})
     (lease,) = [r.json()["lease"] for r in again if r.status_code == 200]
-    assert device_ids(docker_client().containers.get(lease["provider_token"])) != freed
+    assert device_ids(gpu_engine.client.containers.get(lease["provider_token"])) != freed
     release_all(group, [leases[1], lease])
     assert group[0].containers() == []
 

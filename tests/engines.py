@@ -1,0 +1,195 @@
+"""Docker engines of the tests' own: a dockerd process next to the shared one, that a test
+may stop for real (tests/test_faults.py), or that accepts GPU device requests on a
+machine without GPUs (the session's `gpu_engine` fixture in tests/conftest.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from tests.harness import INSTANCE_LABEL, WORKER_IMAGE, docker_client, list_containers, wait_for
+
+# Docker accepts a device request with the `gpu` capability only when this binary is on
+# dockerd's PATH when it starts; runc then runs it as a prestart hook of the container.
+GPU_HOOK = "nvidia-container-runtime-hook"
+_NO_OP_HOOK = """#!/bin/sh
+# Test shim: accepts Docker's GPU device requests on a machine without GPUs.
+cat >/dev/null
+exit 0
+"""
+
+
+class Engine:
+    """A dockerd process: stopped with SIGTERM, started again with the very argv and
+    environment it had (read from /proc), in a session of its own like `setsid dockerd`.
+    With `own_netns`, it is started in a fresh network namespace (`unshare --net`)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], sock: str, log: Path,
+                 own_netns: bool = False) -> None:
+        self.argv, self.env, self.sock, self.log = argv, env, sock, log
+        self.own_netns = own_netns
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+
+    @classmethod
+    def capture(cls, pid: int, sock: str, log: Path, own_netns: bool = False) -> Engine:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+        engine = cls([a.decode() for a in argv if a], env, sock, log, own_netns)
+        engine.pid = pid
+        return engine
+
+    def answers(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(3)
+                s.connect(self.sock)
+                s.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+                return b" 200 " in s.recv(4096)
+        except OSError:
+            return False
+
+    def running(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            return False
+        return state != "Z"
+
+    def start(self, timeout: float = 90) -> None:
+        with open(self.log, "ab") as log:
+            # `unshare` execs dockerd: the child's pid is dockerd's.
+            prefix = ["unshare", "--net", "--"] if self.own_netns else []
+            self.proc = subprocess.Popen(
+                [*prefix, *self.argv], env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,  # what `setsid` does
+            )
+        self.pid = self.proc.pid
+        try:
+            wait_for(self.answers, timeout, interval=0.2, what=f"dockerd on {self.sock}")
+        except AssertionError as exc:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{exc}; dockerd log ends:\n{tail}") from None
+
+    def stop(self, timeout: float = 90) -> None:
+        """SIGTERM and wait until it has exited and its socket no longer answers.
+        (dockerd stops the running containers first: about 10 s each at most, in
+        parallel.)"""
+        if self.pid is not None and self.running():
+            os.kill(self.pid, signal.SIGTERM)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        wait_for(lambda: not self.running(), timeout, interval=0.2, what="dockerd to exit")
+        wait_for(lambda: not self.answers(), timeout, interval=0.2, what="the socket to go quiet")
+
+    def kill(self) -> None:
+        if self.pid is not None and self.running():
+            os.kill(self.pid, signal.SIGKILL)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
+
+
+class PrivateEngine:
+    """A second, private Docker engine: the shared engine's binary with its own data
+    root, exec root, socket and pid file, and its own network namespace, holding a copy
+    of the worker image. The scheduler only needs its unix socket.
+
+    The namespace matters: a second dockerd in the host's namespace deletes the shared
+    engine's `docker0` (with `--bridge=none`, or when it restarts with
+    `--default-address-pool`). In its own namespace its `docker0` and the bridge
+    networks the scheduler creates (DOCKER_NETWORK) are its own, from the default
+    address pools, with no collision with the shared engine's.
+
+    With `gpu_shim`, a no-op `nvidia-container-runtime-hook` of its own is first on its
+    PATH, so it accepts GPU device requests whatever the shared engine was started
+    with (tests only: never on a real GPU host)."""
+
+    def __init__(self, gpu_shim: bool = False) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="oa-eng-", dir="/tmp"))
+        self.sock = str(self.root / "docker.sock")  # unix socket paths: 107 bytes at most
+        self.pidfile = self.root / "docker.pid"
+        self.url = f"unix://{self.sock}"
+        self.gpu_shim = gpu_shim
+        self.engine: Engine | None = None
+        self._client: docker.DockerClient | None = None
+
+    def start(self) -> PrivateEngine:
+        argv = [
+            shutil.which("dockerd") or "dockerd",
+            "--data-root", str(self.root / "data"),
+            "--exec-root", str(self.root / "x"),
+            "--pidfile", str(self.pidfile),
+            "-H", self.url,
+            "--iptables=false", "--ip-forward=false",
+        ]
+        env = dict(os.environ)
+        if self.gpu_shim:
+            shim_dir = self.root / "gpu-shim"
+            shim_dir.mkdir()
+            hook = shim_dir / GPU_HOOK
+            hook.write_text(_NO_OP_HOOK)
+            hook.chmod(0o755)
+            env["PATH"] = f"{shim_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        self.engine = Engine(argv, env, self.sock, self.root / "dockerd.log", own_netns=True)
+        self.engine.start()
+        # The worker image, copied from the shared engine: no registry is needed.
+        image = b"".join(docker_client().images.get(WORKER_IMAGE).save(named=True))
+        self.client.images.load(image)
+        return self
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = docker.DockerClient(base_url=self.url, version="1.41", timeout=120)
+        return self._client
+
+    def containers(self, instance: str) -> list[Any]:
+        return list_containers(self.client, all=True,
+                               filters={"label": f"{INSTANCE_LABEL}={instance}"})
+
+    def running_pid(self) -> int:
+        return int(self.pidfile.read_text().strip())
+
+    def adopt(self, engine: Engine) -> None:
+        """`engine` (captured from /proc and restarted) is now the running one."""
+        if self.engine is not None and self.engine.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.engine.proc.wait(30)  # reap the first process, stopped meanwhile
+        self.engine = engine
+
+    def destroy(self) -> None:
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                if self.engine.answers():
+                    for container in self.client.containers.list(all=True):
+                        container.remove(force=True)
+            with contextlib.suppress(Exception):
+                self.engine.stop(timeout=60)
+            self.engine.kill()
+        if self._client is not None:
+            self._client.close()
+        # Anything left of it (its containerd, shims) runs from our private directory.
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if str(self.root).encode() in (proc / "cmdline").read_bytes():
+                        os.kill(int(proc.name), signal.SIGKILL)
+        with open("/proc/mounts") as mounts:
+            targets = [line.split()[1] for line in mounts if str(self.root) in line]
+        for target in sorted(targets, key=len, reverse=True):
+            subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
