@@ -365,17 +365,18 @@ def seed_active_leases(db_path: Path, count: int, provider: str = "local-docker"
 
 
 async def reference_body(db_path: Path) -> bytes:
-    """GET /v1/leases as the service rendered it before the listing cache: every row
-    loaded as a LeaseRecord, .wire(), then starlette's JSONResponse encoding."""
+    """GET /v1/leases rendered the plain way: every active row read with sqlite3 (the
+    running service holds the store), loaded as a LeaseRecord, .wire(), then
+    starlette's JSONResponse encoding."""
     import json
+    import sqlite3
 
-    from openalice_scheduler.store import LeaseStore
+    from openalice_scheduler.store import LeaseRecord
 
-    store = LeaseStore(f"sqlite:///{db_path}")
-    try:
-        wire = await store.list_wire()
-    finally:
-        await store.close()
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        rows = conn.execute("SELECT * FROM leases WHERE state = 'active' "
+                            "ORDER BY created_at").fetchall()
+    wire = [LeaseRecord(*row).wire() for row in rows]
     return json.dumps(wire, ensure_ascii=False, allow_nan=False, indent=None,
                       separators=(",", ":")).encode()
 

@@ -16,7 +16,7 @@ from openalice_scheduler.models import LeaseRequest, WorkerKind
 from openalice_scheduler.policy import OrderedFirstAvailable
 from openalice_scheduler.providers.docker import LocalDockerProvider
 from openalice_scheduler.service import LeaseService
-from openalice_scheduler.store import LeaseStore
+from openalice_scheduler.store import open_store
 from tests.harness import SECRET, WORKER_IMAGE, remove_instance
 
 
@@ -33,7 +33,7 @@ def docker_provider(name: str, instance: str, image: str) -> LocalDockerProvider
 @pytest.fixture
 async def service(tmp_path: Path):  # type: ignore[no-untyped-def]
     instance = f"t-{uuid.uuid4().hex[:10]}"
-    store = LeaseStore(f"sqlite:///{tmp_path / 'failover.db'}")
+    store = open_store(f"sqlite:///{tmp_path / 'failover.db'}")
     await store.migrate()
     broken = docker_provider("broken-docker", instance, "openalice-no-such-image:0")
     working = docker_provider("local-docker", instance, WORKER_IMAGE)

@@ -24,7 +24,7 @@ from openalice_scheduler.errors import (
     ProvisionFailed,
     ReleaseFailed,
 )
-from openalice_scheduler.loops import Reconciler, Sweeper
+from openalice_scheduler.loops import Alarm, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
 from openalice_scheduler.policy import OrderedFirstAvailable
@@ -36,7 +36,7 @@ from openalice_scheduler.providers.runpod.client import (
     RestClient,
 )
 from openalice_scheduler.service import LeaseService
-from openalice_scheduler.store import LeaseStore
+from openalice_scheduler.store import LeaseStore, open_store
 from tests.harness import SECRET
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 
@@ -745,14 +745,15 @@ async def make_stack(
     stores: list[LeaseStore] = []
 
     async def make(api: str, **overrides: Any) -> Stack:
-        store = LeaseStore(f"sqlite:///{tmp_path / f'runpod-{len(stores)}.db'}")
+        store = open_store(f"sqlite:///{tmp_path / f'runpod-{len(stores)}.db'}")
         stores.append(store)
         await store.migrate()
         provider = make_provider(api, **overrides)
         service = LeaseService(store, [provider], OrderedFirstAvailable(), Metrics(),
                                NoOpTracer(), provision_timeout=20)
         reconciler = Reconciler(service, NoOpTracer(), 60, 20, replica_timeout=30)
-        return Stack(service, provider, reconciler, Sweeper(service, NoOpTracer(), 60))
+        sweeper = Sweeper(service, Alarm(service.now_us), NoOpTracer(), 60)
+        return Stack(service, provider, reconciler, sweeper)
 
     yield make
     for store in stores:

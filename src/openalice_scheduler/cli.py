@@ -78,8 +78,9 @@ def serve() -> None:
     import uvicorn
 
     from openalice_scheduler.api.protocol import lease_protocol
-    from openalice_scheduler.app import StartupError, create_app
+    from openalice_scheduler.app import create_app
     from openalice_scheduler.config import Settings, describe_validation_error
+    from openalice_scheduler.errors import StartupError
     from openalice_scheduler.logs import configure_logging
     from openalice_scheduler.providers import ProviderConfigError
 

@@ -63,6 +63,11 @@ class NoProviderAvailable(SchedulerError):
     code = "no_provider_available"
     status = 503
 
+    def __init__(self, message: str, *, at_capacity: bool = False, **details: Any) -> None:
+        super().__init__(message, **details)
+        # Whether a provider refused for capacity (waiting may help); not in the body.
+        self.at_capacity = at_capacity
+
     @property
     def retry_after(self) -> int | None:
         """Seconds until capacity may free up (the `Retry-After` header), when known."""
@@ -102,3 +107,7 @@ class ProviderError(Exception):
 
 class ProviderUnavailable(ProviderError):
     """The backend cannot be reached at all (engine down, API unreachable)."""
+
+
+class StartupError(RuntimeError):
+    """The service cannot start; the message says why in one line."""

@@ -8,27 +8,26 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from opentelemetry.trace import Tracer
 
 from openalice_scheduler.errors import ProviderError, StoreUnavailable
-from openalice_scheduler.models import LeaseState, ReleaseReason
+from openalice_scheduler.models import LeaseState
 from openalice_scheduler.providers import Provider
 from openalice_scheduler.service import LeaseService
-from openalice_scheduler.store import LeaseRecord
 
 log = logging.getLogger(__name__)
 _MIN_WAIT_S = 0.005
 RECONCILE_LOCK = "reconcile"
-_MAX_PARALLEL_RELEASES = 16
 
 
 class LoopService:
     name = "loop"
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, *, wake: asyncio.Event | None = None) -> None:
         self.interval = interval
-        self._wake = asyncio.Event()
+        self._wake = wake or asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -79,54 +78,52 @@ class LoopService:
         self._wake.clear()
 
 
+class Alarm:
+    """When the sweeper should next look: told of every moment something becomes due
+    (`due`, the service's `on_due`), it wakes the sweeper when that comes before the
+    sweeper's next pass."""
+
+    def __init__(self, now_us: Callable[[], int]) -> None:
+        self.now_us = now_us
+        self.event = asyncio.Event()
+        self.wake_at = math.inf  # monotonic time the sweeper will next wake
+
+    def due(self, at_us: int) -> None:
+        if time.monotonic() + (at_us - self.now_us()) / 1e6 < self.wake_at:
+            self.event.set()
+
+
 class Sweeper(LoopService):
-    """Releases expired leases and retries failed releases. Wakes at the next known
-    expiry or retry, so expiry never waits for a whole interval."""
+    """Has the service release expired leases and retry failed releases. Wakes at the
+    next known expiry or retry, so expiry never waits for a whole interval."""
 
     name = "sweeper"
 
-    def __init__(self, service: LeaseService, tracer: Tracer, interval: float) -> None:
-        super().__init__(interval)
+    def __init__(self, service: LeaseService, alarm: Alarm, tracer: Tracer,
+                 interval: float) -> None:
+        super().__init__(interval, wake=alarm.event)
         self.service = service
+        self.alarm = alarm
         self.tracer = tracer
-        self._wake_at: float = math.inf  # monotonic time the loop will next wake
-        self._limit = asyncio.Semaphore(_MAX_PARALLEL_RELEASES)
-        service.on_due = self.notify
-
-    def notify(self, due_us: int) -> None:
-        """Something becomes due at `due_us`: wake now if that is before the next pass."""
-        due_in = (due_us - self.service.now_us()) / 1e6
-        if time.monotonic() + due_in < self._wake_at:
-            self.wake()
 
     async def run_once(self) -> int:
         with self.tracer.start_as_current_span("sweep") as span:
-            now = self.service.now_us()
-            claimed = await self.service.store.claim_expired(now=now)
-            claimed += await self.service.store.claim_retries(now=now)
-            span.set_attribute("leases", len(claimed))
-            if claimed:
-                await asyncio.gather(*(self._destroy(record) for record in claimed))
-            return len(claimed)
+            released = await self.service.release_due()
+            span.set_attribute("leases", released)
+            return released
 
     async def next_wait(self) -> float:
-        # While the next due time is being read, any notify() must wake the loop: a lease
-        # activated after the read but before `_wake_at` is set below was otherwise
-        # compared with the stale (past) `_wake_at`, ignored, and left to wait a whole
-        # interval (30 s by default) past its expiry.
-        self._wake_at = math.inf
+        # While the next due time is being read, any `due` must wake the loop: a lease
+        # activated after the read but before `wake_at` is set below was otherwise
+        # compared with the stale (past) `wake_at`, ignored, and left to wait a whole
+        # interval past its expiry.
+        self.alarm.wake_at = math.inf
         due = await self.service.store.next_due()
         wait = self.interval
         if due is not None:
             wait = min(wait, max(0.0, (due - self.service.now_us()) / 1e6))
-        self._wake_at = time.monotonic() + wait
+        self.alarm.wake_at = time.monotonic() + wait
         return wait
-
-    async def _destroy(self, record: LeaseRecord) -> None:
-        async with self._limit:
-            if record.release_reason == ReleaseReason.expired.value and not record.release_attempts:
-                log.info("lease %s expired; releasing", record.lease_id)
-            await self.service.destroy(record)
 
 
 class Reconciler(LoopService):
@@ -152,8 +149,9 @@ class Reconciler(LoopService):
         # One replica at a time: two reconcilers would race to destroy the same workers.
         lock_ttl = int(max(30.0, 3 * self.interval) * 1e6)
         gone_before = self._gone_before()
-        if not await store.try_lock(RECONCILE_LOCK, ttl_us=lock_ttl, now=self.service.now_us(),
-                                    holder_gone_before=gone_before):
+        if not await store.replicas.try_lock(RECONCILE_LOCK, ttl_us=lock_ttl,
+                                             now=self.service.now_us(),
+                                             holder_gone_before=gone_before):
             return totals
         try:
             with self.tracer.start_as_current_span("reconcile"):
@@ -168,7 +166,7 @@ class Reconciler(LoopService):
                     for key, value in found.items():
                         totals[key] += value
         finally:
-            await store.unlock(RECONCILE_LOCK)
+            await store.replicas.unlock(RECONCILE_LOCK)
         if any(totals.values()):
             log.info("reconcile: %s", ", ".join(f"{k}={v}" for k, v in totals.items()))
         return totals
@@ -183,12 +181,9 @@ class Reconciler(LoopService):
 
     async def _alive_replicas(self, gone_before: int | None) -> set[str] | None:
         """The replicas alive now; None when every replica counts as alive."""
-        store = self.service.store
-        if store.dialect == "sqlite":
-            return {store.replica_id}  # one process per SQLite file: any other is gone
         if gone_before is None:
             return None
-        return await store.alive_replicas(since=gone_before)
+        return await self.service.store.replicas.alive(since=gone_before)
 
     async def _reconcile(self, provider: Provider, alive: set[str] | None) -> dict[str, int]:
         service, store = self.service, self.service.store
@@ -211,17 +206,8 @@ class Reconciler(LoopService):
             abandoned = record.replica_id == store.replica_id
             if not (crashed or abandoned or record.updated_at < stale_before):
                 continue
-            # Recorded `failed` first, by a guarded update, and only then the worker
-            # destroyed: should the acquire still be running after all (its replica only
-            # seemed gone), its `activate` finds the lease resolved and destroys its own
-            # worker; never is a worker destroyed under an active lease. A worker left
-            # here (provider error) is an orphan for the next pass.
-            if await store.fail(record.lease_id, error="scheduler stopped while provisioning",
-                                now=service.now_us()):
-                service.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
-                service.capacity_freed()
+            if await service.fail_abandoned(provider, record):
                 counts["failed"] += 1
-                await provider.release("", record.lease_id)
 
         if workers is None:
             return counts  # the provider does not make workers: none can drift
@@ -251,10 +237,7 @@ class Reconciler(LoopService):
             else:
                 continue
             for info in extra:
-                await provider.release(info.provider_token, lease_id)
-                service.metrics.released.labels(provider.name, ReleaseReason.orphan.value).inc()
-                log.info("reconcile: destroyed orphan worker %s of lease %s on %s",
-                         info.provider_token[:12], lease_id, provider.name)
+                await service.destroy_orphan(provider, lease_id, info.provider_token)
                 counts["orphans"] += 1
         if foreign:
             log.warning("reconcile: %d worker(s) on %s carry this SCHEDULER_INSTANCE but "
@@ -267,12 +250,8 @@ class Reconciler(LoopService):
                 record.state == LeaseState.active
                 and vanished
                 and record.updated_at < listed_at
-                and await store.mark_lost(record.lease_id, now=service.now_us())
+                and await service.mark_lost(provider, record)
             ):
-                service.metrics.released.labels(provider.name, ReleaseReason.lost.value).inc()
-                service.capacity_freed()
-                log.warning("lease %s: worker vanished from %s; marked lost",
-                            record.lease_id, provider.name)
                 counts["lost"] += 1
         return counts
 
@@ -290,7 +269,7 @@ class Heartbeat(LoopService):
 
     async def run_once(self) -> None:
         try:
-            await self.service.store.heartbeat(now=self.service.now_us())
+            await self.service.store.replicas.heartbeat(now=self.service.now_us())
         except StoreUnavailable:
             self._failed_at = time.monotonic()
             raise

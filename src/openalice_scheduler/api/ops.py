@@ -25,7 +25,7 @@ async def metrics(request: Request) -> Response:
     try:
         counts = await state.service.store.count_by_state()
         owners = {}
-        for _provider, _gpu, owner, count in await state.service.store.count_held():
+        for _provider, _kind, _gpu, owner, count in await state.service.store.count_held():
             if owner is not None:
                 owners[owner] = owners.get(owner, 0) + count
     except StoreUnavailable:

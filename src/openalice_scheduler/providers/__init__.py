@@ -8,6 +8,7 @@ from collections.abc import Callable
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
     Availability,
+    InstantProvider,
     Provider,
     ProviderStatus,
     Worker,
@@ -91,6 +92,7 @@ def build_providers(settings: Settings) -> list[Provider]:
 __all__ = [
     "REGISTRY",
     "Availability",
+    "InstantProvider",
     "Provider",
     "ProviderConfigError",
     "ProviderSkipped",

@@ -62,6 +62,9 @@ class ProviderStatus:
     detail: str = ""
     # Per GPU class this provider serves: how many workers at most (None: no fixed cap).
     capacity: dict[str, int | None] = field(default_factory=dict)
+    # For a provider whose capacity is split by worker kind (static endpoints): per kind,
+    # per GPU class, how many workers at most. Without it, the kinds share `capacity`.
+    by_kind: dict[str, dict[str, int]] | None = None
 
 
 @runtime_checkable
@@ -81,16 +84,15 @@ class Provider(Protocol):
     - `list_workers()` returns every worker labelled as this scheduler instance's, by
       lease id, so reconciliation can find orphans and vanished workers; None when the
       provider does not make its workers (static endpoints): nothing to reconcile.
-    - A provider whose workers already exist (static endpoints) may also have
-      `assign(resource) -> (endpoint, provider_token)`: pure, no backend call. The
-      service then records such a lease `active` in the transaction that reserves it,
-      and `released` in the one that claims it, without calling provision or release.
+    - A provider whose workers already exist (static endpoints) is an InstantProvider.
     - `price(spec)` is the cost per hour of a worker for `spec` (None: unknown), for
       the cheapest-first policy; `status()` is its health and capacity per GPU class.
     """
 
     name: str
     max_workers: int
+    # What `exclusive_resources` are, in words for a refusal ("all 2 GPU devices are leased").
+    resource_label: str
 
     def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
         """The pool one of which this lease must hold exclusively (GPU devices), or None."""
@@ -109,3 +111,14 @@ class Provider(Protocol):
     async def status(self) -> ProviderStatus: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class InstantProvider(Provider, Protocol):
+    """A provider whose workers already run (static endpoints): nothing to create or
+    destroy. `assign(resource)` names the worker behind a reserved resource, as
+    (endpoint, provider_token), without calling anything; the service records such a
+    lease `active` in the transaction that reserves it, and `released` in the one that
+    releases it, and calls neither `provision` nor `release`."""
+
+    def assign(self, resource: str | None) -> tuple[str, str]: ...

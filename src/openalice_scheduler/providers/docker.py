@@ -51,6 +51,7 @@ def container_name(kind: str, lease_id: str) -> str:
 
 class LocalDockerProvider:
     name = "local-docker"
+    resource_label = "GPU devices"
 
     def __init__(self, settings: Settings, client: docker.DockerClient | None = None) -> None:
         self.instance = settings.scheduler_instance

@@ -93,9 +93,11 @@ class StaticProvider:
 
     async def status(self) -> ProviderStatus:
         capacity: dict[str, int | None] = {}
-        for (_kind, gpu), urls in self.pools.items():
+        by_kind: dict[str, dict[str, int]] = {}
+        for (kind, gpu), urls in self.pools.items():
             capacity[gpu.value] = (capacity.get(gpu.value) or 0) + len(urls)
-        return ProviderStatus(True, "", capacity)
+            by_kind.setdefault(kind.value, {})[gpu.value] = len(urls)
+        return ProviderStatus(True, "", capacity, by_kind)
 
     async def close(self) -> None:
         return None

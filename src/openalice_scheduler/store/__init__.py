@@ -1,16 +1,48 @@
-from openalice_scheduler.store.store import (
+"""The state store. `open_store` chooses the database once, from DATABASE_URL; the
+lease logic (leases.py) runs on either backend without asking which."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import make_url
+
+from openalice_scheduler.store.backend import Backend
+from openalice_scheduler.store.leases import LeaseStore
+from openalice_scheduler.store.records import (
     AtCapacity,
     DuplicateRequest,
     LeaseRecord,
-    LeaseStore,
     NewLease,
     OverQuota,
+    Terms,
     format_us,
     from_us,
     to_us,
 )
 
+
+def open_backend(database_url: str, *, sqlite_synchronous: str = "full") -> Backend:
+    """The backend for `database_url`: SQLite (one process per file) or PostgreSQL."""
+    url = make_url(database_url)
+    dialect = url.get_backend_name()
+    if dialect == "sqlite":
+        from openalice_scheduler.store.sqlite import SqliteBackend
+
+        return SqliteBackend(url, synchronous=sqlite_synchronous)
+    if dialect in ("postgresql", "postgres"):
+        from openalice_scheduler.store.postgres import PostgresBackend
+
+        return PostgresBackend(url)
+    raise ValueError(f"DATABASE_URL: unsupported scheme {dialect!r}")
+
+
+def open_store(
+    database_url: str, *, replica_id: str | None = None, sqlite_synchronous: str = "full",
+) -> LeaseStore:
+    backend = open_backend(database_url, sqlite_synchronous=sqlite_synchronous)
+    return LeaseStore(backend, replica_id=replica_id)
+
+
 __all__ = [
-    "AtCapacity", "DuplicateRequest", "LeaseRecord", "LeaseStore", "NewLease", "OverQuota",
-    "format_us", "from_us", "to_us",
+    "AtCapacity", "Backend", "DuplicateRequest", "LeaseRecord", "LeaseStore", "NewLease",
+    "OverQuota", "Terms", "format_us", "from_us", "open_backend", "open_store", "to_us",
 ]

@@ -64,6 +64,7 @@ class Candidate:
 
 class RunPodProvider:
     name = "runpod"
+    resource_label = "GPU devices"
 
     def __init__(self, settings: Settings, client: RunPodClient | None = None) -> None:
         assert settings.runpod_api_key is not None

@@ -1,0 +1,51 @@
+"""What `GET /v1/providers` shows of one provider: health, and capacity and use per GPU
+class, and per worker kind × GPU class."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from openalice_scheduler.models import GpuClass
+from openalice_scheduler.providers import Provider, ProviderStatus
+
+_GPU_ORDER = [g.value for g in GpuClass]
+
+
+def provider_view(
+    provider: Provider, status: ProviderStatus,
+    held: Sequence[tuple[str, str, str, str | None, int]],
+) -> dict[str, Any]:
+    """`held`: (provider, kind, gpu, owner, count) of the live leases of every provider."""
+    by_gpu: dict[str, int] = {}
+    by_kind: dict[str, dict[str, int]] = {}
+    for name, kind, gpu, _owner, count in held:
+        if name == provider.name:
+            by_gpu[gpu] = by_gpu.get(gpu, 0) + count
+            per_kind = by_kind.setdefault(kind, {})
+            per_kind[gpu] = per_kind.get(gpu, 0) + count
+    kinds = set(by_kind) | set(status.by_kind or {})
+    return {
+        "name": provider.name,
+        "healthy": status.healthy,
+        "detail": status.detail,
+        "max_workers": provider.max_workers or None,
+        "in_use": sum(by_gpu.values()),
+        "gpu": _use(status.capacity, by_gpu),
+        # Per kind: the capacity of that kind alone, where the provider splits it by
+        # kind (static endpoints); null where the kinds share the GPU class's capacity.
+        "kinds": {
+            kind: _use(
+                (status.by_kind or {}).get(kind, dict.fromkeys(status.capacity)),
+                by_kind.get(kind, {}),
+            )
+            for kind in sorted(kinds)
+        },
+    }
+
+
+def _use(capacity: dict[str, Any], in_use: dict[str, int]) -> dict[str, dict[str, Any]]:
+    return {
+        gpu: {"capacity": capacity.get(gpu), "in_use": in_use.get(gpu, 0)}
+        for gpu in sorted(set(capacity) | set(in_use), key=_GPU_ORDER.index)
+    }

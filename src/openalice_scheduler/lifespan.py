@@ -1,0 +1,106 @@
+"""What runs around serving: the store migrated and reconciled before the first request,
+the loops started, and everything closed again at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from openalice_scheduler.config import Settings
+from openalice_scheduler.errors import SchedulerError
+from openalice_scheduler.loops import Alarm, Heartbeat, Reconciler, Sweeper
+from openalice_scheduler.metrics import Metrics
+from openalice_scheduler.policy import build_policy
+from openalice_scheduler.providers import Provider
+from openalice_scheduler.service import Clock, LeaseService
+from openalice_scheduler.store import LeaseStore, to_us
+from openalice_scheduler.tracing import Tracing, service_version
+
+log = logging.getLogger(__name__)
+
+STARTUP_RECONCILE_TIMEOUT_S = 60.0
+# Blocking SDK calls (Docker) run in threads: enough of them for parallel provisions.
+PROVIDER_THREADS = 64
+
+
+def lifespan(
+    settings: Settings, store: LeaseStore, providers: Sequence[Provider], metrics: Metrics,
+    tracing: Tracing, clock: Clock,
+) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: sets `app.state.service` (and the loops) while it serves."""
+
+    @asynccontextmanager
+    async def run(app: Any) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=PROVIDER_THREADS, thread_name_prefix="provider")
+        )
+        try:
+            await store.migrate()
+            alarm = Alarm(lambda: to_us(clock()))
+            service = LeaseService(
+                store, providers, build_policy(settings.policy), metrics, tracing.tracer,
+                provision_timeout=settings.provision_timeout_seconds,
+                max_leases_per_owner=settings.max_leases_per_owner, clock=clock,
+                on_due=alarm.due,
+            )
+            sweeper = Sweeper(service, alarm, tracing.tracer, settings.sweep_interval_seconds)
+            beat = min(5.0, settings.reconcile_interval_seconds / 2)
+            heartbeat = Heartbeat(service, beat)
+            reconciler = Reconciler(
+                service, tracing.tracer, settings.reconcile_interval_seconds,
+                settings.provision_timeout_seconds, replica_timeout=3 * beat + 1,
+                heartbeat=heartbeat,  # a store outage is not the other replicas' death
+            )
+            await heartbeat.run_once()
+            app.state.service, app.state.sweeper, app.state.reconciler = (
+                service, sweeper, reconciler,
+            )
+            reconciled = await _before_serving(service, reconciler, sweeper)
+            sweeper.start()
+            # The loop's first pass comes an interval after the one just made, at once
+            # when that one failed.
+            reconciler.start(first_wait=settings.reconcile_interval_seconds if reconciled else 0)
+            heartbeat.start()
+            # Waiters here hear of capacity freed on other replicas too.
+            listener = asyncio.create_task(store.listen_capacity(service.capacity_freed))
+            log.info("openalice-scheduler %s serving: providers=%s, store=%s",
+                     service_version(), ",".join(p.name for p in providers),
+                     store.backend.name)
+            yield
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            for loop in (sweeper, reconciler, heartbeat):
+                await loop.stop()
+        finally:
+            for provider in providers:
+                await provider.close()
+            await store.close()
+            tracing.shutdown()
+
+    return run
+
+
+async def _before_serving(service: LeaseService, reconciler: Reconciler,
+                          sweeper: Sweeper) -> bool:
+    """Resolve what a crash left and release what expired meanwhile, before serving.
+    Whether the reconciliation finished (else the loop retries at once)."""
+    try:
+        await service.recover_after_restart()
+        await asyncio.wait_for(reconciler.run_once(), STARTUP_RECONCILE_TIMEOUT_S)
+    except (TimeoutError, SchedulerError) as exc:
+        log.warning("start-up reconciliation incomplete (%s); the loop retries",
+                    type(exc).__name__)
+        return False
+    try:
+        # Without this sweep, leases that expired while the service was down would be
+        # released only once the service already answered.
+        await asyncio.wait_for(sweeper.run_once(), STARTUP_RECONCILE_TIMEOUT_S)
+    except (TimeoutError, SchedulerError) as exc:
+        log.warning("start-up sweep incomplete (%s); the loop retries", type(exc).__name__)
+    return True

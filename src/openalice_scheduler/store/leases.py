@@ -1,0 +1,428 @@
+"""LeaseStore: every read and every state change of a lease.
+
+Every state change is a guarded update (`... WHERE state IN <expected>`), so two actors
+racing on one lease (a DELETE and the sweeper, two replicas) never both win. Providers
+are never called from inside a transaction here: the service loads, acts outside, then
+applies the outcome. Which database runs the transactions is the backend's business
+(store/backend.py); nothing here asks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import func, select, text, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
+from openalice_scheduler.store.backend import Backend
+from openalice_scheduler.store.listing import ListingEncoder, wire_rows
+from openalice_scheduler.store.records import (
+    WIRE_COLUMNS,
+    AtCapacity,
+    DuplicateRequest,
+    LeaseRecord,
+    NewLease,
+    OverQuota,
+    Terms,
+    record_of,
+    wire_of,
+)
+from openalice_scheduler.store.replicas import Replicas
+from openalice_scheduler.store.schema import leases, store_identity
+
+# A worker's release is being attempted by someone: nobody else retries it before then.
+RELEASE_CLAIM_US = 60_000_000
+_LIVE = [s.value for s in LIVE_STATES]
+# What counts against an owner's quota and answers an idempotent replay.
+_HELD = [LeaseState.provisioning.value, LeaseState.active.value]
+# Check of a lease in a release's transaction; raises to refuse (None: unknown lease).
+Check = Callable[[LeaseRecord | None], None]
+
+
+class LeaseStore:
+    def __init__(self, backend: Backend, *, replica_id: str | None = None) -> None:
+        self.backend = backend
+        # This process among the replicas sharing the store: it marks the leases it
+        # provisions, so another replica can tell a crashed provision from a slow one.
+        self.replica_id = replica_id or uuid.uuid4().hex
+        self.replicas = Replicas(backend, self.replica_id)
+        # The store's own id (schema.store_identity), known once migrated.
+        self.store_id: str | None = None
+        self._listing = ListingEncoder()
+
+    @property
+    def path(self) -> Path | None:
+        return self.backend.path
+
+    async def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision; then `store_id` is known."""
+        await self.backend.write(self._upgrade)
+        self.store_id = await self.backend.read(
+            lambda conn: conn.execute(select(store_identity.c.store_id)).scalar_one()
+        )
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def ping(self) -> None:
+        await self.backend.read(lambda conn: conn.execute(text("SELECT 1")))
+
+    # --- acquire ---------------------------------------------------------------------
+
+    async def reserve(self, lease: NewLease, provider: str, terms: Terms) -> str | None:
+        """Record `lease` as `provisioning` on `provider`, atomically checking `terms`
+        (the provider's cap, one free exclusive resource, the owner's quota). Returns
+        the resource taken. Called again for the same lease after a failed provider, it
+        moves the lease and its reservation to `provider`.
+
+        Raises AtCapacity, OverQuota, or DuplicateRequest when another live lease has
+        the same owner_id and correlation_id."""
+        record = await self._reserve(lease, provider, terms, None)
+        return record.resource
+
+    async def reserve_active(
+        self, lease: NewLease, provider: str, terms: Terms,
+        assign: Callable[[str | None], tuple[str, str]],
+    ) -> LeaseRecord:
+        """`reserve` for a worker that already exists (static endpoints): `assign(resource)`
+        names its (endpoint, provider_token), and the lease is recorded `active` in the
+        same transaction."""
+        return await self._reserve(lease, provider, terms, assign)
+
+    async def _reserve(
+        self, lease: NewLease, provider: str, terms: Terms,
+        assign: Callable[[str | None], tuple[str, str]] | None,
+    ) -> LeaseRecord:
+        try:
+            return await self.backend.write(self._reserve_tx, lease, provider, terms, assign)
+        except IntegrityError as exc:
+            # Another replica won the race for this (owner_id, correlation_id).
+            existing = await self.find_request(lease.owner_id, lease.correlation_id)
+            if existing is None:
+                raise
+            raise DuplicateRequest(existing.lease_id) from exc
+
+    def _reserve_tx(
+        self, conn: Connection, lease: NewLease, provider: str, terms: Terms,
+        assign: Callable[[str | None], tuple[str, str]] | None,
+    ) -> LeaseRecord:
+        # Serialised per owner (quota, idempotency), then per provider (cap, devices).
+        if lease.owner_id:
+            self.backend.lock(conn, f"owner:{lease.owner_id}")
+        self.backend.lock(conn, f"provider:{provider}")
+        others = leases.c.lease_id != lease.lease_id
+        if lease.owner_id and lease.correlation_id:
+            twin = conn.execute(select(leases.c.lease_id).where(
+                leases.c.owner_id == lease.owner_id,
+                leases.c.correlation_id == lease.correlation_id,
+                leases.c.state.in_(_HELD), others,
+            )).scalar()
+            if twin is not None:
+                raise DuplicateRequest(twin)
+        if lease.owner_id and terms.owner_quota:
+            held = conn.execute(select(func.count()).where(
+                leases.c.owner_id == lease.owner_id, leases.c.state.in_(_HELD), others,
+            )).scalar_one()
+            if held >= terms.owner_quota:
+                raise OverQuota(f"owner {lease.owner_id!r} holds {held} leases; "
+                                f"MAX_LEASES_PER_OWNER is {terms.owner_quota}")
+        live_here = (leases.c.provider == provider, leases.c.state.in_(_LIVE), others)
+        if terms.max_live:
+            count = conn.execute(select(func.count()).where(*live_here)).scalar_one()
+            if count >= terms.max_live:
+                raise AtCapacity(f"at capacity ({count}/{terms.max_live} live workers)")
+        resource = None
+        if terms.resources is not None:
+            taken = set(conn.execute(select(leases.c.resource).where(
+                *live_here, leases.c.resource.is_not(None))).scalars())
+            resource = next((r for r in terms.resources if r not in taken), None)
+            if resource is None:
+                raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} "
+                                 "are leased")
+        values: dict[str, Any] = {
+            "provider": provider, "state": LeaseState.provisioning.value,
+            "resource": resource, "updated_at": terms.now, "replica_id": self.replica_id,
+        }
+        if assign is not None:
+            values["state"] = LeaseState.active.value
+            values["endpoint"], values["provider_token"] = assign(resource)
+        # Moved from a provider that failed to provision it, or new.
+        moved = _transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
+        if moved is not None:
+            return moved
+        row = conn.execute(leases.insert().values({
+            "lease_id": lease.lease_id, "kind": lease.kind, "gpu": lease.gpu,
+            "owner_id": lease.owner_id, "correlation_id": lease.correlation_id,
+            "region": lease.region, "ttl_seconds": lease.ttl_seconds,
+            "created_at": lease.created_at, "expires_at": lease.expires_at,
+            "endpoint": "", "provider_token": "", "release_attempts": 0, **values,
+        }).returning(*leases.c)).one()
+        return record_of(row)
+
+    async def activate(
+        self, lease_id: str, *, endpoint: str, provider_token: str, now: int
+    ) -> LeaseRecord | None:
+        """provisioning → active. None when the lease is no longer provisioning (a
+        reconciler resolved it meanwhile): the caller must destroy its worker."""
+        return await self._transition(
+            lease_id, (LeaseState.provisioning,), state=LeaseState.active.value,
+            endpoint=endpoint, provider_token=provider_token, updated_at=now,
+        )
+
+    async def fail(self, lease_id: str, *, error: str, now: int) -> LeaseRecord | None:
+        """provisioning → failed (its worker, if any, is destroyed by the caller)."""
+        return await self._transition(
+            lease_id, (LeaseState.provisioning,), frees=True,
+            state=LeaseState.failed.value, release_reason=ReleaseReason.failed.value,
+            released_at=now, last_error=error[:2000], updated_at=now,
+        )
+
+    # --- release ---------------------------------------------------------------------
+
+    async def claim_release(
+        self, lease_id: str, reason: ReleaseReason, *, now: int, check: Check | None = None,
+        at_once: Sequence[str] = (),
+    ) -> LeaseRecord | None:
+        """active|releasing → releasing, claimed for one attempt (an explicit release of
+        a lease already `releasing` claims it again: the caller wants it gone now). A
+        lease on one of the providers `at_once` (nothing to destroy) goes straight to
+        `released`. In the same transaction, `check` first sees the lease as it is and
+        may refuse by raising. None when the lease was in neither state."""
+        def _tx(conn: Connection) -> LeaseRecord | None:
+            row = conn.execute(select(leases).where(leases.c.lease_id == lease_id)).first()
+            current = record_of(row) if row else None
+            if check is not None:
+                check(current)
+            if current is not None and current.provider in at_once:
+                return _transition_tx(conn, lease_id, _RELEASABLE,
+                                      _released(now, reason), self.backend)
+            return _transition_tx(conn, lease_id, _RELEASABLE, {
+                "state": LeaseState.releasing.value, "release_reason": reason.value,
+                "next_attempt_at": now + RELEASE_CLAIM_US, "updated_at": now,
+            })
+
+        return await self.backend.write(_tx)
+
+    async def claim_expired(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
+        """Active leases past `expires_at`, moved to `releasing` (reason `expired`)."""
+        return await self._claim_due(LeaseState.active, leases.c.expires_at, now, limit,
+                                     release_reason=ReleaseReason.expired.value)
+
+    async def claim_retries(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
+        """`releasing` leases whose next attempt is due, claimed for one attempt."""
+        return await self._claim_due(LeaseState.releasing, leases.c.next_attempt_at, now,
+                                     limit)
+
+    async def _claim_due(
+        self, state: LeaseState, due: Any, now: int, limit: int, **values: Any
+    ) -> list[LeaseRecord]:
+        """Leases in `state` whose `due` column has come, each claimed for one release
+        attempt by a guarded update (a racing claimer may win some)."""
+        def _tx(conn: Connection) -> list[LeaseRecord]:
+            ids = conn.execute(
+                select(leases.c.lease_id).where(leases.c.state == state.value, due <= now)
+                .order_by(due).limit(limit)
+            ).scalars().all()
+            claimed = []
+            for lease_id in ids:
+                row = conn.execute(
+                    update(leases).where(leases.c.lease_id == lease_id,
+                                         leases.c.state == state.value, due <= now)
+                    .values(state=LeaseState.releasing.value, updated_at=now,
+                            next_attempt_at=now + RELEASE_CLAIM_US, **values)
+                    .returning(*leases.c)
+                ).first()
+                if row:
+                    claimed.append(record_of(row))
+            return claimed
+
+        return await self.backend.write(_tx)
+
+    async def recover_claims(self, *, now: int) -> int:
+        """At start-up, in a store this process alone uses: the release claims it finds
+        were made by a process that is gone, and must not delay those releases."""
+        if not self.backend.exclusive:
+            return 0
+
+        def _tx(conn: Connection) -> int:
+            return conn.execute(
+                update(leases).where(leases.c.state == LeaseState.releasing.value,
+                                     leases.c.next_attempt_at > now)
+                .values(next_attempt_at=now)
+            ).rowcount
+
+        return await self.backend.write(_tx)
+
+    async def finish_release(
+        self, lease_id: str, *, now: int, reason: ReleaseReason | None = None
+    ) -> LeaseRecord | None:
+        """releasing → released, its worker destroyed."""
+        return await self._transition(lease_id, (LeaseState.releasing,), frees=True,
+                                      **_released(now, reason))
+
+    async def release_attempt_failed(
+        self, lease_id: str, *, error: str, retry_at: int, now: int
+    ) -> LeaseRecord | None:
+        return await self._transition(
+            lease_id, (LeaseState.releasing,), release_attempts=leases.c.release_attempts + 1,
+            next_attempt_at=retry_at, last_error=error[:2000], updated_at=now,
+        )
+
+    async def mark_lost(self, lease_id: str, *, now: int) -> LeaseRecord | None:
+        """active → released (reason `lost`): its worker vanished on its own."""
+        return await self._transition(lease_id, (LeaseState.active,), frees=True,
+                                      **_released(now, ReleaseReason.lost))
+
+    async def renew(self, lease_id: str, *, expires_at: int, now: int) -> LeaseRecord | None:
+        """Move an active, unexpired lease's expiry. None when the lease is not active
+        or already past its expiry: a lease is never resurrected."""
+        def _tx(conn: Connection) -> LeaseRecord | None:
+            row = conn.execute(
+                update(leases).where(leases.c.lease_id == lease_id,
+                                     leases.c.state == LeaseState.active.value,
+                                     leases.c.expires_at > now)
+                .values(expires_at=expires_at, updated_at=now).returning(*leases.c)
+            ).first()
+            return record_of(row) if row else None
+
+        return await self.backend.write(_tx)
+
+    # --- reads -----------------------------------------------------------------------
+
+    async def get(self, lease_id: str) -> LeaseRecord | None:
+        def _tx(conn: Connection) -> LeaseRecord | None:
+            row = conn.execute(select(leases).where(leases.c.lease_id == lease_id)).first()
+            return record_of(row) if row else None
+
+        return await self.backend.read(_tx)
+
+    async def find_request(
+        self, owner_id: str | None, correlation_id: str | None
+    ) -> LeaseRecord | None:
+        """The live (provisioning or active) lease made for this request, if any."""
+        if owner_id is None or correlation_id is None:
+            return None
+
+        def _tx(conn: Connection) -> LeaseRecord | None:
+            row = conn.execute(select(leases).where(
+                leases.c.owner_id == owner_id, leases.c.correlation_id == correlation_id,
+                leases.c.state.in_(_HELD),
+            )).first()
+            return record_of(row) if row else None
+
+        return await self.backend.read(_tx)
+
+    async def list_json(self, states: Sequence[LeaseState] = (LeaseState.active,)) -> bytes:
+        """The leases in `states` as one JSON array of `Lease`, oldest first."""
+        rows = await self.backend.read(wire_rows, [s.value for s in states])
+        return self._listing.encode(rows)
+
+    async def search(
+        self, *, states: Sequence[LeaseState], owner_id: str | None = None,
+        kind: str | None = None, provider: str | None = None, limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        """The `Lease` of each lease in `states` matching the filters, oldest first."""
+        query = select(*WIRE_COLUMNS).where(leases.c.state.in_([s.value for s in states]))
+        for column, wanted in ((leases.c.owner_id, owner_id), (leases.c.kind, kind),
+                               (leases.c.provider, provider)):
+            if wanted is not None:
+                query = query.where(column == wanted)
+        query = query.order_by(leases.c.created_at).limit(limit)
+        return await self.backend.read(
+            lambda conn: [wire_of(row) for row in conn.execute(query)]
+        )
+
+    async def live(self, provider: str | None = None) -> list[LeaseRecord]:
+        def _tx(conn: Connection) -> list[LeaseRecord]:
+            query = select(leases).where(leases.c.state.in_(_LIVE))
+            if provider is not None:
+                query = query.where(leases.c.provider == provider)
+            return [record_of(row) for row in conn.execute(query)]
+
+        return await self.backend.read(_tx)
+
+    async def next_due(self) -> int | None:
+        """The earliest moment the sweeper has work: an expiry or a release retry."""
+        def _tx(conn: Connection) -> int | None:
+            expiry = conn.execute(select(func.min(leases.c.expires_at)).where(
+                leases.c.state == LeaseState.active.value)).scalar()
+            retry = conn.execute(select(func.min(leases.c.next_attempt_at)).where(
+                leases.c.state == LeaseState.releasing.value)).scalar()
+            due = [t for t in (expiry, retry) if t is not None]
+            return min(due) if due else None
+
+        return await self.backend.read(_tx)
+
+    async def count_by_state(self) -> dict[str, int]:
+        def _tx(conn: Connection) -> dict[str, int]:
+            rows = conn.execute(select(leases.c.state, func.count()).group_by(leases.c.state))
+            return {state: count for state, count in rows}
+
+        return await self.backend.read(_tx)
+
+    async def count_held(self) -> list[tuple[str, str, str, str | None, int]]:
+        """(provider, kind, gpu, owner_id, n) of live leases: capacity in use, quotas."""
+        columns = (leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.owner_id)
+
+        def _tx(conn: Connection) -> list[tuple[str, str, str, str | None, int]]:
+            rows = conn.execute(select(*columns, func.count())
+                                .where(leases.c.state.in_(_LIVE)).group_by(*columns))
+            return [(p, k, g, o, n) for p, k, g, o, n in rows]
+
+        return await self.backend.read(_tx)
+
+    async def listen_capacity(self, callback: Callable[[], None]) -> None:
+        """Call `callback` whenever another replica frees capacity, until cancelled."""
+        await self.backend.listen_freed(callback)
+
+    # --- internals -------------------------------------------------------------------
+
+    async def _transition(
+        self, lease_id: str, expected: Sequence[LeaseState], *, frees: bool = False,
+        **values: Any,
+    ) -> LeaseRecord | None:
+        return await self.backend.write(
+            _transition_tx, lease_id, expected, values, self.backend if frees else None
+        )
+
+    def _upgrade(self, conn: Connection) -> None:
+        # Replicas starting together on a fresh database must not migrate it twice.
+        self.backend.lock(conn, "migrate")
+        config = Config()
+        config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+
+
+_RELEASABLE = (LeaseState.active, LeaseState.releasing)
+
+
+def _released(now: int, reason: ReleaseReason | None) -> dict[str, Any]:
+    """The columns of a lease once released (its reason kept when None)."""
+    values: dict[str, Any] = {"state": LeaseState.released.value, "released_at": now,
+                              "next_attempt_at": None, "updated_at": now}
+    if reason is not None:
+        values["release_reason"] = reason.value
+    return values
+
+
+def _transition_tx(
+    conn: Connection, lease_id: str, expected: Sequence[LeaseState], values: dict[str, Any],
+    frees: Backend | None = None,
+) -> LeaseRecord | None:
+    """Guarded update of one lease; None when it was in none of `expected`. `frees`:
+    the lease stops holding capacity, which that backend announces to other replicas."""
+    row = conn.execute(
+        update(leases)
+        .where(leases.c.lease_id == lease_id, leases.c.state.in_([s.value for s in expected]))
+        .values(**values).returning(*leases.c)
+    ).first()
+    if row is not None and frees is not None:
+        frees.announce_freed(conn)
+    return record_of(row) if row else None

@@ -1,0 +1,143 @@
+"""What the store hands out: lease records, the terms of a reservation, the outcomes a
+reservation can refuse with, and the one mapping from a stored lease to its wire shape
+(`models.Lease`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from openalice_scheduler.models import Lease
+from openalice_scheduler.store.schema import leases
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+
+
+def to_us(moment: datetime) -> int:
+    """Integer microseconds since the epoch (UTC): how the store keeps every time."""
+    delta = moment.astimezone(UTC) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def format_us(us: int) -> str:
+    """RFC 3339 in UTC with microseconds: `2026-11-29T17:34:49.948395Z`."""
+    return (_EPOCH_NAIVE + timedelta(microseconds=us)).isoformat(timespec="microseconds") + "Z"
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    """One row of the `leases` table, field for column (checked below)."""
+
+    lease_id: str
+    provider: str
+    kind: str
+    gpu: str
+    state: str
+    endpoint: str
+    provider_token: str
+    owner_id: str | None
+    correlation_id: str | None
+    region: str | None
+    resource: str | None
+    ttl_seconds: int
+    created_at: int
+    expires_at: int
+    released_at: int | None
+    release_reason: str | None
+    release_attempts: int
+    next_attempt_at: int | None
+    last_error: str | None
+    updated_at: int
+    replica_id: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The lease as callers see it (`models.Lease`)."""
+        return wire_of([getattr(self, name) for name in WIRE_FIELDS])
+
+
+COLUMNS = [c.name for c in leases.columns]
+assert [f.name for f in fields(LeaseRecord)] == COLUMNS, "LeaseRecord fields != leases columns"
+
+
+def record_of(row: Sequence[Any]) -> LeaseRecord:
+    """A record from a row of `select(leases)` / `returning(*leases.c)` (column order)."""
+    return LeaseRecord(*row)
+
+
+# The wire shape is models.Lease: its fields, in its order, are columns of `leases`.
+WIRE_FIELDS = tuple(Lease.model_fields)
+assert set(WIRE_FIELDS) <= set(COLUMNS), "a Lease field is not a column of leases"
+WIRE_COLUMNS = tuple(leases.c[name] for name in WIRE_FIELDS)
+_TIMES = tuple(place for place, name in enumerate(WIRE_FIELDS)
+               if name in ("created_at", "expires_at", "released_at"))
+
+
+def wire_of(values: Sequence[Any]) -> dict[str, Any]:
+    """The `Lease` of one row of WIRE_COLUMNS: the stored values, times in RFC 3339."""
+    shown = list(values)
+    for place in _TIMES:
+        if shown[place] is not None:
+            shown[place] = format_us(shown[place])
+    return dict(zip(WIRE_FIELDS, shown, strict=True))
+
+
+# How starlette's JSONResponse encodes, so a listing and a single lease read alike.
+encode_json: Callable[[Any], str] = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+).encode
+
+
+@dataclass(slots=True)
+class NewLease:
+    """A lease about to be reserved: what the request fixed."""
+
+    lease_id: str
+    kind: str
+    gpu: str
+    owner_id: str | None
+    correlation_id: str | None
+    region: str | None
+    ttl_seconds: int
+    created_at: int
+    expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """What a reservation on one provider must respect, checked in its transaction."""
+
+    now: int
+    # The provider's cap on live workers (0: none).
+    max_live: int = 0
+    # The pool of which the lease takes one exclusively (GPU devices), or None.
+    resources: Sequence[str] | None = None
+    # Words for that pool in the refusal ("all 2 GPU devices are leased").
+    resource_label: str = "GPU devices"
+    # Live leases an owner may hold (0: no cap).
+    owner_quota: int = 0
+
+
+class AtCapacity(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class OverQuota(AtCapacity):
+    """The owner already holds MAX_LEASES_PER_OWNER live leases."""
+
+
+class DuplicateRequest(Exception):
+    """A live lease already answers this (owner_id, correlation_id)."""
+
+    def __init__(self, lease_id: str) -> None:
+        super().__init__(lease_id)
+        self.lease_id = lease_id
