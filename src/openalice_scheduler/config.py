@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     rust_log: str | None = None
     log_level: str | None = None
     cors_origins: str | None = None
+    metrics_owner_series: bool = Field(
+        False, description="Serve scheduler_owner_leases{owner}: owner ids on the ungated "
+        "/metrics.",
+    )
 
     @field_validator("internal_secret")
     @classmethod
