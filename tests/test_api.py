@@ -187,6 +187,22 @@ def test_metrics_use_the_contract_names(sched: Scheduler) -> None:
     assert sched.metric("scheduler_active_leases") == 0
 
 
+def test_metrics_name_owners_only_when_the_operator_turns_it_on(make_scheduler) -> None:  # type: ignore[no-untyped-def]
+    workers = "renderer=http://a:8080,http://b:8080"
+    # /metrics is ungated: by default it tells nobody who the callers are.
+    default = make_scheduler(PROVIDERS="static", STATIC_WORKERS=workers)
+    default.lease(owner_id="anim-service")
+    text = httpx.get(f"{default.url}/metrics").text
+    assert default.metric("scheduler_active_leases") == 1  # the page is really there
+    assert "anim-service" not in text and "scheduler_owner_leases" not in text
+
+    opted_in = make_scheduler(PROVIDERS="static", STATIC_WORKERS=workers,
+                              METRICS_OWNER_SERIES="true")
+    opted_in.lease(owner_id="anim-service")
+    opted_in.lease(owner_id="anim-service")
+    assert opted_in.metric("scheduler_owner_leases", owner="anim-service") == 2
+
+
 def test_openapi_describes_what_the_service_does(sched: Scheduler) -> None:
     spec = httpx.get(f"{sched.url}/openapi.json").json()
     paths = spec["paths"]

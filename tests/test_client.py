@@ -120,6 +120,47 @@ def test_errors_are_typed_by_code(static: Scheduler, client: SchedulerClient) ->
     assert isinstance(unreachable.value, SchedulerUnreachable)
 
 
+def test_the_client_refuses_strings_no_lease_can_carry(static: Scheduler,
+                                                      client: SchedulerClient) -> None:
+    # Before the rule, the first of these made a lease that release() could never give
+    # back: httpx raised UnicodeEncodeError on the X-Lease-Owner header.
+    for bad in ("é", "\N{SLIGHTLY SMILING FACE}", "a\nb", "a\x00b", "anim service", ""):
+        with pytest.raises(InvalidRequest) as refused:
+            client.acquire("renderer", owner_id=bad)
+        assert refused.value.details["field"] == "owner_id", repr(bad)
+    for field in ("correlation_id", "region"):
+        with pytest.raises(InvalidRequest) as refused:
+            client.acquire("renderer", **{field: "é"})  # type: ignore[arg-type]
+        assert refused.value.details["field"] == field
+    assert static.leases() == []
+
+    lease = client.acquire("renderer", owner_id="me")
+    for bad in ("é", "\N{SLIGHTLY SMILING FACE}", "a\nb", ""):
+        with pytest.raises(InvalidRequest) as release:
+            client.release(lease, owner=bad)
+        assert release.value.details["field"] == "owner", repr(bad)
+        with pytest.raises(InvalidRequest):
+            client.renew(lease, owner=bad)
+    with pytest.raises(InvalidRequest) as listing:
+        client.list(owner_id="é")
+    assert listing.value.details["field"] == "owner_id"
+    assert client.get(lease).state == LeaseState.active
+    client.release(lease)  # with the owner it was acquired with
+    assert client.get(lease).state == LeaseState.released
+
+
+async def test_the_async_client_refuses_an_owner_that_cannot_be_a_header(
+    static: Scheduler,
+) -> None:
+    async with AsyncSchedulerClient(static.url, SECRET) as client:
+        lease = await client.acquire("renderer", owner_id="me")
+        with pytest.raises(InvalidRequest):
+            await client.release(lease, owner="é")
+        with pytest.raises(InvalidRequest):
+            await client.renew(lease, owner="a\r\nX-Injected: 1")
+        await client.release(lease)
+
+
 def test_quota_is_429(make_scheduler: Callable[..., Scheduler]) -> None:
     sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS,
                            MAX_LEASES_PER_OWNER="1")

@@ -556,7 +556,7 @@ def test_a_caller_who_hangs_up_does_not_keep_the_freed_slot(make_scheduler: Make
 
 def test_owner_quota(make_scheduler: Make) -> None:
     sched = static(make_scheduler, "renderer=" + ",".join(f"http://w{i}:8080" for i in range(6)),
-                   MAX_LEASES_PER_OWNER="2")
+                   MAX_LEASES_PER_OWNER="2", METRICS_OWNER_SERIES="true")
     a1 = sched.lease(owner_id="alice", correlation_id="a1")
     a2 = sched.lease(owner_id="alice", correlation_id="a2")
 

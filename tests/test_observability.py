@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.harness import SECRET, wait_for
+from openalice_scheduler.config import Settings
+from openalice_scheduler.logs import configure_logging
+from tests.harness import SECRET, free_port, wait_for
 from tests.otlp_receiver import OtlpReceiver
+
+RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
 
 
 def test_spans_reach_a_real_otlp_receiver(make_scheduler) -> None:  # type: ignore[no-untyped-def]
@@ -91,3 +103,89 @@ def test_log_filter_is_honoured(make_scheduler) -> None:  # type: ignore[no-unty
     log = targeted.log()
     assert f"lease {lease['lease_id']} acquired" in log
     assert "uvicorn" not in log  # uvicorn's info lines are filtered out at `error`
+
+
+def test_a_short_internal_secret_stops_start_up(tmp_path: Path) -> None:
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            "SCHEDULER_HOST": "127.0.0.1", "SCHEDULER_PORT": str(free_port()),
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'short.db'}", "LOCAL_GPU_DEVICES": "",
+            # Touches no Docker engine, should it start after all.
+            "PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://only:8080",
+            "SCHEDULER_INSTANCE": f"t-short-{uuid.uuid4().hex[:8]}"}
+    for secret in ("x", "s" * 15):
+        done = subprocess.run(
+            [sys.executable, "-m", "openalice_scheduler", "serve"],
+            env={**base, "INTERNAL_SECRET": secret}, cwd=tmp_path, capture_output=True,
+            text=True, timeout=30,
+        )
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode != 0, done.stderr
+        assert lines == [
+            "openalice-scheduler: invalid configuration: INTERNAL_SECRET: must be at least "
+            f"16 characters, got "
+            f"{len(secret)} (e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        ], done.stderr
+    # Sixteen is enough.
+    assert Settings(internal_secret="s" * 16).internal_secret.get_secret_value() == "s" * 16
+
+
+@pytest.fixture
+def real_logging() -> Iterator[None]:
+    """The service's logging set up in this process (configure_logging, as `serve` does),
+    put back as it was afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    switches = (logging._srcfile, logging.logThreads, logging.logProcesses,  # type: ignore[attr-defined]
+                logging.logMultiprocessing)
+    try:
+        yield
+    finally:
+        root.handlers[:], root.level = handlers, level
+        (logging._srcfile, logging.logThreads, logging.logProcesses,  # type: ignore[attr-defined]
+         logging.logMultiprocessing) = switches
+
+
+def test_tracebacks_and_the_database_password_are_redacted(
+    real_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    password, query_password = "pw-" + uuid.uuid4().hex, "qpw-" + uuid.uuid4().hex
+    settings = Settings(  # type: ignore[call-arg]
+        internal_secret=SECRET,
+        database_url=f"postgresql://sched:{password}@db.invalid/leases"
+                     f"?sslpassword={query_password}",
+    )
+    configure_logging("info", settings.secrets())
+    log = logging.getLogger("openalice_scheduler.test")
+    try:
+        raise ConnectionError(f"store at {settings.database_url} refused {SECRET}")
+    except ConnectionError:
+        log.exception("state store unavailable")
+    log.warning("retrying with %s", password)
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "ConnectionError: store at" in err
+    assert "[redacted]" in err
+    for secret in (SECRET, password, query_password):
+        assert secret not in err
+
+
+def test_no_record_can_forge_a_log_line(
+    real_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure_logging("info")
+    log = logging.getLogger("openalice_scheduler.service")
+    forged = "2026-01-01 00:00:00,000 INFO openalice_scheduler.service: lease x released"
+    log.info("lease %s acquired (correlation_id=%s)", "l-1", f"job\n{forged}")
+    log.info("two\rlines\u2028and an escape \x1b[2J")
+    try:
+        raise ValueError(f"bad input\n{forged}")
+    except ValueError:
+        log.exception("failed")
+    lines = capsys.readouterr().err.splitlines()
+    records = [line for line in lines if RECORD_START.match(line)]
+    assert len(records) == 3, lines
+    assert records[0].endswith("lease l-1 acquired (correlation_id=job\\n" + forged + ")")
+    assert records[1].endswith("two\\rlines\\u2028and an escape \\x1b[2J")
+    # The traceback follows its record, every line of it indented.
+    assert lines[-1].strip() == forged and lines[-1].startswith(" ")
+    assert all(line.startswith(" ") for line in lines if not RECORD_START.match(line))

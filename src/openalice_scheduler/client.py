@@ -48,6 +48,7 @@ from openalice_scheduler.models import (
     LeaseRequest,
     LeaseState,
     ProviderView,
+    Token,
     WorkerKind,
 )
 
@@ -437,6 +438,7 @@ _LEASE = TypeAdapter(Lease)
 _LEASES = TypeAdapter(builtins.list[Lease])
 _PROVIDERS = TypeAdapter(builtins.list[ProviderView])
 _HEALTH = TypeAdapter(Health)
+_TOKEN = TypeAdapter(Token)
 
 
 class _Core:
@@ -476,6 +478,8 @@ class _Core:
         params: builtins.list[tuple[str, str | int | float | bool | None]] = [
             ("state", str(s)) for s in states
         ]
+        if owner_id is not None:
+            _check_token("owner_id", owner_id)
         for name, value in (("owner_id", owner_id), ("kind", kind), ("provider", provider),
                             ("limit", limit)):
             if value is not None:
@@ -504,7 +508,12 @@ class _Core:
         return _Call("GET", "/health", _HEALTH)
 
     def owner_header(self, lease_id: str, owner: str | None) -> dict[str, str]:
-        owner = owner if owner is not None else self.owners.get(lease_id)
+        if owner is None:
+            owner = self.owners.get(lease_id)  # checked when the lease was acquired
+        else:
+            # An owner_id is a token (models.Token); anything else can match no lease, and
+            # may not even be a header (httpx would raise UnicodeEncodeError on `é`).
+            _check_token("owner", owner)
         return {"X-Lease-Owner": owner} if owner is not None else {}
 
     def remember(self, lease: Lease, request: LeaseRequest) -> None:
@@ -546,10 +555,18 @@ def _lease_request(
         raise _invalid(exc) from None
 
 
-def _invalid(exc: ValidationError) -> InvalidRequest:
+def _check_token(name: str, value: str) -> None:
+    """InvalidRequest naming `name` unless `value` is a Token, the service's own rule."""
+    try:
+        _TOKEN.validate_python(value)
+    except ValidationError as exc:
+        raise _invalid(exc, (name,)) from None
+
+
+def _invalid(exc: ValidationError, at: tuple[str, ...] = ()) -> InvalidRequest:
     details = []
     for error in exc.errors(include_input=False, include_url=False):
-        where = ".".join(str(part) for part in error["loc"]) or "body"
+        where = ".".join(str(part) for part in (*at, *error["loc"])) or "body"
         details.append({"field": where,
                         "message": str(error["msg"]).removeprefix("Value error, ")})
     first = details[0]

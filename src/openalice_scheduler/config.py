@@ -8,11 +8,15 @@ import re
 import shutil
 import subprocess
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 KNOWN_LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "off")
+MIN_SECRET_LENGTH = 16
 
 
 class Settings(BaseSettings):
@@ -84,12 +88,22 @@ class Settings(BaseSettings):
     rust_log: str | None = None
     log_level: str | None = None
     cors_origins: str | None = None
+    metrics_owner_series: bool = Field(
+        False, description="Serve scheduler_owner_leases{owner}: owner ids on the ungated "
+        "/metrics.",
+    )
 
     @field_validator("internal_secret")
     @classmethod
     def _secret_not_empty(cls, value: SecretStr) -> SecretStr:
-        if not value.get_secret_value().strip():
+        secret = value.get_secret_value().strip()
+        if not secret:
             raise ValueError("must be set and not empty: gated routes are never served open")
+        if len(secret) < MIN_SECRET_LENGTH:
+            raise ValueError(
+                f"must be at least {MIN_SECRET_LENGTH} characters, got {len(secret)} "
+                "(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
         return value
 
     @field_validator("database_url")
@@ -166,7 +180,8 @@ class Settings(BaseSettings):
         found = [self.internal_secret.get_secret_value()]
         if self.runpod_api_key is not None:
             found.append(self.runpod_api_key.get_secret_value())
-        return [s for s in found if s]
+        found.extend(_url_passwords(self.database_url))
+        return list(dict.fromkeys(s for s in found if s))
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -179,6 +194,20 @@ def describe_validation_error(exc: ValidationError) -> str:
         # A check across variables: its message names them itself.
         return f"invalid configuration: {message}"
     return f"invalid configuration: {str(first['loc'][0]).upper()}: {message}"
+
+
+def _url_passwords(url: str) -> list[str]:
+    """The password of a database URL, decoded and as written (percent-encoded), and any
+    password among its query parameters (`?password=…`, libpq's `sslpassword=…`)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return []
+    found = [str(parsed.password or ""), urlsplit(url).password or ""]
+    for key, value in parsed.query.items():
+        if "password" in key.lower():
+            found += [value] if isinstance(value, str) else list(value)
+    return found
 
 
 def _nvidia_smi_devices() -> list[str]:

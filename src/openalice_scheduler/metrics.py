@@ -50,10 +50,9 @@ class Metrics:
         self.releasing = Gauge(
             "scheduler_leases_releasing", "Releases still being retried.", registry=r
         )
-        self.owner_leases = Gauge(
-            "scheduler_owner_leases", "Live leases (provisioning, active, releasing) per owner.",
-            ["owner"], registry=r,
-        )
+        # Registered on first use: only with METRICS_OWNER_SERIES, as /metrics is ungated
+        # and owner ids are the callers' to show.
+        self.owner_leases: Gauge | None = None
         self.up.set(1)
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
@@ -71,11 +70,17 @@ class Metrics:
     ) -> bytes:
         """Prometheus text; `counts` by lease state and live leases per owner, or None
         to keep the last figures (the store is unreachable: better stale than a false
-        zero)."""
+        zero). `scheduler_owner_leases` is served once `owners` has been given."""
         if counts is not None:
             self.active_leases.set(counts.get("active", 0))
             self.releasing.set(counts.get("releasing", 0))
         if owners is not None:
+            if self.owner_leases is None:
+                self.owner_leases = Gauge(
+                    "scheduler_owner_leases",
+                    "Live leases (provisioning, active, releasing) per owner.",
+                    ["owner"], registry=self.registry,
+                )
             self.owner_leases.clear()
             for owner, count in owners.items():
                 self.owner_leases.labels(owner).set(count)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 MAX_TTL_SECONDS = 8 * 3600
 MAX_WAIT_SECONDS = 300
@@ -47,6 +47,14 @@ class ReleaseReason(StrEnum):
     failed = "failed"
 
 
+# Caller-given identifiers (owner_id, correlation_id, region): printable ASCII, no spaces
+# or control characters. An owner_id then always fits the X-Lease-Owner header (latin-1)
+# and can match it, and empty means nothing: "" is refused, not a second kind of "none"
+# (it was a way around the owner quota).
+TOKEN_PATTERN = r"^[\x21-\x7E]+$"
+Token = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
+
+
 class LeaseRequest(BaseModel):
     """Body of `POST /v1/lease`. Unknown fields are ignored, as the contract says."""
 
@@ -54,9 +62,9 @@ class LeaseRequest(BaseModel):
 
     kind: WorkerKind
     gpu: GpuClass = GpuClass.none
-    correlation_id: Annotated[str, Field(max_length=128)] | None = None
-    owner_id: Annotated[str, Field(max_length=128)] | None = None
-    region: Annotated[str, Field(max_length=64)] | None = None
+    correlation_id: Token | None = None
+    owner_id: Token | None = None
+    region: Annotated[Token, StringConstraints(max_length=64)] | None = None
     ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS, strict=True)] = 3600
     env: dict[str, str] = Field(default_factory=dict)
     wait_seconds: Annotated[

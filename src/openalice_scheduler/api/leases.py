@@ -20,6 +20,7 @@ from openalice_scheduler.models import (
     LeaseState,
     ProviderView,
     RenewRequest,
+    Token,
     WorkerKind,
 )
 
@@ -120,7 +121,7 @@ async def release(lease_id: str, service: ServiceDep, owner: LeaseOwner = None) 
 async def list_leases(
     service: ServiceDep,
     state: Annotated[list[LeaseState] | None, Query(description="Repeatable.")] = None,
-    owner_id: Annotated[str | None, Query(max_length=128)] = None,
+    owner_id: Annotated[Token | None, Query()] = None,
     kind: WorkerKind | None = None,
     provider: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000, description="For filtered lists.")] = 1000,

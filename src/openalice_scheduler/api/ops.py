@@ -24,10 +24,13 @@ async def metrics(request: Request) -> Response:
     owners: dict[str, int] | None = None
     try:
         counts = await state.service.store.count_by_state()
-        owners = {}
-        for _provider, _kind, _gpu, owner, count in await state.service.store.count_held():
-            if owner is not None:
-                owners[owner] = owners.get(owner, 0) + count
+        # Owner ids on an ungated page only when the operator asks for them.
+        if state.settings.metrics_owner_series:
+            held: dict[str, int] = {}
+            for _provider, _kind, _gpu, owner, count in await state.service.store.count_held():
+                if owner is not None:
+                    held[owner] = held.get(owner, 0) + count
+            owners = held
     except StoreUnavailable:
         pass
     return Response(state.metrics.render(counts, owners), media_type=CONTENT_TYPE_LATEST)
