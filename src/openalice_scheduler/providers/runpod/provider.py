@@ -25,6 +25,7 @@ from openalice_scheduler.providers.base import (
     Worker,
     WorkerInfo,
     WorkerSpec,
+    worker_env,
 )
 from openalice_scheduler.providers.runpod.client import (
     ErrorKind,
@@ -279,15 +280,11 @@ class RunPodProvider:
     # --- pods ----------------------------------------------------------------------------
 
     def _pod_request(self, spec: WorkerSpec, name: str, candidate: Candidate) -> PodRequest:
-        env = {
-            **spec.env,
-            "LEASE_ID": spec.lease_id,
-            "LEASE_EXPIRES_AT": spec.expires_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "WORKER_KIND": spec.kind.value,
-            "OPENALICE_SCHEDULER_INSTANCE": self.instance,
-        }
+        # Pods have no labels: the markers reconciliation needs travel in the env.
+        markers = {"OPENALICE_SCHEDULER_INSTANCE": self.instance}
         if spec.store_id is not None:
-            env[STORE_ENV] = spec.store_id
+            markers[STORE_ENV] = spec.store_id
+        env = worker_env(spec, markers)
         template = self.templates[spec.kind]
         return PodRequest(
             name=name,
