@@ -75,7 +75,7 @@ def test_worker_container_has_the_contract_name_labels_env_and_network(
     sched = make_scheduler(DOCKER_NETWORK=network)
 
     lease = sched.lease(kind="anim", owner_id="anim-service", ttl_seconds=900,
-                        env={"SCENE": "intro", "QUALITY": "draft"})
+                        env={"SCENE": "intro", "QUALITY": "draft", "LEASE_ID": "forged"})
     lease_id = lease["lease_id"]
     name = f"oa-anim-{uuid.UUID(lease_id).hex[:12]}"
     assert network_exists(network), "DOCKER_NETWORK is created when missing"
@@ -92,7 +92,7 @@ def test_worker_container_has_the_contract_name_labels_env_and_network(
     assert labels[LABEL + "instance"] == sched.instance
     env = dict(item.split("=", 1) for item in attrs["Config"]["Env"])
     assert env["SCENE"] == "intro" and env["QUALITY"] == "draft"
-    assert env["LEASE_ID"] == lease_id
+    assert env["LEASE_ID"] == lease_id  # the scheduler's keys win over the caller's
     assert env["LEASE_EXPIRES_AT"] == lease["expires_at"]
     assert env["WORKER_KIND"] == "anim"
     assert list(attrs["NetworkSettings"]["Networks"]) == [network]

@@ -186,11 +186,13 @@ async def test_400_no_capacity_is_a_rejection_with_runpods_detail(
         await client.create_pod(pod_request())
     assert caught.value.kind == ErrorKind.rejected
     assert caught.value.detail == NO_CAPACITY_MESSAGE
+    assert caught.value.no_capacity
     runpod.fail_next(400, op="create", detail="gpu.count exceeds the maximum")
     with pytest.raises(RunPodError) as caught:
         await client.create_pod(pod_request())
     assert caught.value.kind == ErrorKind.rejected
     assert caught.value.detail.startswith("gpu.count exceeds the maximum")
+    assert not caught.value.no_capacity  # a broken rule: only the words tell them apart
     assert runpod.call_count("create") == 2
 
 

@@ -2,7 +2,9 @@
 (the emulator, over real HTTP on loopback) as its providers.
 
 - gpu=none goes to Docker, gpu=mid to RunPod; release destroys the pod;
-- with every mid candidate out of capacity, acquire answers 503 naming RunPod's reason;
+- with every mid candidate out of capacity, acquire answers 503 naming RunPod's reason,
+  also when the catalog showed stock and only the creates were refused (and on GraphQL,
+  which has no catalog); real failures stay 502;
 - with the Docker engine stopped, gpu=none fails over to a RunPod CPU pod;
 - kill -9 just after a create was sent leaves exactly one pod, destroyed by reconciliation
   after the restart; an active lease's pod is kept (adopted) across a kill -9;
@@ -140,18 +142,95 @@ def test_mid_out_of_capacity_is_503_naming_runpods_reason(
     assert [p.gpu_id for p in runpod.list_pods()] == [MID[1]]
 
 
+def assert_out_of_capacity(response: httpx.Response) -> dict[str, Any]:
+    """A 503 the caller can retry: `Retry-After`, and RunPod's own words as its reason."""
+    assert response.status_code == 503, response.text
+    body: dict[str, Any] = response.json()
+    assert body["error"] == "no_provider_available"
+    assert response.headers["Retry-After"].isdigit()
+    assert int(response.headers["Retry-After"]) >= 1
+    reason = body["reasons"]["runpod"]
+    assert NO_CAPACITY_MESSAGE in reason and all(gpu in reason for gpu in MID)
+    assert "failures" not in body
+    return body
+
+
 def test_graphql_learns_capacity_only_by_trying(
     start: Callable[..., Scheduler], runpod: RunPodEmulator
 ) -> None:
-    """GraphQL has no catalog: each candidate is tried and refused; the 502 carries RunPod's
-    own words, and nothing is left behind."""
+    """GraphQL has no catalog: each candidate is tried and refused for capacity; that is a
+    503 carrying RunPod's own words, not a failure, and nothing is left behind."""
     sched = start("graphql")
     for gpu in MID:
         runpod.set_no_capacity(gpu)
-    response = sched.acquire(kind="renderer", gpu="mid")
-    assert response.status_code == 502, response.text
-    assert NO_CAPACITY_MESSAGE in response.json()["failures"]["runpod"]
+    assert_out_of_capacity(sched.acquire(kind="renderer", gpu="mid"))
     assert runpod.call_count("create") == 3 and runpod.list_pods() == []
+    assert sched.leases() == []
+
+
+def test_no_capacity_at_create_though_the_catalog_showed_stock_is_503(
+    api: str, start: Callable[..., Scheduler], runpod: RunPodEmulator
+) -> None:
+    """The catalog (REST) still shows every mid type in stock, but each create is refused
+    with RunPod's no-instances answer: 503 with Retry-After, as for no stock at all. Real
+    failures after that are still 502."""
+    sched = start(api)
+    for gpu in MID:
+        runpod.set_no_capacity_at_create(gpu)
+    assert_out_of_capacity(sched.acquire(kind="renderer", gpu="mid"))
+    assert sorted(c.body["gpu"]["id"] if api == "rest" else
+                  c.body["variables"]["input"]["gpuTypeId"]
+                  for c in runpod.calls("create")) == sorted(MID)  # each tried once
+    if api == "rest":
+        listed = httpx.get(f"{runpod.base_url}/v2/catalog/gpus", headers=runpod.auth_headers,
+                           params={"include": "AVAILABILITY", "product": "POD"}).json()
+        assert {g["id"]: g["availability"] for g in listed["gpus"] if g["id"] in MID} == {
+            gpu: "HIGH" for gpu in MID}
+        assert runpod.call_count("catalog") >= 1
+    assert runpod.list_pods() == [] and sched.leases() == []
+    assert sched.metric("scheduler_acquire_failures_total", reason="no_provider") == 1
+
+    for gpu in MID:
+        runpod.set_no_capacity_at_create(gpu, False)
+    # A 5xx on every try of the create is a failure, not a lack of capacity.
+    runpod.fail_next(500, count=3, op="create")
+    failed = sched.acquire(kind="renderer", gpu="mid")
+    assert failed.status_code == 502, failed.text
+    assert failed.json()["error"] == "provision_failed" and "runpod" in failed.json()["failures"]
+    # So is a 400 in other words than RunPod's capacity text (a broken rule) on every type.
+    runpod.fail_next(400, count=3, op="create", detail="gpu.count exceeds the maximum")
+    refused = sched.acquire(kind="renderer", gpu="mid")
+    assert refused.status_code == 502, refused.text
+    assert "gpu.count exceeds the maximum" in refused.json()["failures"]["runpod"]
+    assert runpod.list_pods() == []
+
+    served = sched.acquire(kind="renderer", gpu="mid")
+    assert served.status_code == 200, served.text
+
+
+def test_runpod_out_of_capacity_beside_another_provider(
+    start: Callable[..., Scheduler], runpod: RunPodEmulator
+) -> None:
+    """Docker really fails (its image is missing) and RunPod has no CPU pod to give: 502,
+    the Docker failure under `failures`, RunPod's capacity answer under `reasons`. With
+    RunPod first and Docker working, RunPod out of capacity hands over to Docker."""
+    sched = start("rest", RENDERER_IMAGE=f"openalice-missing-{uuid.uuid4().hex[:8]}:none")
+    runpod.set_no_capacity_at_create("cpu5c")
+    response = sched.acquire(kind="renderer", gpu="none")
+    assert response.status_code == 502, response.text
+    body = response.json()
+    assert body["error"] == "provision_failed"
+    assert list(body["failures"]) == ["local-docker"]
+    assert "image" in body["failures"]["local-docker"]
+    assert NO_CAPACITY_MESSAGE in body["reasons"]["runpod"]
+    assert runpod.call_count("create") == 1 and runpod.list_pods() == []
+    assert sched.containers() == []
+
+    other = start("rest", PROVIDERS="runpod,local-docker")
+    served = other.acquire(kind="renderer", gpu="none")
+    assert served.status_code == 200, served.text
+    assert served.json()["provider"] == "local-docker"
+    assert runpod.call_count("create") == 2 and runpod.list_pods() == []
 
 
 def test_docker_engine_down_fails_over_to_a_runpod_cpu_pod(

@@ -371,6 +371,27 @@ def test_no_capacity_graphql_is_supply_constraint(
     assert error["extensions"]["code"] == "SUPPLY_CONSTRAINT"
 
 
+def test_no_capacity_at_create_keeps_the_catalog_stock(
+    runpod: RunPodEmulator, client: httpx.Client
+) -> None:
+    """The catalog is no promise: it still shows stock while creates are refused, with the
+    same answers as a capacity miss on each API."""
+    runpod.set_no_capacity_at_create(GPU)
+    assert catalog(client)[GPU]["availability"] == "HIGH"
+    problem = assert_problem(client.post("/v2/pods", json=pod_body()), 400)
+    assert problem["detail"] == NO_CAPACITY_MESSAGE
+    response = gql(client, CREATE, {"input": gql_input()})
+    assert response.status_code == 200
+    error = gql_error(response, "podFindAndDeployOnDemand")
+    assert error["message"] == NO_CAPACITY_MESSAGE
+    assert error["extensions"]["code"] == "SUPPLY_CONSTRAINT"
+    assert create(client, gpu=OTHER_GPU)["gpu"]["id"] == OTHER_GPU
+    assert client.post("/_emulator/faults",
+                       json={"no_capacity_at_create": {GPU: False}}).status_code == 200
+    create(client)
+    assert client.get("/_emulator/state").json()["faults"]["no_capacity_at_create"] == []
+
+
 def test_stock_none_refuses_creates(runpod: RunPodEmulator, client: httpx.Client) -> None:
     runpod.set_stock(GPU, "NONE")
     assert_problem(client.post("/v2/pods", json=pod_body()), 400)

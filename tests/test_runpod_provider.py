@@ -21,6 +21,7 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import (
     NoProviderAvailable,
     ProviderError,
+    ProviderOutOfCapacity,
     ProvisionFailed,
     ReleaseFailed,
 )
@@ -187,7 +188,7 @@ async def test_rest_orders_candidates_by_price_and_skips_no_stock(
     runpod.set_price(ADA, secure=0.40)
     runpod.set_price(A6000, secure=0.30)
     runpod.set_stock(A6000, "NONE")  # cheapest, but none to rent
-    candidates, _ = await provider._candidates(spec())
+    candidates = (await provider._candidates(spec())).candidates
     assert [c.gpu_type_id for c in candidates] == [ADA, L40S]
     await provider.provision(spec())
     assert tried(runpod) == [ADA]  # never asked for the one with NONE
@@ -206,7 +207,7 @@ async def test_rest_price_ties_go_to_more_stock_then_configured_order(
     runpod.set_stock(L40S, "LOW")
     runpod.set_stock(ADA, "MEDIUM")
     runpod.set_stock(A6000, "MEDIUM")
-    candidates, _ = await provider._candidates(spec())
+    candidates = (await provider._candidates(spec())).candidates
     assert [c.gpu_type_id for c in candidates] == [ADA, A6000, L40S]
 
 
@@ -380,6 +381,7 @@ async def test_400_on_every_candidate_reports_the_last_detail(
     with pytest.raises(ProviderError) as caught:
         await provider.provision(spec())
     assert "refusal number 2" in caught.value.message
+    assert not isinstance(caught.value, ProviderOutOfCapacity)  # broken rules, not capacity
     assert sorted(tried(runpod), key=str) == sorted(MID)  # each candidate once
     assert runpod.list_pods() == []
 
@@ -391,12 +393,39 @@ async def test_no_capacity_anywhere_reports_runpods_words(
     assert (await provider.available(spec())).ok  # catalog (REST) read while stock was there
     for gpu in MID:
         runpod.set_no_capacity(gpu)
-    with pytest.raises(ProviderError) as caught:
+    with pytest.raises(ProviderOutOfCapacity) as caught:
         await provider.provision(spec())
     assert NO_CAPACITY_MESSAGE in caught.value.message
     assert sorted(tried(runpod), key=str) == sorted(MID)
     if api == "rest":  # the stale catalog was dropped: the next look sees NONE
         assert not (await provider.available(spec())).ok
+
+
+async def test_stock_gone_between_available_and_provision_is_out_of_capacity(
+    make_provider: Callable[..., RunPodProvider], runpod: RunPodEmulator
+) -> None:
+    provider = make_provider("rest")  # GraphQL has no catalog
+    assert (await provider.available(spec())).ok
+    for gpu in MID:
+        runpod.set_no_capacity(gpu)
+    with pytest.raises(ProviderOutOfCapacity) as caught:
+        await provider.provision(spec())  # TTL 0: a fresh look at the catalog
+    assert "no stock" in caught.value.message
+    assert runpod.call_count("create") == 0
+
+
+async def test_capacity_and_a_broken_rule_among_candidates_is_a_failure(
+    api: str, provider: RunPodProvider, runpod: RunPodEmulator
+) -> None:
+    """Out of capacity only when every refusal was for capacity: a broken rule on one
+    candidate (a configuration to fix) makes it a plain failure."""
+    runpod.fail_next(400, op="create")  # RunPod's no-capacity words
+    runpod.fail_next(400, count=2, op="create", detail="gpu.count exceeds the maximum")
+    with pytest.raises(ProviderError) as caught:
+        await provider.provision(spec())
+    assert not isinstance(caught.value, ProviderOutOfCapacity)
+    assert NO_CAPACITY_MESSAGE in caught.value.message
+    assert "gpu.count exceeds the maximum" in caught.value.message
 
 
 async def test_401_fails_fast_and_marks_the_provider_unavailable(
@@ -788,6 +817,25 @@ async def test_no_stock_is_503_naming_runpods_reason(
         await stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
     assert "no stock" in caught.value.details["reasons"]["runpod"]
     assert runpod.call_count("create") == 0
+
+
+async def test_no_capacity_at_create_is_503_and_the_lease_row_ends_failed(
+    api: str, make_stack: Callable[..., Awaitable[Stack]], runpod: RunPodEmulator
+) -> None:
+    stack = await make_stack(api)
+    for gpu in MID:
+        runpod.set_no_capacity_at_create(gpu)
+    with pytest.raises(NoProviderAvailable) as caught:
+        await stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
+    assert NO_CAPACITY_MESSAGE in caught.value.details["reasons"]["runpod"]
+    assert caught.value.retry_after is not None and caught.value.retry_after >= 1
+    assert runpod.call_count("create") == 3 and runpod.list_pods() == []
+    # The row written before the provider was called is not left `provisioning`.
+    assert await stack.service.store.count_by_state() == {"failed": 1}
+    for gpu in MID:
+        runpod.set_no_capacity_at_create(gpu, False)
+    await stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
+    assert await stack.service.store.count_by_state() == {"failed": 1, "active": 1}
 
 
 async def test_every_candidate_refused_is_502_with_the_last_detail(

@@ -111,3 +111,13 @@ class ProviderUnavailable(ProviderError):
 
 class StartupError(RuntimeError):
     """The service cannot start; the message says why in one line."""
+
+
+class ProviderOutOfCapacity(ProviderError):
+    """The backend answered, but has no capacity for this request right now (RunPod: no
+    instances of any candidate GPU type). The service treats it like a provider with no
+    capacity: a `reason` of a 503 (with `Retry-After`), not a `failure` of a 502, and it
+    tries the next provider. Capacity may come back, so it is transient."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=True)

@@ -24,6 +24,7 @@ from openalice_scheduler.errors import (
     LeaseNotFound,
     NoProviderAvailable,
     ProviderError,
+    ProviderOutOfCapacity,
     ProvisionFailed,
     QuotaExceeded,
     ReleaseFailed,
@@ -165,6 +166,7 @@ class LeaseService:
         reasons: dict[str, str] = {}
         failures: dict[str, str] = {}
         at_capacity = False
+        written = False  # this lease's row exists (a provider was tried)
         self.in_flight.add(lease_id)
         try:
             order = await self.policy.order(self.providers, spec)
@@ -198,12 +200,25 @@ class LeaseService:
                     reasons[provider.name] = exc.message
                     at_capacity = True
                     continue
-                record = await self._provision(provider, replace(spec, resource=resource))
+                written = True
+                try:
+                    record = await self._provision(provider, replace(spec, resource=resource))
+                except ProviderOutOfCapacity as exc:
+                    # No capacity, learnt by trying (RunPod): a reason, as for a provider
+                    # unavailable, not a failure; the next provider may serve. One provider
+                    # out of capacity and another really failing still answers 502, with
+                    # both `reasons` and `failures`.
+                    reasons[provider.name] = exc.message
+                    continue
                 if isinstance(record, LeaseRecord):
                     return record
                 failures[provider.name] = record
         finally:
             self.in_flight.discard(lease_id)
+        if written and not failures:
+            # Tried, but out of capacity everywhere: the row ends failed, the answer is 503.
+            await self.store.fail(lease_id, error="; ".join(reasons.values()), now=self.now_us())
+            self.capacity_freed()
         return await self._no_lease(lease_id, request, reasons, failures, at_capacity)
 
     async def _replay(self, request: LeaseRequest) -> LeaseRecord | None:
@@ -238,7 +253,8 @@ class LeaseService:
         return exc
 
     async def _provision(self, provider: Provider, spec: WorkerSpec) -> LeaseRecord | str:
-        """The lease on `provider`, or why it failed (after cleaning up)."""
+        """The lease on `provider`, or why it failed (after cleaning up). Out of capacity
+        (ProviderOutOfCapacity) is raised, after cleaning up too: it is no failure."""
         attributes = _span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with self.tracer.start_as_current_span("provision", attributes=attributes) as span:
             started = time.perf_counter()
@@ -255,6 +271,8 @@ class LeaseService:
                 log.warning("lease %s: %s failed to provision: %s",
                             spec.lease_id, provider.name, message)
                 await self._clean_half_made(provider, spec.lease_id)
+                if isinstance(exc, ProviderOutOfCapacity):
+                    raise
                 return message
             self.metrics.provision_seconds.labels(provider.name).observe(
                 time.perf_counter() - started

@@ -31,6 +31,10 @@ FAULTS_SCHEMA: dict[str, Any] = {
     "properties": {
         "provision_delay": _SECONDS,
         "no_capacity": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "no_capacity_at_create": {
+            "type": "object",
+            "additionalProperties": {"type": "boolean"},
+        },
         "stock": {"type": "object", "additionalProperties": _LEVEL},
         "capacity": {
             "type": "object",
@@ -92,6 +96,8 @@ def apply_fault_config(state: EmulatorState, config: dict[str, Any]) -> None:
         state.provision_delay = config["provision_delay"]
     for gpu_id, enabled in config.get("no_capacity", {}).items():
         state.set_no_capacity(gpu_id, enabled)
+    for gpu_id, enabled in config.get("no_capacity_at_create", {}).items():
+        state.set_no_capacity_at_create(gpu_id, enabled)
     for gpu_id, level in config.get("stock", {}).items():
         state.set_stock(gpu_id, level)
     for gpu_id, gpus in config.get("capacity", {}).items():

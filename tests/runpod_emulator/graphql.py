@@ -22,7 +22,7 @@ from starlette.routing import Route
 from .catalog import GPU_TYPES_BY_ID
 from .graphql_parser import Field, GraphQLSyntaxError, Literal, Operation, Variable, parse_document
 from .pipeline import Context, context, is_authorized, read_json, retry_after, run_guarded
-from .state import NO_CAPACITY_MESSAGE, Fault, PlacementError, Pod, PodSpec
+from .state import NO_CAPACITY_MESSAGE, NO_CAPACITY_WORDS, Fault, PlacementError, Pod, PodSpec
 from .views import iso_time, parse_port, port_mappings
 
 GENERIC_ERROR_MESSAGE = "Something went wrong. Please try again later or contact support."
@@ -184,7 +184,7 @@ def render_fault(fault: Fault, field: Field) -> Response:
     before GraphQL runs). 422 reads as the HTTP 400 of a request that cannot run (GraphQL's
     way to refuse a body that breaks the contract). Everything else is RunPod's GraphQL
     shape: HTTP 200 with `errors`; 500 reads like RunPod's generic failure, 400 like its
-    capacity error.
+    capacity error (or, with a `detail` in other words, like a broken rule).
     """
     status = fault.status
     if status == 422:
@@ -199,6 +199,10 @@ def render_fault(fault: Fault, field: Field) -> Response:
         return errors_response(429, message, "RATE_LIMITED", headers=retry_after(fault))
     if status in (502, 503, 504):
         return errors_response(status, fault.detail or HTTPStatus(status).phrase, "BAD_GATEWAY")
+    if status == 400 and fault.detail and NO_CAPACITY_WORDS not in fault.detail.lower():
+        # A 400 in other words than RunPod's capacity text is a broken rule, which RunPod
+        # reports as BAD_USER_INPUT (as a create refused by placement rules is, below).
+        return field_error(field, fault.detail, "BAD_USER_INPUT")
     message, code = {
         400: (NO_CAPACITY_MESSAGE, "SUPPLY_CONSTRAINT"),
         402: ("Your balance is too low to deploy this pod.", "INSUFFICIENT_BALANCE"),

@@ -36,6 +36,9 @@ NO_CAPACITY_MESSAGE = (
     "There are no longer any instances available with the requested specifications. "
     "Please refresh and try again."
 )
+# What every variant of that message says (RunPod also sends "... with the request
+# specifications. Please try again later.").
+NO_CAPACITY_WORDS = "no longer any instances available"
 
 LIFECYCLE: tuple[str, ...] = ("PROVISIONING", "STARTING", "RUNNING")
 POD_STATUSES: tuple[str, ...] = (*LIFECYCLE, "EXITED", "ERROR", "TERMINATED")
@@ -229,6 +232,7 @@ class EmulatorState:
             self._faults: list[Fault] = []
             self._delays: dict[str | None, float] = {}
             self._no_capacity: set[str] = set()
+            self._no_capacity_at_create: set[str] = set()
             self._stock: dict[str, str] = {}
             self._capacity: dict[str, int] = {}
             self._prices: dict[str, tuple[float, float]] = {
@@ -264,6 +268,16 @@ class EmulatorState:
                 self._no_capacity.add(compute_id)
             else:
                 self._no_capacity.discard(compute_id)
+
+    def set_no_capacity_at_create(self, compute_id: str, enabled: bool = True) -> None:
+        """Creates of this GPU type (or CPU flavor) fail for capacity while the catalog still
+        shows its stock: the catalog is no promise, and the last instance can go between a
+        look at it and the create (REST 400 / GraphQL SUPPLY_CONSTRAINT, RunPod's words)."""
+        with self._lock:
+            if enabled:
+                self._no_capacity_at_create.add(compute_id)
+            else:
+                self._no_capacity_at_create.discard(compute_id)
 
     def set_stock(self, gpu_id: str, level: str) -> None:
         """Stock level the catalog reports for a GPU type everywhere; NONE also refuses creates."""
@@ -493,6 +507,7 @@ class EmulatorState:
             return {
                 "provision_delay": self._provision_delay,
                 "no_capacity": sorted(self._no_capacity),
+                "no_capacity_at_create": sorted(self._no_capacity_at_create),
                 "stock": dict(self._stock),
                 "capacity": dict(self._capacity),
                 "price": {
@@ -542,6 +557,8 @@ class EmulatorState:
         existing = [dc for dc in wanted if dc in self._data_centers]
         if not existing:
             raise PlacementError(f"data center(s) {', '.join(wanted)} not found")
+        if compute_id in self._no_capacity_at_create:
+            raise PlacementError(NO_CAPACITY_MESSAGE, no_capacity=True)
         clouds = ("SECURE", "COMMUNITY") if spec.cloud == "ALL" else (spec.cloud,)
         count = spec.gpu_count if spec.gpu_id else 1
         for cloud in clouds:

@@ -31,6 +31,20 @@ class WorkerSpec:
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
+def worker_env(spec: WorkerSpec, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The worker's environment: the caller's `env`, then `LEASE_ID`, `LEASE_EXPIRES_AT`
+    (RFC 3339 UTC, as the lease's `expires_at`) and `WORKER_KIND`, then a provider's own
+    `extra` keys. The scheduler's keys win over the caller's: a caller cannot make a
+    worker believe it serves another lease, or lives longer than its lease."""
+    return {
+        **spec.env,
+        "LEASE_ID": spec.lease_id,
+        "LEASE_EXPIRES_AT": spec.expires_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "WORKER_KIND": spec.kind.value,
+        **(extra or {}),
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Worker:
     endpoint: str

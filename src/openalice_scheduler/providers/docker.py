@@ -29,6 +29,7 @@ from openalice_scheduler.providers.base import (
     Worker,
     WorkerInfo,
     WorkerSpec,
+    worker_env,
 )
 
 log = logging.getLogger(__name__)
@@ -127,12 +128,7 @@ class LocalDockerProvider:
             labels[LABEL_OWNER] = spec.owner_id
         if spec.store_id:
             labels[LABEL_STORE] = spec.store_id
-        environment = {
-            **spec.env,
-            "LEASE_ID": spec.lease_id,
-            "LEASE_EXPIRES_AT": spec.expires_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "WORKER_KIND": spec.kind.value,
-        }
+        environment = worker_env(spec)
         device_requests = None
         if spec.resource is not None:
             device_requests = [DeviceRequest(device_ids=[spec.resource], capabilities=[["gpu"]])]

@@ -18,6 +18,11 @@ import httpx
 log = logging.getLogger(__name__)
 
 MAX_RETRY_AFTER_S = 30.0
+# How RunPod words "no capacity" (REST 400 `detail`, GraphQL message): "There are no longer
+# any instances available with the requested specifications. Please refresh and try
+# again." and variants ("... with the request specifications. Please try again later.").
+# REST answers 400 for a broken rule too; only these words tell the two apart.
+_NO_CAPACITY_WORDS = ("no longer any instances available", "no instances available")
 
 
 class ErrorKind(StrEnum):
@@ -34,11 +39,14 @@ class ErrorKind(StrEnum):
 
 
 class RunPodError(Exception):
-    def __init__(self, kind: ErrorKind, detail: str, status: int | None = None) -> None:
+    def __init__(self, kind: ErrorKind, detail: str, status: int | None = None, *,
+                 no_capacity: bool = False) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
         self.detail = detail
         self.status = status
+        # A refusal (`rejected`) for want of capacity, not for a broken rule: it may pass.
+        self.no_capacity = no_capacity
 
     @property
     def uncertain(self) -> bool:
@@ -180,12 +188,13 @@ class RunPodClient:
     async def _sleep_backoff(self, attempt: int) -> None:
         await asyncio.sleep(self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random()))
 
-    def _error(self, kind: ErrorKind, detail: str, status: int | None = None) -> RunPodError:
+    def _error(self, kind: ErrorKind, detail: str, status: int | None = None, *,
+               no_capacity: bool = False) -> RunPodError:
         """An error whose text came (partly) from RunPod: the key is blanked out of it, in
         case an answer ever echoes the Authorization header back."""
         if len(self._key) >= 4:
             detail = detail.replace(self._key, "[redacted]")
-        return RunPodError(kind, detail, status)
+        return RunPodError(kind, detail, status, no_capacity=no_capacity)
 
 
 class RestClient(RunPodClient):
@@ -253,7 +262,9 @@ class RestClient(RunPodClient):
         status = response.status_code
         if status < 400:
             return _json(response) if response.content else {}
-        raise self._error(_kind_for_status(status), _problem_detail(response), status)
+        detail = _problem_detail(response)
+        raise self._error(_kind_for_status(status), detail, status,
+                          no_capacity=status == 400 and _says_no_capacity(detail))
 
 
 class GraphQLClient(RunPodClient):
@@ -349,7 +360,8 @@ class GraphQLClient(RunPodClient):
             if not errors:
                 return payload.get("data") or {}
             found = _graphql_error(errors[0])
-            error = self._error(found.kind, found.detail, found.status)
+            error = self._error(found.kind, found.detail, found.status,
+                                no_capacity=found.no_capacity)
             # In-band 5xx: repeat like an HTTP 5xx where that is safe.
             if error.kind == ErrorKind.server and retry_server_errors and attempt <= self.retries:
                 await self._sleep_backoff(attempt)
@@ -413,17 +425,22 @@ def _graphql_error(error: Mapping[str, Any]) -> RunPodError:
     message = str(error.get("message") or "unknown GraphQL error")[:500]
     code = str((error.get("extensions") or {}).get("code") or "")
     lowered = message.lower()
-    if "no longer any instances available" in lowered or code in ("SUPPLY_CONSTRAINT",
-                                                                    "BAD_USER_INPUT"):
+    no_capacity = code == "SUPPLY_CONSTRAINT" or _says_no_capacity(message)
+    if no_capacity or code == "BAD_USER_INPUT":
         # A refusal of this request (capacity or a broken rule, e.g. "data center not
         # found"): the next candidate may be placed.
-        return RunPodError(ErrorKind.rejected, message)
+        return RunPodError(ErrorKind.rejected, message, no_capacity=no_capacity)
     if "not found" in lowered:
         # `pod not found to terminate` comes with the generic code: only the text says it.
         return RunPodError(ErrorKind.not_found, message)
     if "balance" in lowered:
         return RunPodError(ErrorKind.payment, message)
     return RunPodError(_GRAPHQL_CODES.get(code, ErrorKind.server), message)
+
+
+def _says_no_capacity(detail: str) -> bool:
+    lowered = detail.lower()
+    return any(words in lowered for words in _NO_CAPACITY_WORDS)
 
 
 def _json(response: httpx.Response) -> Any:

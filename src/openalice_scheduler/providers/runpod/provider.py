@@ -17,7 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from openalice_scheduler.config import Settings
-from openalice_scheduler.errors import ProviderError, ProviderUnavailable
+from openalice_scheduler.errors import (
+    ProviderError,
+    ProviderOutOfCapacity,
+    ProviderUnavailable,
+)
 from openalice_scheduler.models import GpuClass, WorkerKind
 from openalice_scheduler.providers.base import (
     Availability,
@@ -25,6 +29,7 @@ from openalice_scheduler.providers.base import (
     Worker,
     WorkerInfo,
     WorkerSpec,
+    worker_env,
 )
 from openalice_scheduler.providers.runpod.client import (
     ErrorKind,
@@ -60,6 +65,16 @@ class Candidate:
     gpu_type_id: str | None  # None: a CPU pod
     data_center_ids: tuple[str, ...]
     price: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """Pod shapes to try, best first; when there are none, why, and whether only stock is
+    missing (it may come back: out of capacity, not a failure)."""
+
+    candidates: list[Candidate]
+    reason: str = ""
+    no_stock: bool = False
 
 
 class RunPodProvider:
@@ -107,21 +122,28 @@ class RunPodProvider:
         if self._key_rejected():
             return Availability(False, "RunPod rejected RUNPOD_API_KEY (401)")
         try:
-            candidates, reason = await self._candidates(spec)
+            choice = await self._candidates(spec)
         except RunPodError as exc:
             return Availability(False, self._describe(exc))
-        return Availability(bool(candidates), reason)
+        return Availability(bool(choice.candidates), choice.reason)
 
     async def provision(self, spec: WorkerSpec) -> Worker:
+        """The pod, running. Raises ProviderOutOfCapacity when RunPod has no capacity for
+        any candidate (the catalog says no stock, or every create was refused with
+        RunPod's no-instances answer, though the catalog showed stock a moment before);
+        any other refusal among them (a broken rule, no access) is a ProviderError."""
         try:
-            candidates, reason = await self._candidates(spec)
+            choice = await self._candidates(spec)
         except RunPodError as exc:
             raise self._provider_error(exc) from exc
-        if not candidates:
-            raise ProviderError(reason, transient=False)
+        if not choice.candidates:
+            if choice.no_stock:
+                raise ProviderOutOfCapacity(choice.reason)
+            raise ProviderError(choice.reason, transient=False)
         name = self.pod_name(spec.lease_id)
         refusals: list[str] = []
-        for candidate in candidates:
+        all_capacity = True
+        for candidate in choice.candidates:
             request = self._pod_request(spec, name, candidate)
             try:
                 pod = await self._create(request)
@@ -130,10 +152,15 @@ class RunPodProvider:
                 if exc.kind in (ErrorKind.rejected, ErrorKind.forbidden):
                     log.info("lease %s: RunPod refused %s: %s", spec.lease_id, what, exc.detail)
                     refusals.append(f"{what}: {exc.detail}")
+                    all_capacity = all_capacity and exc.no_capacity
                     continue
                 raise self._provider_error(exc) from exc
             return Worker(endpoint=await self._wait_running(pod, spec), provider_token=pod.id)
         self._catalog = None  # stock moved under us: look again next time
+        if all_capacity:
+            raise ProviderOutOfCapacity(
+                f"RunPod has no capacity for gpu={spec.gpu}: " + "; ".join(refusals[-3:])
+            )
         raise ProviderError(
             "RunPod could not place the pod: " + "; ".join(refusals[-3:]), transient=False
         )
@@ -166,7 +193,7 @@ class RunPodProvider:
         """USD per hour of the cheapest candidate with stock; None when unknown
         (GraphQL has no catalog) or when nothing can be placed."""
         try:
-            candidates, _ = await self._candidates(spec)
+            candidates = (await self._candidates(spec)).candidates
         except RunPodError:
             return None
         if not candidates or self.api == "graphql":
@@ -206,27 +233,27 @@ class RunPodProvider:
 
     # --- candidates --------------------------------------------------------------------
 
-    async def _candidates(self, spec: WorkerSpec) -> tuple[list[Candidate], str]:
+    async def _candidates(self, spec: WorkerSpec) -> _Choice:
         """Pod shapes to try, best first, or none and why."""
         if spec.gpu == GpuClass.none:
             if self.api == "graphql":
-                return [], "gpu=none needs CPU pods, which RunPod serves on REST v2 only"
+                return _Choice([], "gpu=none needs CPU pods, which RunPod serves on REST v2 only")
             if spec.region is None:
-                return [Candidate(None, ())], ""
+                return _Choice([Candidate(None, ())])
             catalog = await self._gpu_catalog()
             in_region = tuple(sorted({dc for gpu in catalog or [] for dc in gpu.data_centers
                                       if _in_region(dc, spec.region)}))
             if catalog is not None and not in_region:
-                return [], f"RunPod has no data center in region {spec.region!r}"
-            return [Candidate(None, in_region or (spec.region,))], ""
+                return _Choice([], f"RunPod has no data center in region {spec.region!r}")
+            return _Choice([Candidate(None, in_region or (spec.region,))])
 
         wanted = self.gpu_types[spec.gpu]
         if not wanted:
-            return [], f"no RunPod GPU types configured for gpu={spec.gpu}"
+            return _Choice([], f"no RunPod GPU types configured for gpu={spec.gpu}")
         catalog = await self._gpu_catalog()
         if catalog is None:  # GraphQL: no catalog; the configured order, region as given
             given: tuple[str, ...] = (spec.region,) if spec.region else ()
-            return [Candidate(gpu, given) for gpu in wanted], ""
+            return _Choice([Candidate(gpu, given) for gpu in wanted])
 
         by_id = {gpu.id: gpu for gpu in catalog}
         ranked: list[tuple[float, int, int, Candidate]] = []
@@ -248,8 +275,9 @@ class RunPodProvider:
             # Cheapest first; among equal prices, more stock, then the configured order.
             ranked.append((price, -_STOCK_RANK.get(stock.availability, 0), index, candidate))
         if not ranked:
-            return [], f"RunPod has no stock for gpu={spec.gpu} ({', '.join(no_stock)})"
-        return [c for *_, c in sorted(ranked, key=lambda r: r[:3])], ""
+            return _Choice([], f"RunPod has no stock for gpu={spec.gpu} ({', '.join(no_stock)})",
+                           no_stock=True)
+        return _Choice([c for *_, c in sorted(ranked, key=lambda r: r[:3])])
 
     async def _gpu_catalog(self) -> list[GpuStock] | None:
         """The catalog, cached for RUNPOD_CATALOG_TTL_SECONDS. Concurrent callers share one
@@ -280,15 +308,11 @@ class RunPodProvider:
     # --- pods ----------------------------------------------------------------------------
 
     def _pod_request(self, spec: WorkerSpec, name: str, candidate: Candidate) -> PodRequest:
-        env = {
-            **spec.env,
-            "LEASE_ID": spec.lease_id,
-            "LEASE_EXPIRES_AT": spec.expires_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "WORKER_KIND": spec.kind.value,
-            "OPENALICE_SCHEDULER_INSTANCE": self.instance,
-        }
+        # Pods have no labels: the markers reconciliation needs travel in the env.
+        markers = {"OPENALICE_SCHEDULER_INSTANCE": self.instance}
         if spec.store_id is not None:
-            env[STORE_ENV] = spec.store_id
+            markers[STORE_ENV] = spec.store_id
+        env = worker_env(spec, markers)
         template = self.templates[spec.kind]
         return PodRequest(
             name=name,
