@@ -95,6 +95,24 @@ def test_kinds_and_gpu_classes_have_their_own_pools(make_scheduler: Make) -> Non
     assert sched.lease(kind="anim")["endpoint"] == "http://c:9000"
 
 
+def test_providers_show_capacity_and_use_per_kind(make_scheduler: Make) -> None:
+    """2 renderer endpoints and 1 anim endpoint, the renderers both leased: the view says
+    no renderer is free (the next renderer acquire gets 503) and the anim one is."""
+    sched = static(make_scheduler)
+    for _ in range(2):
+        sched.lease(kind="renderer")
+    assert sched.acquire(kind="renderer").status_code == 503
+    [view] = sched.http.get("/v1/providers").json()
+    assert view["kinds"] == {
+        "anim": {"none": {"capacity": 1, "in_use": 0}},
+        "renderer": {"none": {"capacity": 2, "in_use": 2}},
+    }
+    assert view["gpu"] == {"none": {"capacity": 3, "in_use": 2}}  # the totals
+    # And a 503 body says why, without internal flags.
+    body = sched.acquire(kind="renderer").json()
+    assert body["error"] == "no_provider_available" and "at_capacity" not in body
+
+
 def test_static_workers_are_never_created_nor_destroyed(make_scheduler: Make) -> None:
     sched = static(make_scheduler)
     lease = sched.lease(ttl_seconds=600)

@@ -142,7 +142,13 @@ class ProviderView(BaseModel):
     detail: str = ""
     max_workers: int | None
     in_use: int
-    gpu: dict[GpuClass, GpuUse]
+    gpu: dict[GpuClass, GpuUse] = Field(description="Per GPU class, over every kind")
+    kinds: dict[WorkerKind, dict[GpuClass, GpuUse]] = Field(
+        default_factory=dict,
+        description="Per worker kind and GPU class. `capacity` is that kind's own where "
+        "the provider splits capacity by kind (static endpoints); null where the kinds "
+        "share the GPU class's capacity",
+    )
 
 
 class ErrorBody(BaseModel):
