@@ -2,7 +2,8 @@
 
 acquire: record `provisioning` → pick a provider → provision (outside any transaction)
 → record `active`. release: claim `releasing` → destroy → record `released`, or keep
-`releasing` with a retry time when the provider could not confirm."""
+`releasing` with a retry time when the provider could not confirm. The loops (loops.py)
+find what is due or adrift and hand each case to a method here."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from openalice_scheduler.store import (
     to_us,
 )
 from openalice_scheduler.store.leases import Check
-from openalice_scheduler.waiting import CapacityQueue, Waiter
+from openalice_scheduler.waiting import CapacityQueue
 
 log = logging.getLogger(__name__)
 
@@ -111,37 +112,13 @@ class LeaseService:
         twin = await self._replay(request)
         if twin is not None:
             return twin
-        deadline = time.monotonic() + request.wait_seconds
-        waiter: Waiter | None = None
-        # Behind others already waiting: queue up rather than overtake them.
-        if request.wait_seconds and self.queue.busy:
-            waiter = self.queue.join()
-            await self.queue.wait(waiter, deadline - time.monotonic(), gone)
-        served = False
         try:
-            while True:
-                try:
-                    record = await self._acquire_once(request)
-                    served = True
-                    break
-                except NoProviderAvailable as exc:
-                    remaining = deadline - time.monotonic()
-                    if not exc.at_capacity or remaining <= 0 or (
-                        gone is not None and gone.is_set()
-                    ):
-                        raise await self._with_retry_after(exc) from None
-                    if waiter is None:
-                        waiter = self.queue.join()
-                    else:
-                        self.queue.pass_on(waiter)
-                    log.info("acquire (%s, gpu=%s) waits up to %.0f s for capacity",
-                             request.kind.value, request.gpu.value, remaining)
-                    await self.queue.wait(waiter, remaining, gone)
-                    if gone is not None and gone.is_set():
-                        raise await self._with_retry_after(exc) from None
-        finally:
-            if waiter is not None:
-                self.queue.leave(waiter, served=served)
+            record = await self.queue.serve(
+                lambda: self._acquire_once(request), request.wait_seconds, gone,
+                what=f"{request.kind.value}, gpu={request.gpu.value}",
+            )
+        except NoProviderAvailable as exc:
+            raise await self._with_retry_after(exc) from None
         if gone is not None and gone.is_set():
             # Nobody is left to hand the worker to: give it back at once.
             log.info("lease %s: caller left while waiting; releasing", record.lease_id)
@@ -497,13 +474,9 @@ class LeaseService:
             raise LeaseNotFound(f"no lease {lease_id[:64]!r}")
         return record
 
-    async def search(
-        self, *, states: Sequence[LeaseState], owner_id: str | None, kind: str | None,
-        provider: str | None, limit: int,
-    ) -> list[dict]:
-        return await self.store.search(
-            states=states, owner_id=owner_id, kind=kind, provider=provider, limit=limit,
-        )
+    async def search(self, **filters: Any) -> list[dict[str, Any]]:
+        """The leases matching `filters` (see LeaseStore.search), oldest first."""
+        return await self.store.search(**filters)
 
     async def provider_view(self) -> list[dict[str, Any]]:
         """Per provider: health, capacity and use (`GET /v1/providers`)."""

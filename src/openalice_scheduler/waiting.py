@@ -9,8 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from openalice_scheduler.errors import NoProviderAvailable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -29,6 +38,43 @@ class CapacityQueue:
     def busy(self) -> bool:
         """A woken waiter is retrying now: a newcomer must queue behind it, not overtake."""
         return any(w.woken.is_set() for w in self._queue)
+
+    async def serve(
+        self, attempt: Callable[[], Awaitable[T]], wait_seconds: float,
+        gone: asyncio.Event | None, *, what: str,
+    ) -> T:
+        """`attempt()`, tried again each time capacity is freed while it finds every
+        provider at capacity, for up to `wait_seconds`, in arrival order. Raises the
+        last NoProviderAvailable when time is up, the refusal was not for capacity, or
+        the caller is `gone`."""
+        deadline = time.monotonic() + wait_seconds
+        waiter: Waiter | None = None
+        # Behind others already waiting: queue up rather than overtake them.
+        if wait_seconds and self.busy:
+            waiter = self.join()
+            await self.wait(waiter, deadline - time.monotonic(), gone)
+        served = False
+        try:
+            while True:
+                try:
+                    result = await attempt()
+                    served = True
+                    return result
+                except NoProviderAvailable as exc:
+                    remaining = deadline - time.monotonic()
+                    if not exc.at_capacity or remaining <= 0 or _left(gone):
+                        raise
+                    if waiter is None:
+                        waiter = self.join()
+                    else:
+                        self.pass_on(waiter)
+                    log.info("acquire (%s) waits up to %.0f s for capacity", what, remaining)
+                    await self.wait(waiter, remaining, gone)
+                    if _left(gone):
+                        raise
+        finally:
+            if waiter is not None:
+                self.leave(waiter, served=served)
 
     def join(self) -> Waiter:
         waiter = Waiter()
@@ -74,3 +120,7 @@ class CapacityQueue:
             for future in waits:
                 future.cancel()
         return waiter.woken.is_set() and not (gone is not None and gone.is_set())
+
+
+def _left(gone: asyncio.Event | None) -> bool:
+    return gone is not None and gone.is_set()
