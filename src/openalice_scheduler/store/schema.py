@@ -40,6 +40,7 @@ leases = Table(
     # The scheduler process that provisions (or provisioned) the lease.
     Column("replica_id", String(64)),
     Index("ix_leases_state_expires", "state", "expires_at"),
+    Index("ix_leases_state_created", "state", "created_at"),
     Index("ix_leases_provider_state", "provider", "state"),
     Index("ix_leases_owner_state", "owner_id", "state"),
     Index(
