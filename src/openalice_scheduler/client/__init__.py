@@ -1,0 +1,33 @@
+"""Python client for a running scheduler: `SchedulerClient` (sync) and
+`AsyncSchedulerClient`, on httpx.
+
+Answers come back as the wire models (`Lease`, `ProviderView`, `Health`); error answers are
+raised as the typed exceptions of `errors.py`, chosen by the body's `error` code, so
+`except QuotaExceeded` works the same on both sides of the wire. `lease()` holds a worker
+for a block: it acquires, renews in the background at a third of the TTL, and releases on
+exit, also when the block raises.
+
+    with SchedulerClient() as client:  # SCHEDULER_URL, INTERNAL_SECRET
+        with client.lease("renderer", ttl_seconds=300, owner_id="me") as held:
+            render(held.endpoint)
+
+The secret travels only in the `X-Internal-Secret` header: it is never logged, printed or
+put in an exception. Neither are `env` values.
+
+This package is the one place to import from. Its modules: `sync.py` and `aio.py` hold the
+two clients, `core.py` builds the requests both send, `decoding.py` turns answers into
+results or typed errors, and `renewal.py` keeps a held lease fresh and gives it back."""
+
+from openalice_scheduler.client.aio import AsyncSchedulerClient
+from openalice_scheduler.client.core import DEFAULT_TIMEOUT_S, DEFAULT_URL, SchedulerUnreachable
+from openalice_scheduler.client.renewal import HeldLease
+from openalice_scheduler.client.sync import SchedulerClient
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "DEFAULT_URL",
+    "AsyncSchedulerClient",
+    "HeldLease",
+    "SchedulerClient",
+    "SchedulerUnreachable",
+]
