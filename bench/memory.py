@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Resident memory (VmRSS from /proc/<pid>/status) of the service process: idle, then
-with 10,000 active leases after listing them a few times. The SQLite sync helper the
-service starts (a second, small process) is shown on its own line and counted in the
-total held against the goal.
+with 10,000 active leases after listing them a few times. Any process the service
+starts is shown on its own line and counted in the total held against the goal (the
+service before the redesign started a SQLite sync helper; it starts none now).
 
 Same set-up as list_leases.py: the service starts on an empty SQLite file, the leases
 are inserted into it while it runs, and RECONCILE_INTERVAL_SECONDS=86400 keeps the
@@ -73,7 +73,7 @@ def main() -> int:
     print(f"  {args.leases} active leases, listed {args.lists}x      {mib(loaded['VmRSS'])}   "
           f"peak {mib(loaded['VmHWM'])}")
     helper_kib = sum(h.get("VmRSS", 0) for h in helpers)
-    print(f"  sync helper process(es): {len(helpers)}             {mib(helper_kib)}")
+    print(f"  child process(es): {len(helpers)}                   {mib(helper_kib)}")
     total = loaded["VmRSS"] + helper_kib
     print(f"  total                                    {mib(total)}")
     ok = total / 1024 <= GOAL_MIB

@@ -4,7 +4,7 @@ process; p50 and p99 latency of one round trip. In the same run, when `etcd` is 
 (Debian `etcd-server`), the same load shape against a single-node etcd's lease grant +
 revoke on its JSON gateway, and the ratio of the two rates. For each system also the CPU
 time its server used per round trip and the cores it kept busy (from /proc; for the
-scheduler, its process and the SQLite sync helper it starts): the scheduler runs its
+scheduler, its process and any it starts): the scheduler runs its
 event loop on one core, etcd on several.
 
     .venv/bin/python bench/throughput.py [--seconds 10] [--clients 1,8,32]
@@ -51,7 +51,7 @@ def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: f
          server_pid: int) -> dict:
     """Run the load generator in a second process; returns its JSON result, with the CPU
     time the server used meanwhile per round trip (`cpu_ms`) and in cores: its process
-    and the ones it started (the scheduler's SQLite sync helper)."""
+    and the ones it started."""
     pids = process_tree(server_pid)
     before = cpu_seconds(pids)
     out = subprocess.run(
