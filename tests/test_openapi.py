@@ -176,3 +176,37 @@ def _drive(service: Scheduler, package: Any) -> None:
         assert isinstance(gone, models.ErrorBody) and gone.error == "lease_not_found"
         ended = call(api, "get_lease_v1_lease_lease_id_get").sync(lease.lease_id, client=client)
         assert ended.state == models.LeaseState.RELEASED and ended.released_at is not None
+
+
+def test_the_document_describes_the_errors_as_answered(service: Scheduler) -> None:
+    """Regression: 422 was documented as FastAPI's {"detail": ...}, 503, Retry-After and
+    the codes were missing, 413 was on one route, timestamps had no format, the renew
+    body was anyOf [RenewRequest, null]."""
+    spec = httpx.get(f"{service.url}/openapi.json").json()
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            expected = {"400", "408", "413", "431"} | ({"401", "503"} if path.startswith("/v1/")
+                                                        else set())
+            assert expected <= set(responses), (method, path)
+            for status, response in responses.items():
+                if int(status) >= 400:
+                    assert response["content"]["application/json"]["schema"] == error_body
+                    assert "`" in response["description"], (method, path, status)  # codes
+            if "503" in responses:
+                header = responses["503"]["headers"]["Retry-After"]
+                assert header["schema"]["type"] == "integer"
+    renew = spec["paths"]["/v1/lease/{lease_id}/renew"]["post"]["requestBody"]
+    assert not renew.get("required", False)
+    assert renew["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/RenewRequest"}
+    lease = spec["components"]["schemas"]["Lease"]["properties"]
+    assert lease["created_at"]["format"] == lease["expires_at"]["format"] == "date-time"
+    assert {"type": "string", "format": "date-time"} in lease["released_at"]["anyOf"]
+    details = spec["components"]["schemas"]["ErrorBody"]["properties"]
+    assert {"field", "errors", "reasons", "failures", "limit", "lease_id", "provider",
+            "cause", "header"} <= set(details)
+    request = spec["components"]["schemas"]["LeaseRequest"]["properties"]
+    assert request["ttl_seconds"]["type"] == request["wait_seconds"]["type"] == "integer"
