@@ -147,7 +147,7 @@ def test_tune_gc_freezes_what_exists_and_widens_the_first_generation() -> None:
     code = (
         "import gc\n"
         "import openalice_scheduler.app  # what serve has imported by then\n"
-        "from openalice_scheduler.cli import GC_YOUNG_THRESHOLD, tune_gc\n"
+        "from openalice_scheduler.server import GC_YOUNG_THRESHOLD, tune_gc\n"
         "tracked = len(gc.get_objects())\n"
         "tune_gc()\n"
         "print(tracked, gc.get_freeze_count(), len(gc.get_objects()),\n"

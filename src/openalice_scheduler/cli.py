@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -75,62 +74,18 @@ def _root() -> None:
 @app.command()
 def serve() -> None:
     """Run the service. Configured only by environment variables (see README)."""
-    import uvicorn
-
-    from openalice_scheduler.api.protocol import lease_protocol
-    from openalice_scheduler.app import create_app
+    from openalice_scheduler import server
     from openalice_scheduler.config import Settings, describe_validation_error
     from openalice_scheduler.errors import StartupError
-    from openalice_scheduler.logs import configure_logging
-    from openalice_scheduler.providers import ProviderConfigError
 
     try:
         settings = Settings()  # type: ignore[call-arg]  # from the environment
     except ValidationError as exc:
         _die(describe_validation_error(exc))
-    configure_logging(settings.log_filter, settings.secrets())
     try:
-        application = create_app(settings)
-    except (ProviderConfigError, ValueError) as exc:
-        _die(f"invalid configuration: {exc}")
-    except StartupError as exc:
-        # create_app takes the SQLite file lock itself (before serving), so a second
-        # process on the same file fails here: one line, not a traceback.
-        _die(str(exc))
-    tune_gc()
-    assert application.fast_path is not None  # made by create_app
-    try:
-        uvicorn.run(
-            application,
-            host=settings.scheduler_host,
-            port=settings.scheduler_port,
-            log_config=None,
-            access_log=False,
-            # Client addresses are not used: no X-Forwarded-* parsing per request.
-            proxy_headers=False,
-            timeout_graceful_shutdown=15,
-            # Plain acquire and release answered from the parser (api/protocol.py).
-            http=lease_protocol(application.fast_path),
-        )
+        server.serve(settings)
     except StartupError as exc:
         _die(str(exc))
-
-
-# The first generation's size before the collector runs (CPython's default: 700).
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def tune_gc() -> None:
-    """Garbage collection for a long-running server, called once the app is built.
-
-    Frozen, the ~120,000 objects that exist by then (modules, classes, the app) live as
-    long as the process and are never walked again; every full collection walked them
-    all. What a request makes is freed by reference counting, so a larger first
-    generation leaves collections rare. Measured at 32 clients on static endpoints:
-    collections took ~60 µs of the event loop per lease round trip (~7%), none after."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 @app.command(epilog=EXIT_CODES_HELP)

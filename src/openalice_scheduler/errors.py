@@ -22,6 +22,13 @@ class SchedulerError(Exception):
         return {"error": self.code, "message": self.message, **self.details}
 
 
+class DuplicateHeader(SchedulerError):
+    """A header that must appear once (`header` names it) was repeated."""
+
+    code = "duplicate_header"
+    status = 400
+
+
 class Unauthorized(SchedulerError):
     code = "unauthorized"
     status = 401
@@ -45,6 +52,18 @@ class LeaseConflict(SchedulerError):
 class BodyTooLarge(SchedulerError):
     code = "body_too_large"
     status = 413
+
+
+class RequestTimeout(SchedulerError):
+    """The request body did not arrive in time."""
+
+    code = "request_timeout"
+    status = 408
+
+
+class HeadersTooLarge(SchedulerError):
+    code = "headers_too_large"
+    status = 431
 
 
 class QuotaExceeded(SchedulerError):

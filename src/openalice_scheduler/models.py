@@ -7,13 +7,37 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 MAX_TTL_SECONDS = 8 * 3600
 MAX_WAIT_SECONDS = 300
 MAX_ENV_ENTRIES = 64
 MAX_ENV_VALUE_BYTES = 4096
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _whole_number(value: object) -> object:
+    # JSON Schema's "integer" admits 60.0, so a whole float is accepted (pydantic then
+    # refuses 60.5); a bool or a string is not a number of seconds.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a whole number (60 or 60.0)")
+    return value
+
+
+# Seconds in a JSON body: 60 or 60.0, never true, "60" or 60.5. (The bounds come before
+# the check, so that the JSON schema shows them as minimum/maximum.)
+WHOLE_NUMBER = BeforeValidator(_whole_number)
+TtlSeconds = Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS), WHOLE_NUMBER]
+WaitSeconds = Annotated[int, Field(ge=0, le=MAX_WAIT_SECONDS), WHOLE_NUMBER]
+# `2026-06-16T01:44:17.123456Z` on the wire (see rfc3339), described as a date-time.
+Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
 
 class WorkerKind(StrEnum):
@@ -65,12 +89,11 @@ class LeaseRequest(BaseModel):
     correlation_id: Token | None = None
     owner_id: Token | None = None
     region: Annotated[Token, StringConstraints(max_length=64)] | None = None
-    ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS, strict=True)] = 3600
+    ttl_seconds: TtlSeconds = 3600
     env: dict[str, str] = Field(default_factory=dict)
     wait_seconds: Annotated[
-        int,
-        Field(ge=0, le=MAX_WAIT_SECONDS, strict=True,
-              description="How long to wait in line when no provider has capacity now."),
+        WaitSeconds,
+        Field(description="How long to wait in line when no provider has capacity now."),
     ] = 0
 
     @field_validator("env", mode="before")
@@ -102,7 +125,7 @@ class RenewRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS, strict=True)] | None = None
+    ttl_seconds: TtlSeconds | None = None
 
 
 class Lease(BaseModel):
@@ -112,8 +135,8 @@ class Lease(BaseModel):
     provider: str
     kind: WorkerKind
     endpoint: str
-    created_at: str
-    expires_at: str
+    created_at: Timestamp
+    expires_at: Timestamp
     provider_token: str
     owner_id: str | None = None
     gpu: GpuClass = GpuClass.none
@@ -121,7 +144,7 @@ class Lease(BaseModel):
     region: str | None = None
     state: LeaseState = LeaseState.active
     release_reason: ReleaseReason | None = None
-    released_at: str | None = None
+    released_at: Timestamp | None = None
 
 
 class AcquireResponse(BaseModel):
@@ -151,13 +174,35 @@ class ProviderView(BaseModel):
     )
 
 
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
 class ErrorBody(BaseModel):
-    """Every error answer: a stable code, a human message, and details per code."""
+    """Every error answer: a stable code, a human message, and the details of its code.
+    Codes: unauthorized, forbidden, lease_not_found, not_found, method_not_allowed,
+    lease_conflict, duplicate_header, request_timeout, body_too_large, headers_too_large,
+    invalid_request, quota_exceeded, provision_failed, release_failed,
+    no_provider_available, store_unavailable, internal_error (new codes may be added)."""
 
     model_config = ConfigDict(extra="allow")
 
-    error: str
-    message: str
+    error: str = Field(description="Stable code; see each response for the codes it may carry")
+    message: str = Field(description="For humans; may change")
+    field: str | None = Field(None, description="invalid_request: the first invalid field")
+    errors: list[FieldError] | None = Field(None, description="invalid_request: each field")
+    reasons: dict[str, str] | None = Field(
+        None, description="no_provider_available, provision_failed: why, per provider")
+    failures: dict[str, str] | None = Field(
+        None, description="provision_failed: each provider's failure")
+    limit: int | None = Field(
+        None, description="quota_exceeded: leases an owner may hold; body_too_large, "
+        "headers_too_large: bytes")
+    header: str | None = Field(None, description="duplicate_header: the repeated header")
+    lease_id: str | None = Field(None, description="release_failed: the lease")
+    provider: str | None = Field(None, description="release_failed: its provider")
+    cause: str | None = Field(None, description="store_unavailable: what failed")
 
 
 class Health(BaseModel):
