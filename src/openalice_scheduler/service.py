@@ -52,8 +52,7 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 RETRY_BACKOFF_CAP_S = 30.0
-# Worker destructions the sweeper runs at once.
-MAX_PARALLEL_RELEASES = 16
+MAX_PARALLEL_RELEASES = 16  # worker destructions the sweeper runs at once
 # How often an idempotent replay looks whether its twin's provision finished.
 TWIN_POLL_S = 0.05
 
@@ -192,11 +191,12 @@ class LeaseService:
                 failures[provider.name] = record
         finally:
             self.in_flight.discard(lease_id)
-        if written and not failures:
-            # Tried, but out of capacity everywhere: the row ends failed, the answer is 503.
-            await self.store.fail(lease_id, error="; ".join(reasons.values()), now=self.now_us())
+        if written:
+            # Failed, or out of capacity everywhere it was tried: the row ends failed.
+            error = "; ".join((failures or reasons).values())
+            await self.store.fail(lease_id, error=error, now=self.now_us())
             self.capacity_freed()
-        return await self._no_lease(lease_id, request, reasons, failures, at_capacity)
+        raise self._no_lease(request, reasons, failures, at_capacity)
 
     async def _replay(self, request: LeaseRequest) -> LeaseRecord | None:
         existing = await self.store.find_request(request.owner_id, request.correlation_id)
@@ -236,14 +236,11 @@ class LeaseService:
         with self.tracer.start_as_current_span("provision", attributes=attributes) as span:
             started = time.perf_counter()
             try:
-                worker = await asyncio.wait_for(
-                    provider.provision(spec), timeout=self.provision_timeout
-                )
+                worker = await asyncio.wait_for(provider.provision(spec),
+                                                timeout=self.provision_timeout)
             except (ProviderError, TimeoutError) as exc:
-                message = (
-                    exc.message if isinstance(exc, ProviderError)
-                    else f"no worker after {self.provision_timeout:g} s"
-                )
+                message = (exc.message if isinstance(exc, ProviderError)
+                           else f"no worker after {self.provision_timeout:g} s")
                 span.set_status(Status(StatusCode.ERROR, message))
                 log.warning("lease %s: %s failed to provision: %s",
                             spec.lease_id, provider.name, message)
@@ -252,8 +249,7 @@ class LeaseService:
                     raise
                 return message
             self.metrics.provision_seconds.labels(provider.name).observe(
-                time.perf_counter() - started
-            )
+                time.perf_counter() - started)
         # The TTL counts from the request: the worker was told LEASE_EXPIRES_AT before it
         # started, and lease and worker must agree on it.
         record = await self.store.activate(spec.lease_id, endpoint=worker.endpoint,
@@ -267,8 +263,7 @@ class LeaseService:
 
     async def _assign(self, provider: InstantProvider, new: NewLease, spec: WorkerSpec,
                       terms: Terms) -> LeaseRecord:
-        attributes = _span_attributes(spec.lease_id, provider.name, spec.kind,
-                                      spec.correlation_id)
+        attributes = _span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with self.tracer.start_as_current_span("provision", attributes=attributes):
             started = time.perf_counter()
             record = await self.store.reserve_active(new, provider.name, terms, provider.assign)
@@ -291,23 +286,21 @@ class LeaseService:
             log.warning("lease %s: could not clean up on %s yet: %s",
                         lease_id, provider.name, exc.message)
 
-    async def _no_lease(
-        self, lease_id: str, request: LeaseRequest, reasons: dict[str, str],
-        failures: dict[str, str], at_capacity: bool,
-    ) -> LeaseRecord:
+    def _no_lease(
+        self, request: LeaseRequest, reasons: dict[str, str], failures: dict[str, str],
+        at_capacity: bool,
+    ) -> ProvisionFailed | NoProviderAvailable:
         what = f"kind={request.kind.value} gpu={request.gpu.value}"
         if request.region:
             what += f" region={request.region}"
         if failures:
-            await self.store.fail(lease_id, error="; ".join(failures.values()), now=self.now_us())
-            self.capacity_freed()
             self.metrics.acquire_failures.labels("provision_failed").inc()
-            raise ProvisionFailed(
+            return ProvisionFailed(
                 f"every candidate provider failed to provision {what}: "
                 + "; ".join(f"{name}: {why}" for name, why in failures.items()),
                 failures=failures, reasons=reasons,
             )
-        raise NoProviderAvailable(
+        return NoProviderAvailable(
             f"no provider can serve {what}: "
             + "; ".join(f"{name}: {why}" for name, why in reasons.items()),
             reasons=reasons, at_capacity=at_capacity,
@@ -498,13 +491,10 @@ def _check_owner(record: LeaseRecord, owner: str | None) -> None:
 
 
 def _backoff(attempts: int) -> float:
-    return float(min(RETRY_BACKOFF_CAP_S, 2 ** (attempts - 1)))
+    return float(min(RETRY_BACKOFF_CAP_S, 2 ** (attempts - 1)))  # 1, 2, 4 ... 30 s
 
 
-def _span_attributes(
-    lease_id: str, provider: str, kind: str, correlation_id: str | None
-) -> dict[str, str]:
+def _span_attributes(lease_id: str, provider: str, kind: str,
+                     correlation_id: str | None) -> dict[str, str]:
     attributes = {"lease_id": lease_id, "provider": provider, "kind": str(kind)}
-    if correlation_id:
-        attributes["correlation_id"] = correlation_id
-    return attributes
+    return attributes | ({"correlation_id": correlation_id} if correlation_id else {})
