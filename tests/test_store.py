@@ -158,7 +158,7 @@ async def test_a_listing_always_shows_the_leases_as_they_are_now(store: LeaseSto
     def listed_ids(body: bytes) -> list[str]:
         return [x["lease_id"] for x in json.loads(body)]
 
-    first, second = new_lease(), new_lease()
+    first, second = new_lease(), replace(new_lease(), created_at=NOW + 1)
     await active(first)
     assert listed_ids(await store.list_json()) == [first.lease_id]
     await active(second)

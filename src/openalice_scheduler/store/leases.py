@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 
 from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
 from openalice_scheduler.store.backend import Backend
-from openalice_scheduler.store.listing import ListingEncoder, wire_rows
+from openalice_scheduler.store.listing import ListingEncoder
 from openalice_scheduler.store.records import (
     WIRE_COLUMNS,
     AtCapacity,
@@ -320,8 +320,7 @@ class LeaseStore:
 
     async def list_json(self, states: Sequence[LeaseState] = (LeaseState.active,)) -> bytes:
         """The leases in `states` as one JSON array of `Lease`, oldest first."""
-        rows = await self.backend.read(wire_rows, [s.value for s in states])
-        return self._listing.encode(rows)
+        return await self.backend.read(self._listing.list_json, [s.value for s in states])
 
     async def search(
         self, *, states: Sequence[LeaseState], owner_id: str | None = None,

@@ -57,6 +57,7 @@ class LeaseRecord:
     last_error: str | None
     updated_at: int
     replica_id: str | None = None
+    revision: int = 0
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""

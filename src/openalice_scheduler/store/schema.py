@@ -39,8 +39,11 @@ leases = Table(
     Column("updated_at", BigInteger, nullable=False),
     # The scheduler process that provisions (or provisioned) the lease.
     Column("replica_id", String(64)),
+    # Bumped by the database itself (a trigger, migration 0005) on every UPDATE of the
+    # row, whoever makes it: a listing reuses a lease's encoding while this is unchanged.
+    Column("revision", BigInteger, nullable=False, server_default=text("0")),
     Index("ix_leases_state_expires", "state", "expires_at"),
-    Index("ix_leases_state_created", "state", "created_at"),
+    Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),
     Index("ix_leases_owner_state", "owner_id", "state"),
     Index(
