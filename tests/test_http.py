@@ -283,6 +283,18 @@ def test_headers_are_capped(sched: Scheduler) -> None:
     assert httpx.get(f"{sched.url}/health").status_code == 200
 
 
+def test_the_faster_parser_keeps_the_apps_header_cap(make_scheduler: Callable[..., Scheduler]
+                                                     ) -> None:
+    """HTTP_PARSER=httptools (no header cap of its own): the app's 16 KiB cap still
+    answers 431, and calls are served."""
+    sched = make_scheduler(HTTP_PARSER="httptools", PROVIDERS="static",
+                           STATIC_WORKERS="renderer=http://a:8080")
+    response = httpx.get(f"{sched.url}/health", headers={"X-Big": "a" * (20 << 10)})
+    assert response.status_code == 431 and response.json()["error"] == "headers_too_large"
+    lease = sched.lease(ttl_seconds=60)
+    assert sched.release(lease["lease_id"]).status_code == 204
+
+
 def _quietly(call: Callable[..., object], *args: object) -> None:
     with contextlib.suppress(OSError):  # the server stopped reading: expected
         call(*args)

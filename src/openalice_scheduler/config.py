@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     rust_log: str | None = None
     log_level: str | None = None
     cors_origins: str | None = None
+    http_parser: Literal["h11", "httptools"] = Field(
+        "h11", description="uvicorn's HTTP parser. h11 caps a request's header block "
+        "(64 KiB) before it is buffered; httptools costs about half as much per request "
+        "but buffers headers of any size: use it only behind a proxy that caps them.",
+    )
     metrics_owner_series: bool = Field(
         False, description="Serve scheduler_owner_leases{owner}: owner ids on the ungated "
         "/metrics.",

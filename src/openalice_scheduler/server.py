@@ -3,8 +3,9 @@
 What uvicorn bounds here, and what it cannot (README, "HTTP limits"):
 - Headers: its h11 protocol buffers at most `MAX_INCOMPLETE_HEADERS` bytes of a request
   that has not finished its headers and then answers 400 (plain text, h11's 431 hint is
-  not used) and closes. httptools, the faster parser, has no such limit, so h11 is
-  chosen. Headers that do arrive whole are held to 16 KiB by the app (431, JSON).
+  not used) and closes. httptools, the faster parser (HTTP_PARSER=httptools: about half
+  the cost per request, bench/README.md), has no such limit, so h11 is the default.
+  Headers that do arrive whole are held to 16 KiB by the app (431, JSON), either way.
 - Idle kept-alive connections are closed `timeout_keep_alive` seconds after an answer.
 - A body that stalls is the app's to cut off (408, api/middleware.py).
 - Not possible with a public setting: a connection that never sends a byte, or stops
@@ -56,7 +57,7 @@ def serve(settings: Settings) -> None:
         # Client addresses are not used: no X-Forwarded-* parsing per request.
         proxy_headers=False,
         timeout_graceful_shutdown=15,
-        http="h11",
+        http=settings.http_parser,
         h11_max_incomplete_event_size=MAX_INCOMPLETE_HEADERS,
         timeout_keep_alive=KEEP_ALIVE_S,
     )

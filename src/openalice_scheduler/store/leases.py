@@ -8,6 +8,7 @@ applies the outcome. Which database runs the transactions is the backend's busin
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import func, select, text, update
+from sqlalchemy import bindparam, func, literal_column, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -116,31 +117,23 @@ class LeaseStore:
         if lease.owner_id:
             self.backend.lock(conn, f"owner:{lease.owner_id}")
         self.backend.lock(conn, f"provider:{provider}")
-        others = leases.c.lease_id != lease.lease_id
+        mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id, "b_provider": provider}
         if lease.owner_id and lease.correlation_id:
-            twin = conn.execute(select(leases.c.lease_id).where(
-                leases.c.owner_id == lease.owner_id,
-                leases.c.correlation_id == lease.correlation_id,
-                leases.c.state.in_(_HELD), others,
-            )).scalar()
+            twin = conn.execute(_TWIN, {**mine, "b_corr": lease.correlation_id}).scalar()
             if twin is not None:
                 raise DuplicateRequest(twin)
         if lease.owner_id and terms.owner_quota:
-            held = conn.execute(select(func.count()).where(
-                leases.c.owner_id == lease.owner_id, leases.c.state.in_(_HELD), others,
-            )).scalar_one()
+            held = conn.execute(_HELD_BY_OWNER, mine).scalar_one()
             if held >= terms.owner_quota:
                 raise OverQuota(f"owner {lease.owner_id!r} holds {held} leases; "
                                 f"MAX_LEASES_PER_OWNER is {terms.owner_quota}")
-        live_here = (leases.c.provider == provider, leases.c.state.in_(_LIVE), others)
         if terms.max_live:
-            count = conn.execute(select(func.count()).where(*live_here)).scalar_one()
+            count = conn.execute(_COUNT_LIVE, mine).scalar_one()
             if count >= terms.max_live:
                 raise AtCapacity(f"at capacity ({count}/{terms.max_live} live workers)")
         resource = None
         if terms.resources is not None:
-            taken = set(conn.execute(select(leases.c.resource).where(
-                *live_here, leases.c.resource.is_not(None))).scalars())
+            taken = set(conn.execute(_TAKEN, mine).scalars())
             resource = next((r for r in terms.resources if r not in taken), None)
             if resource is None:
                 raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} "
@@ -148,6 +141,7 @@ class LeaseStore:
         values: dict[str, Any] = {
             "provider": provider, "state": LeaseState.provisioning.value,
             "resource": resource, "updated_at": terms.now, "replica_id": self.replica_id,
+            "endpoint": "", "provider_token": "",
         }
         if assign is not None:
             values["state"] = LeaseState.active.value
@@ -156,13 +150,13 @@ class LeaseStore:
         moved = _transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
         if moved is not None:
             return moved
-        row = conn.execute(leases.insert().values({
+        row = conn.execute(_INSERT, {
             "lease_id": lease.lease_id, "kind": lease.kind, "gpu": lease.gpu,
             "owner_id": lease.owner_id, "correlation_id": lease.correlation_id,
             "region": lease.region, "ttl_seconds": lease.ttl_seconds,
             "created_at": lease.created_at, "expires_at": lease.expires_at,
-            "endpoint": "", "provider_token": "", "release_attempts": 0, **values,
-        }).returning(*leases.c)).one()
+            "release_attempts": 0, **values,
+        }).one()
         return record_of(row)
 
     async def activate(
@@ -195,7 +189,7 @@ class LeaseStore:
         `released`. In the same transaction, `check` first sees the lease as it is and
         may refuse by raising. None when the lease was in neither state."""
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = conn.execute(select(leases).where(leases.c.lease_id == lease_id)).first()
+            row = conn.execute(_GET, {"b_id": lease_id}).first()
             current = record_of(row) if row else None
             if check is not None:
                 check(current)
@@ -269,10 +263,17 @@ class LeaseStore:
     async def release_attempt_failed(
         self, lease_id: str, *, error: str, retry_at: int, now: int
     ) -> LeaseRecord | None:
-        return await self._transition(
-            lease_id, (LeaseState.releasing,), release_attempts=leases.c.release_attempts + 1,
-            next_attempt_at=retry_at, last_error=error[:2000], updated_at=now,
-        )
+        def _tx(conn: Connection) -> LeaseRecord | None:
+            row = conn.execute(
+                update(leases).where(leases.c.lease_id == lease_id,
+                                     leases.c.state == LeaseState.releasing.value)
+                .values(release_attempts=leases.c.release_attempts + 1,
+                        next_attempt_at=retry_at, last_error=error[:2000], updated_at=now)
+                .returning(*leases.c)
+            ).first()
+            return record_of(row) if row else None
+
+        return await self.backend.write(_tx)
 
     async def mark_lost(self, lease_id: str, *, now: int) -> LeaseRecord | None:
         """active → released (reason `lost`): its worker vanished on its own."""
@@ -297,7 +298,7 @@ class LeaseStore:
 
     async def get(self, lease_id: str) -> LeaseRecord | None:
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = conn.execute(select(leases).where(leases.c.lease_id == lease_id)).first()
+            row = conn.execute(_GET, {"b_id": lease_id}).first()
             return record_of(row) if row else None
 
         return await self.backend.read(_tx)
@@ -417,11 +418,41 @@ def _transition_tx(
 ) -> LeaseRecord | None:
     """Guarded update of one lease; None when it was in none of `expected`. `frees`:
     the lease stops holding capacity, which that backend announces to other replicas."""
-    row = conn.execute(
-        update(leases)
-        .where(leases.c.lease_id == lease_id, leases.c.state.in_([s.value for s in expected]))
-        .values(**values).returning(*leases.c)
-    ).first()
+    columns = tuple(sorted(values))
+    statement = _update(tuple(s.value for s in expected), columns)
+    row = conn.execute(statement, {"b_id": lease_id,
+                                   **{f"v_{name}": values[name] for name in columns}}).first()
     if row is not None and frees is not None:
         frees.announce_freed(conn)
     return record_of(row) if row else None
+
+
+# The statements of the lease path, built once: each execution then only binds its
+# values (SQLAlchemy's compiled cache keeps their SQL), instead of building the statement,
+# coercing every value and making its cache key anew.
+def _state_in(states: Sequence[str]) -> Any:
+    """`state IN ('a', 'b')` with the states (enum values, never caller input) written
+    into the SQL: no list parameter to expand at each execution."""
+    return leases.c.state.in_([literal_column(f"'{LeaseState(s).value}'") for s in states])
+
+
+_OTHERS = leases.c.lease_id != bindparam("b_id")
+_GET = select(leases).where(leases.c.lease_id == bindparam("b_id"))
+_TWIN = select(leases.c.lease_id).where(
+    leases.c.owner_id == bindparam("b_owner"), leases.c.correlation_id == bindparam("b_corr"),
+    _state_in(_HELD), _OTHERS)
+_HELD_BY_OWNER = select(func.count()).select_from(leases).where(
+    leases.c.owner_id == bindparam("b_owner"), _state_in(_HELD), _OTHERS)
+_LIVE_HERE = (leases.c.provider == bindparam("b_provider"), _state_in(_LIVE), _OTHERS)
+_COUNT_LIVE = select(func.count()).select_from(leases).where(*_LIVE_HERE)
+_TAKEN = select(leases.c.resource).where(*_LIVE_HERE, leases.c.resource.is_not(None))
+_INSERT = leases.insert().returning(*leases.c)
+
+
+@functools.cache
+def _update(expected: tuple[str, ...], columns: tuple[str, ...]) -> Any:
+    """The guarded update of `columns` of a lease in one of `expected`."""
+    return (update(leases)
+            .where(leases.c.lease_id == bindparam("b_id"), _state_in(expected))
+            .values({name: bindparam(f"v_{name}") for name in columns})
+            .returning(*leases.c))
