@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -54,16 +52,6 @@ class Metrics:
         # and owner ids are the callers' to show.
         self.owner_leases: Gauge | None = None
         self.up.set(1)
-        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
-
-    def of(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, remembered: labels() costs ~3 µs and every lease
-        round trip asks for three. Only for metrics never cleared (not owner_leases)."""
-        try:
-            return self._children[metric, labels]
-        except KeyError:
-            child = self._children[metric, labels] = metric.labels(*labels)
-            return child
 
     def render(
         self, counts: dict[str, int] | None, owners: dict[str, int] | None = None

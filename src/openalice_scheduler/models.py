@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
@@ -36,7 +35,7 @@ def _whole_number(value: object) -> object:
 WHOLE_NUMBER = BeforeValidator(_whole_number)
 TtlSeconds = Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS), WHOLE_NUMBER]
 WaitSeconds = Annotated[int, Field(ge=0, le=MAX_WAIT_SECONDS), WHOLE_NUMBER]
-# `2026-06-16T01:44:17.123456Z` on the wire (see rfc3339), described as a date-time.
+# `2026-06-16T01:44:17.123456Z` on the wire (store.records.format_us), a date-time.
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
 
@@ -209,7 +208,3 @@ class Health(BaseModel):
     status: str = "ok"
     service: str = "openalice-scheduler"
 
-
-def rfc3339(moment: datetime) -> str:
-    """`2026-06-16T01:44:17.123456Z`: always UTC, always microseconds."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -71,10 +71,7 @@ def _http_error(request: Request, exc: StarletteHTTPException,
 
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error: %s", type(exc).__name__, exc_info=exc)
-    return JSONResponse(
-        {"error": "internal_error", "message": "internal error; see the scheduler's log"},
-        status_code=500,
-    )
+    return error_response(SchedulerError("internal error; see the scheduler's log"))
 
 
 def _allowed_methods(request: Request, routes: Sequence[BaseRoute]) -> list[str]:

@@ -15,7 +15,6 @@ from openalice_scheduler.store.records import (
     OverQuota,
     Terms,
     format_us,
-    from_us,
     to_us,
 )
 
@@ -44,5 +43,5 @@ def open_store(
 
 __all__ = [
     "AtCapacity", "Backend", "DuplicateRequest", "LeaseRecord", "LeaseStore", "NewLease",
-    "OverQuota", "Terms", "format_us", "from_us", "open_backend", "open_store", "to_us",
+    "OverQuota", "Terms", "format_us", "open_backend", "open_store", "to_us",
 ]

@@ -23,10 +23,6 @@ def to_us(moment: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def from_us(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
-
-
 def format_us(us: int) -> str:
     """RFC 3339 in UTC with microseconds: `2026-11-29T17:34:49.948395Z`."""
     return (_EPOCH_NAIVE + timedelta(microseconds=us)).isoformat(timespec="microseconds") + "Z"
