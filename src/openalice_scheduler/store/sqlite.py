@@ -130,8 +130,9 @@ class SqliteBackend:
         """Another process held the write lock all along: the writes past their own
         deadline fail, the others are tried again first."""
         late = [w for w in batch if w.deadline <= now]
-        log.warning("state store: another process holds the SQLite write lock; %d write(s) "
-                    "gave up after %.0f s", len(late), WRITE_LOCK_TIMEOUT_S)
+        if late:
+            log.warning("state store: another process holds the SQLite write lock; %d "
+                        "write(s) gave up after %.0f s", len(late), WRITE_LOCK_TIMEOUT_S)
         for write in late:
             write.error = StoreUnavailable(
                 "the state store is unavailable: another process holds the SQLite file's "
