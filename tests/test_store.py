@@ -158,6 +158,7 @@ async def test_a_listing_always_shows_the_leases_as_they_are_now(store: LeaseSto
     def listed_ids(body: bytes) -> list[str]:
         return [x["lease_id"] for x in json.loads(body)]
 
+    assert await store.list_json() == b"[]"
     first, second = new_lease(), replace(new_lease(), created_at=NOW + 1)
     await active(first)
     assert listed_ids(await store.list_json()) == [first.lease_id]
@@ -172,6 +173,8 @@ async def test_a_listing_always_shows_the_leases_as_they_are_now(store: LeaseSto
     assert listed[1] == (await store.get(second.lease_id)).wire()  # type: ignore[union-attr]
     await store.claim_release(first.lease_id, ReleaseReason.explicit, now=NOW + 1)
     assert listed_ids(await store.list_json()) == [second.lease_id]
+    await store.claim_release(second.lease_id, ReleaseReason.explicit, now=NOW + 1)
+    assert await store.list_json() == b"[]"
 
 
 async def test_a_static_lease_is_active_at_once_and_released_in_the_claim(
