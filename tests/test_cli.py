@@ -141,6 +141,14 @@ def test_help_documents_the_exit_codes() -> None:
             assert code in text, (args, code)
 
 
+def test_version_is_the_installed_distributions() -> None:
+    from importlib.metadata import version
+
+    shown = cli("http://127.0.0.1:1", "--version")
+    assert shown.returncode == 0
+    assert shown.stdout.strip() == f"openalice-scheduler {version('openalice-scheduler')}"
+
+
 def test_tune_gc_freezes_what_exists_and_widens_the_first_generation() -> None:
     """`serve` calls tune_gc once the app is built (in its own process here: freezing
     would stay in the test process)."""

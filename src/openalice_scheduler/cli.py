@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from pydantic import BaseModel, ValidationError
 
+from openalice_scheduler import package_version
 from openalice_scheduler.client import DEFAULT_URL, SchedulerClient, SchedulerUnreachable
 from openalice_scheduler.errors import NoProviderAvailable, SchedulerError
 from openalice_scheduler.models import GpuClass, Lease, LeaseState, ProviderView, WorkerKind
@@ -66,16 +67,30 @@ Owner = Annotated[str | None, typer.Option(
     "--owner", help="Sent as X-Lease-Owner: needed when the lease has an owner_id.")]
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"openalice-scheduler {package_version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print the version and exit.")] = False,
+) -> None:
     """GPU/compute lease service for renderer and anim workers."""
 
 
 @app.command()
 def serve() -> None:
     """Run the service. Configured only by environment variables (see README)."""
-    from openalice_scheduler import server
-    from openalice_scheduler.config import Settings, describe_validation_error
+    try:
+        from openalice_scheduler import server
+        from openalice_scheduler.config import Settings, describe_validation_error
+    except ModuleNotFoundError as exc:  # a client-only install
+        _die(f"the server is not installed ({exc.name} is missing): "
+             "pip install 'openalice-scheduler[server]'")
     from openalice_scheduler.errors import StartupError
 
     try:

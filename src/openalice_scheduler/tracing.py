@@ -5,22 +5,18 @@ costs requests nothing."""
 from __future__ import annotations
 
 import logging
-from importlib.metadata import PackageNotFoundError, version
 
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openalice_scheduler import package_version
 from openalice_scheduler.config import Settings
 
 log = logging.getLogger(__name__)
 
 
-def service_version() -> str:
-    try:
-        return version("openalice-scheduler")
-    except PackageNotFoundError:
-        return "0.0.0"
+service_version = package_version
 
 
 class Tracing:
