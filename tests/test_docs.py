@@ -81,6 +81,8 @@ def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
     # ReDoc is not served: its page loads a logo from Redocly's CDN.
     redoc = httpx.get(f"{service.url}/redoc")
     assert (redoc.status_code, redoc.json()["error"]) == (404, "not_found")
+    wrong = httpx.put(f"{service.url}/docs")
+    assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET"), wrong.headers
     missing = httpx.get(f"{service.url}/docs/assets/no-such-file.js")
     assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
 

@@ -56,7 +56,7 @@ def create_app(
     app.state.settings = settings
     app.include_router(leases.router, responses={**openapi.COMMON, **openapi.GATED})
     app.include_router(ops.router, responses=openapi.COMMON)
-    install_error_handlers(app, routers=[leases.router, ops.router])
+    install_error_handlers(app, routers=[leases.router, ops.router, app.router])
     middleware.install(app, secret=settings.internal_secret.get_secret_value(),
                        cors_origins=settings.cors_origin_list)
     if tracing.enabled:  # outermost: the span sees every answer
