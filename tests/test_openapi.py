@@ -135,22 +135,22 @@ def _drive(service: Scheduler, package: Any) -> None:
     client = package.AuthenticatedClient(base_url=service.url, token=SECRET, prefix="",
                                          auth_header_name="X-Internal-Secret")
     with client:
-        health = call(ops, "health_health_get").sync(client=client)
+        health = call(ops, "health").sync(client=client)
         assert (health.status, health.service) == ("ok", "openalice-scheduler")
 
         request = models.LeaseRequest(kind=models.WorkerKind.ANIM, ttl_seconds=600,
                                       owner_id="alice")
-        acquired = call(api, "acquire_v1_lease_post").sync(client=client, body=request)
+        acquired = call(api, "acquire_lease").sync(client=client, body=request)
         assert isinstance(acquired, models.AcquireResponse), acquired
         lease = acquired.lease
         assert (acquired.provider, lease.endpoint, lease.state) == (
             "static", "http://c:80", models.LeaseState.ACTIVE)
         assert lease.expires_at > lease.created_at  # parsed as date-times
 
-        got = call(api, "get_lease_v1_lease_lease_id_get").sync(lease.lease_id, client=client)
+        got = call(api, "get_lease").sync(lease.lease_id, client=client)
         assert isinstance(got, models.Lease) and got.lease_id == lease.lease_id
 
-        renew = call(api, "renew_v1_lease_lease_id_renew_post")
+        renew = call(api, "renew_lease")
         plain = renew.sync(lease.lease_id, client=client, x_lease_owner="alice")
         assert isinstance(plain, models.Lease), plain  # no body: the lease's own TTL
         longer = renew.sync(lease.lease_id, client=client, x_lease_owner="alice",
@@ -159,22 +159,22 @@ def _drive(service: Scheduler, package: Any) -> None:
         denied = renew.sync(lease.lease_id, client=client)
         assert isinstance(denied, models.ErrorBody) and denied.error == "forbidden"
 
-        listed = call(api, "list_leases_v1_leases_get").sync(client=client)
+        listed = call(api, "list_leases").sync(client=client)
         assert [found.lease_id for found in listed] == [lease.lease_id]
-        filtered = call(api, "list_leases_v1_leases_get").sync(
+        filtered = call(api, "list_leases").sync(
             client=client, owner_id="alice", limit=5)
         assert [found.lease_id for found in filtered] == [lease.lease_id]
 
-        providers = call(api, "providers_v1_providers_get").sync(client=client)
+        providers = call(api, "list_providers").sync(client=client)
         assert [view.name for view in providers] == ["static"]
         assert providers[0].in_use == 1
 
-        release = call(api, "release_v1_lease_lease_id_delete")
+        release = call(api, "release_lease")
         assert release.sync_detailed(lease.lease_id, client=client,
                                      x_lease_owner="alice").status_code == 204
         gone = release.sync(lease.lease_id, client=client, x_lease_owner="alice")
         assert isinstance(gone, models.ErrorBody) and gone.error == "lease_not_found"
-        ended = call(api, "get_lease_v1_lease_lease_id_get").sync(lease.lease_id, client=client)
+        ended = call(api, "get_lease").sync(lease.lease_id, client=client)
         assert ended.state == models.LeaseState.RELEASED and ended.released_at is not None
 
 

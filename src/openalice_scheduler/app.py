@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from openalice_scheduler.api import leases, middleware, openapi, ops
 from openalice_scheduler.api.errors import install_error_handlers
@@ -31,7 +32,15 @@ def create_app(
     # Opened here, not in the lifespan: a second process on one SQLite file fails
     # before serving, with one line.
     store = open_store(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
-    app = FastAPI(
+    # FastAPI whose /docs loads Swagger UI's JS, CSS and icon from the service itself
+    # (ungated, under /docs/assets), not from a CDN: the docs work where only the service
+    # can be reached. No /redoc: its page fetches a logo from Redocly's CDN all the same.
+    # Each operation shows its id, which generated clients name their calls after.
+    app = FastAPIOffline(
+        static_url="/docs/assets",
+        redoc_url=None,
+        swagger_ui_parameters={"displayOperationId": True},
+        generate_unique_id_function=openapi.operation_id,
         title="openalice-scheduler",
         version=service_version(),
         description="GPU/compute lease service: acquire and release renderer and anim "
@@ -47,7 +56,7 @@ def create_app(
     app.state.settings = settings
     app.include_router(leases.router, responses={**openapi.COMMON, **openapi.GATED})
     app.include_router(ops.router, responses=openapi.COMMON)
-    install_error_handlers(app, routers=[leases.router, ops.router])
+    install_error_handlers(app, routers=[leases.router, ops.router, app.router])
     middleware.install(app, secret=settings.internal_secret.get_secret_value(),
                        cors_origins=settings.cors_origin_list)
     if tracing.enabled:  # outermost: the span sees every answer

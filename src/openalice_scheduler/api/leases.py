@@ -1,5 +1,6 @@
 """Lease and provider routes: thin, over LeaseService, and the one definition of each
-call (and of /openapi.json). The rules every request meets first (secret, body and
+call (and of /openapi.json: each function's name is its operation id, see
+openapi.operation_id). The rules every request meets first (secret, body and
 header limits, duplicate headers) are middleware (middleware.py)."""
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ router = APIRouter(prefix="/v1", tags=["leases"], dependencies=[Security(_secret
     summary="Acquire a worker",
     responses=errors(422, 429, 502, 503),
 )
-async def acquire(body: LeaseRequest, request: Request, service: ServiceDep) -> JSONResponse:
+async def acquire_lease(body: LeaseRequest, request: Request, service: ServiceDep) -> JSONResponse:
     # A caller that hangs up while waiting or provisioning gets no worker: the lease is
     # given back as soon as it exists.
     gone = asyncio.Event()
@@ -68,7 +69,7 @@ async def get_lease(lease_id: str, service: ServiceDep) -> JSONResponse:
     summary="Extend a lease: expires_at = now + ttl (default: its own TTL), at most 8 h ahead",
     responses=errors(403, 404, 422, 503),
 )
-async def renew(
+async def renew_lease(
     lease_id: str, service: ServiceDep,
     # Optional, and described as a plain RenewRequest (not anyOf [RenewRequest, null]):
     # generated clients then send no body rather than `null`.
@@ -85,7 +86,7 @@ async def renew(
     summary="Release a lease and destroy its worker",
     responses=errors(403, 404, 409, 422, 502, 503),
 )
-async def release(lease_id: str, service: ServiceDep, owner: LeaseOwner = None) -> Response:
+async def release_lease(lease_id: str, service: ServiceDep, owner: LeaseOwner = None) -> Response:
     await service.release(lease_id, owner)
     return Response(status_code=204)
 
@@ -122,5 +123,5 @@ async def list_leases(
     summary="Providers: health, capacity and use per GPU class",
     responses=errors(503),
 )
-async def providers(service: ServiceDep) -> JSONResponse:
+async def list_providers(service: ServiceDep) -> JSONResponse:
     return JSONResponse(await service.provider_view())

@@ -1,10 +1,13 @@
-"""The error answers in /openapi.json: which status carries which stable codes, each with
-the one error body (ErrorBody). `COMMON` holds on every route (the middleware rules),
+"""What /openapi.json says beyond the routes themselves: each operation's id
+(`operation_id`), and the error answers: which status carries which stable codes, each
+with the one error body (ErrorBody). `COMMON` holds on every route (the middleware rules),
 `GATED` on the /v1 routes; `errors(...)` adds what a route itself may answer."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from fastapi.routing import APIRoute
 
 from openalice_scheduler.api.middleware import BODY_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEADER_BYTES
 from openalice_scheduler.models import ErrorBody
@@ -39,6 +42,15 @@ _DESCRIPTIONS = {
          "`wait_seconds` (`reasons` per provider); `store_unavailable`: the state store "
          "cannot be reached (`cause`)",
 }
+
+
+def operation_id(route: APIRoute) -> str:
+    """The route function's name (`acquire_lease`), for FastAPI's
+    generate_unique_id_function. Generated clients name their calls after the operation
+    id, so it must not change with a path or method, as FastAPI's own
+    (`acquire_lease_v1_lease_post`) would; a new route gets one by being named well.
+    Unique because the names are (tests/test_docs.py checks)."""
+    return route.name
 
 
 def errors(*statuses: int) -> Responses:
