@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from openalice_scheduler import package_version
-from tests.harness import REPO, Scheduler, wait_for
+from tests.harness import REPO, SECRET, Scheduler, wait_for
 from tests.test_replicas import PrivatePostgres
 
 DEPLOY = REPO / "deploy"
@@ -152,6 +152,14 @@ def test_waiting_callers_and_their_wait_time(make_scheduler: Callable[..., Sched
     assert waits("timeout") == 1
     assert s.metric("scheduler_wait_seconds_sum", outcome="timeout") >= 0.9
     assert s.metric("scheduler_capacity_refusals_total", kind="renderer", gpu="none") == 2
+    assert waiting() == 0
+
+    # A caller who hangs up while in line.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{s.url}/v1/lease", headers={"X-Internal-Secret": SECRET},
+                   json={"kind": "renderer", "wait_seconds": 60},
+                   timeout=httpx.Timeout(30, read=2))
+    wait_for(lambda: waits("gone") == 1, 30, what="the server to notice the caller left")
     assert waiting() == 0
 
 
