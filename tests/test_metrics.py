@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from openalice_scheduler import package_version
+from tests.dockerproxy import DockerProxy
 from tests.harness import REPO, SECRET, Scheduler, wait_for
 from tests.test_replicas import PrivatePostgres
 
@@ -214,6 +216,31 @@ def test_store_up_follows_the_database(
     assert s.metric("scheduler_up") == 1
     private_pg.start()
     wait_for(lambda: s.metric("scheduler_store_up") == 1, 60, what="store_up 1 again")
+
+
+def test_a_scrape_does_not_wait_for_a_hung_docker_engine(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    where = Path(tempfile.mkdtemp(prefix="oa-proxy-", dir="/tmp"))  # unix paths are short
+    proxy = DockerProxy(where / "docker.sock").start()
+    try:
+        s = make_scheduler(DOCKER_HOST=proxy.url, LOCAL_DOCKER_MAX_WORKERS="3")
+        proxy.delay(r"GET \S*/_ping", 600)  # the engine stops answering its health check
+        # Within Prometheus's default scrape timeout (10 s), else the replica looks down.
+        text = httpx.get(f"{s.url}/metrics", timeout=10).text
+        proxy.wait_held(1, 30)
+        names = sample_names(text)
+        assert {"scheduler_up", "scheduler_store_up", "scheduler_active_leases"} <= names
+        # The check fails at last (the connection is cut): the next scrape tells.
+        proxy.clear()
+        proxy.drop_held()
+        wait_for(lambda: 'scheduler_provider_up{provider="local-docker"} 0.0' in scrape(s), 30,
+                 what="the failed health check on /metrics")
+        assert s.metric("scheduler_capacity", provider="local-docker", kind="any",
+                        gpu="none") == 3
+    finally:
+        proxy.close()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def test_the_contract_metric_names_are_still_served(
