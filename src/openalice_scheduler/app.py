@@ -14,6 +14,7 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.lifespan import lifespan
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import Provider, build_providers
+from openalice_scheduler.scrape import Scrape
 from openalice_scheduler.service import Clock, utcnow
 from openalice_scheduler.store import open_store
 from openalice_scheduler.tracing import RequestSpanMiddleware, Tracing, service_version
@@ -53,6 +54,7 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.metrics = metrics
+    app.state.scrape = Scrape(metrics)
     app.state.settings = settings
     app.include_router(leases.router, responses={**openapi.COMMON, **openapi.GATED})
     app.include_router(ops.router, responses=openapi.COMMON)

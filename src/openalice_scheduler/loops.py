@@ -110,7 +110,8 @@ class Sweeper(LoopService):
         with self.tracer.start_as_current_span("sweep") as span:
             released = await self.service.release_due()
             span.set_attribute("leases", released)
-            return released
+        self.service.metrics.sweep_last_success.set_to_current_time()
+        return released
 
     async def next_wait(self) -> float:
         # While the next due time is being read, any `due` must wake the loop: a lease
@@ -165,6 +166,9 @@ class Reconciler(LoopService):
                         continue
                     for key, value in found.items():
                         totals[key] += value
+            # A pass that skipped an unreachable provider still ran: that provider's
+            # health is scheduler_provider_up's to tell.
+            self.service.metrics.reconcile_last_success.set_to_current_time()
         finally:
             await store.replicas.unlock(RECONCILE_LOCK)
         if any(totals.values()):

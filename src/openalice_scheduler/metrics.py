@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
 
+from openalice_scheduler import package_version
+from openalice_scheduler.models import GpuClass, ReleaseReason, WorkerKind
+
 # `*_created` series double the output and no dashboard of ours reads them.
 disable_created_metrics()
+
+# Labels of `scheduler_capacity` for a provider whose kinds share one capacity (Docker,
+# RunPod): the cap is per GPU class, whatever the kind.
+ANY_KIND = "any"
+ACQUIRE_FAILURE_REASONS = ("no_provider", "provision_failed", "quota")
+# How a caller's wait in line ended (`scheduler_wait_seconds{outcome}`): with a worker,
+# out of time while still at capacity, the caller hung up, or refused for another reason
+# (not capacity, an error, shutting down).
+WAIT_OUTCOMES = ("served", "timeout", "gone", "refused")
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds ...
+        # and python_info: on this registry, as the default one is not served.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.up = Gauge("scheduler_up", "1 while the scheduler serves.", registry=r)
+        self.build_info = Gauge(
+            "scheduler_build_info", "1, labelled with the running version.", ["version"],
+            registry=r,
+        )
         self.active_leases = Gauge(
             "scheduler_active_leases", "Leases whose worker is live.", registry=r
         )
@@ -48,10 +72,84 @@ class Metrics:
         self.releasing = Gauge(
             "scheduler_leases_releasing", "Releases still being retried.", registry=r
         )
+        # Capacity and use as GET /v1/providers shows them, set at scrape time (scrape.py).
+        self.capacity = Gauge(
+            "scheduler_capacity",
+            "Most workers a provider holds at once, per kind (kind=\"any\": shared by the "
+            "kinds) and GPU class; no series where it has no fixed cap.",
+            ["provider", "kind", "gpu"], registry=r,
+        )
+        self.in_use = Gauge(
+            "scheduler_in_use",
+            "Live leases (provisioning, active, releasing) per provider, kind and GPU class.",
+            ["provider", "kind", "gpu"], registry=r,
+        )
+        self.provider_up = Gauge(
+            "scheduler_provider_up", "1 when the provider's last health check passed.",
+            ["provider"], registry=r,
+        )
+        self.store_up = Gauge(
+            "scheduler_store_up", "1 when the state store answered this scrape.", registry=r
+        )
+        self.waiting = Gauge(
+            "scheduler_waiting_callers", "Acquires waiting in line for capacity.",
+            ["kind", "gpu"], registry=r,
+        )
+        self.wait_seconds = Histogram(
+            "scheduler_wait_seconds", "Time an acquire waited in line, by how it ended.",
+            ["outcome"], registry=r,
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+        )
+        self.capacity_refusals = Counter(
+            "scheduler_capacity_refusals",
+            "Acquires refused because every provider that could serve them was at its cap.",
+            ["kind", "gpu"], registry=r,
+        )
+        self.sweep_last_success = Gauge(
+            "scheduler_sweep_last_success_timestamp_seconds",
+            "Unix time the sweeper last finished a pass.", registry=r,
+        )
+        self.reconcile_last_success = Gauge(
+            "scheduler_reconcile_last_success_timestamp_seconds",
+            "Unix time this replica last finished a reconciliation (one replica at a time "
+            "reconciles: take the max over replicas).", registry=r,
+        )
         # Registered on first use: only with METRICS_OWNER_SERIES, as /metrics is ungated
         # and owner ids are the callers' to show.
         self.owner_leases: Gauge | None = None
         self.up.set(1)
+        self.build_info.labels(package_version()).set(1)
+        # Series at 0 from the start, so that rate() and alerts see the first event.
+        for reason in ACQUIRE_FAILURE_REASONS:
+            self.acquire_failures.labels(reason)
+        for outcome in WAIT_OUTCOMES:
+            self.wait_seconds.labels(outcome)
+        for kind in WorkerKind:
+            for gpu in GpuClass:
+                self.waiting.labels(kind.value, gpu.value)
+                self.capacity_refusals.labels(kind.value, gpu.value)
+
+    def expect_providers(self, names: Iterable[str]) -> None:
+        """Per-provider series at 0 until something happens on that provider."""
+        for name in names:
+            self.provision_seconds.labels(name)
+            self.release_failures.labels(name)
+            for reason in ReleaseReason:
+                self.released.labels(name, reason.value)
+
+    # --- the waiting line (waiting.py) -------------------------------------------------
+
+    def wait_began(self, kind: str, gpu: str) -> None:
+        self.waiting.labels(kind, gpu).inc()
+
+    def wait_ended(self, kind: str, gpu: str, outcome: str, seconds: float) -> None:
+        self.waiting.labels(kind, gpu).dec()
+        self.wait_seconds.labels(outcome).observe(seconds)
+
+    def refused_at_capacity(self, kind: str, gpu: str) -> None:
+        self.capacity_refusals.labels(kind, gpu).inc()
+
+    # --- scrape ------------------------------------------------------------------------
 
     def render(
         self, counts: dict[str, int] | None, owners: dict[str, int] | None = None

@@ -88,7 +88,7 @@ class LeaseService:
         self.clock = clock
         # Called with the moment (µs) something new becomes due (the sweeper's alarm).
         self.on_due = on_due
-        self.queue = CapacityQueue()
+        self.queue = CapacityQueue(metrics)
         # Leases this process is provisioning right now: the reconciler leaves them be.
         self.in_flight: set[str] = set()
         self._releases = asyncio.Semaphore(MAX_PARALLEL_RELEASES)
@@ -114,7 +114,7 @@ class LeaseService:
         try:
             record = await self.queue.serve(
                 lambda: self._acquire_once(request), request.wait_seconds, gone,
-                what=f"{request.kind.value}, gpu={request.gpu.value}",
+                kind=request.kind.value, gpu=request.gpu.value,
             )
         except NoProviderAvailable as exc:
             raise await self._with_retry_after(exc) from None

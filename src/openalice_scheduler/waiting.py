@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from openalice_scheduler.errors import NoProviderAvailable
+from openalice_scheduler.metrics import Metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -24,12 +25,16 @@ T = TypeVar("T")
 
 @dataclass(eq=False)
 class Waiter:
+    kind: str
+    gpu: str
+    since: float = field(default_factory=time.monotonic)
     woken: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class CapacityQueue:
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics) -> None:
         self._queue: deque[Waiter] = deque()
+        self._metrics = metrics
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -41,7 +46,7 @@ class CapacityQueue:
 
     async def serve(
         self, attempt: Callable[[], Awaitable[T]], wait_seconds: float,
-        gone: asyncio.Event | None, *, what: str,
+        gone: asyncio.Event | None, *, kind: str, gpu: str,
     ) -> T:
         """`attempt()`, tried again each time capacity is freed while it finds every
         provider at capacity, for up to `wait_seconds`, in arrival order. Raises the
@@ -49,12 +54,12 @@ class CapacityQueue:
         the caller is `gone`."""
         deadline = time.monotonic() + wait_seconds
         waiter: Waiter | None = None
-        # Behind others already waiting: queue up rather than overtake them.
-        if wait_seconds and self.busy:
-            waiter = self.join()
-            await self.wait(waiter, deadline - time.monotonic(), gone)
         served = False
         try:
+            # Behind others already waiting: queue up rather than overtake them.
+            if wait_seconds and self.busy:
+                waiter = self.join(kind, gpu)
+                await self.wait(waiter, deadline - time.monotonic(), gone)
             while True:
                 try:
                     result = await attempt()
@@ -63,31 +68,37 @@ class CapacityQueue:
                 except NoProviderAvailable as exc:
                     remaining = deadline - time.monotonic()
                     if not exc.at_capacity or remaining <= 0 or _left(gone):
+                        if exc.at_capacity:
+                            self._metrics.refused_at_capacity(kind, gpu)
                         raise
                     if waiter is None:
-                        waiter = self.join()
+                        waiter = self.join(kind, gpu)
                     else:
                         self.pass_on(waiter)
-                    log.info("acquire (%s) waits up to %.0f s for capacity", what, remaining)
+                    log.info("acquire (%s, gpu=%s) waits up to %.0f s for capacity",
+                             kind, gpu, remaining)
                     await self.wait(waiter, remaining, gone)
                     if _left(gone):
                         raise
         finally:
             if waiter is not None:
-                self.leave(waiter, served=served)
+                self.leave(waiter, _outcome(served, gone, deadline))
 
-    def join(self) -> Waiter:
-        waiter = Waiter()
+    def join(self, kind: str, gpu: str) -> Waiter:
+        waiter = Waiter(kind, gpu)
         self._queue.append(waiter)
+        self._metrics.wait_began(kind, gpu)
         return waiter
 
-    def leave(self, waiter: Waiter, *, served: bool) -> None:
-        """Leave the queue (served, timed out or gone). A waiter that was woken and did
-        not use the slot passes the wake on."""
-        if not served and waiter.woken.is_set():
+    def leave(self, waiter: Waiter, outcome: str) -> None:
+        """Leave the queue (`outcome`: metrics.WAIT_OUTCOMES). A waiter that was woken and
+        did not use the slot passes the wake on."""
+        if outcome != "served" and waiter.woken.is_set():
             self.pass_on(waiter)
         with contextlib.suppress(ValueError):
             self._queue.remove(waiter)
+        self._metrics.wait_ended(waiter.kind, waiter.gpu, outcome,
+                                 time.monotonic() - waiter.since)
 
     def freed(self) -> None:
         """Capacity was freed: wake the first waiter not already retrying."""
@@ -124,3 +135,11 @@ class CapacityQueue:
 
 def _left(gone: asyncio.Event | None) -> bool:
     return gone is not None and gone.is_set()
+
+
+def _outcome(served: bool, gone: asyncio.Event | None, deadline: float) -> str:
+    if served:
+        return "served"
+    if _left(gone):
+        return "gone"
+    return "timeout" if time.monotonic() >= deadline else "refused"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from openalice_scheduler.errors import StoreUnavailable
 from openalice_scheduler.models import Health
 
 router = APIRouter(tags=["ops"])
@@ -20,17 +19,7 @@ async def health() -> Health:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    counts: dict[str, int] | None = None
-    owners: dict[str, int] | None = None
-    try:
-        counts = await state.service.store.count_by_state()
-        # Owner ids on an ungated page only when the operator asks for them.
-        if state.settings.metrics_owner_series:
-            held: dict[str, int] = {}
-            for _provider, _kind, _gpu, owner, count in await state.service.store.count_held():
-                if owner is not None:
-                    held[owner] = held.get(owner, 0) + count
-            owners = held
-    except StoreUnavailable:
-        pass
-    return Response(state.metrics.render(counts, owners), media_type=CONTENT_TYPE_LATEST)
+    body = await state.scrape.render(
+        state.service, owner_series=state.settings.metrics_owner_series
+    )
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
