@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -219,3 +220,29 @@ def test_output_formats(static: Scheduler) -> None:
     disagree = cli(static.url, "lease", "ls", "--json", "-o", "table")
     assert disagree.returncode == 2 and "disagree" in disagree.stderr
     assert cli(static.url, "lease", "ls", "-o", "yaml").returncode == 2
+
+
+def test_an_idempotent_acquire_is_retried(make_scheduler: Callable[..., Scheduler]) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    pair = ("--owner", "o", "--correlation-id", "c", "--retry-timeout", "1")
+    noted = cli(nowhere, "lease", "acquire", "--kind", "renderer", *pair)
+    assert noted.returncode == 5
+    assert "attempt 2 of at most" in noted.stderr and "cannot reach" in noted.stderr
+    quiet = cli(nowhere, "lease", "acquire", "--kind", "renderer", *pair, "-o", "json")
+    assert quiet.returncode == 5
+    assert json.loads(quiet.stderr)["error"] == "scheduler_unreachable"  # that line alone
+    once = cli(nowhere, "lease", "acquire", "--kind", "renderer", "--owner", "o")
+    assert once.returncode == 5 and "attempt 2" not in once.stderr
+
+    # A scheduler that comes up a second after the command started serves it.
+    sched = make_scheduler(start=False, PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS)
+    starter = threading.Timer(1.0, sched.start, kwargs={"wait": False})
+    starter.start()
+    try:
+        late = cli(sched.url, "lease", "acquire", "--kind", "anim", "--owner", "o",
+                   "--correlation-id", "late", "--retry-timeout", "120", "-o", "json")
+    finally:
+        starter.join()
+    assert late.returncode == 0, late.stderr
+    lease = json.loads(late.stdout)
+    assert [x["lease_id"] for x in sched.leases()] == [lease["lease_id"]]

@@ -6,6 +6,7 @@ and shell completion work on a client-only install; `serve` imports the server's
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,12 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from openalice_scheduler import package_version
-from openalice_scheduler.client import DEFAULT_URL, SchedulerClient, SchedulerUnreachable
+from openalice_scheduler.client import (
+    DEFAULT_URL,
+    RetryPolicy,
+    SchedulerClient,
+    SchedulerUnreachable,
+)
 from openalice_scheduler.errors import NoProviderAvailable, SchedulerError
 from openalice_scheduler.models import (
     GpuClass,
@@ -150,6 +156,10 @@ def lease_acquire(
         "--env", metavar="KEY=VALUE", help="Worker environment; repeatable.")] = None,
     wait: Annotated[int, typer.Option(
         "--wait", help="Seconds to wait in line when no provider has capacity now.")] = 0,
+    retry_timeout: Annotated[float, typer.Option(
+        "--retry-timeout", min=0, help="With --owner and --correlation-id: how long to keep "
+        "retrying while the scheduler is unreachable or its store unavailable (0: never).",
+    )] = RetryPolicy().timeout,
     url: Url = DEFAULT_URL,
     output: Shown = None,
     as_json: AsJson = False,
@@ -158,7 +168,8 @@ def lease_acquire(
     --correlation-id, retried while the scheduler is unreachable or its store unavailable."""
     shown = _output(output, as_json)
     worker_env = _parse_env(env or [])
-    with _session(url, shown) as client, _stderr().status(
+    retry = RetryPolicy(timeout=retry_timeout) if retry_timeout > 0 else None
+    with _session(url, shown, retry) as client, _stderr().status(
         f"Acquiring a worker (kind={kind.value}, gpu={gpu.value})…"
     ):
         lease = client.acquire(kind, gpu=gpu, ttl_seconds=ttl, owner_id=owner,
@@ -264,12 +275,15 @@ def _output(output: Output | None, as_json: bool) -> Output:
 
 
 @contextmanager
-def _session(url: str, shown: Output) -> Iterator[SchedulerClient]:
+def _session(
+    url: str, shown: Output, retry: RetryPolicy | None = None
+) -> Iterator[SchedulerClient]:
     """A client for the command; its errors become a message and an exit code."""
     if not os.environ.get("INTERNAL_SECRET"):
         _die("INTERNAL_SECRET is not set: export the scheduler's secret")
+    _route_client_logs(shown)
     try:
-        client = SchedulerClient(url)
+        client = SchedulerClient(url, retry=retry)
     except ValueError as exc:  # a malformed --url
         _die(str(exc))
     try:
@@ -279,6 +293,24 @@ def _session(url: str, shown: Output) -> Iterator[SchedulerClient]:
         raise typer.Exit(exit_code(exc)) from None
     finally:
         client.close()
+
+
+def _route_client_logs(shown: Output) -> None:
+    """The client's warnings (an acquire retried) as one line each on stderr; none with
+    -o json, whose stderr is the JSON error alone. Left to Python's last-resort handler
+    they would print bare, with stamina's own line ("stamina.retry_scheduled", its
+    details in fields no handler here shows) beside each."""
+    for name in ("stamina", "openalice_scheduler.client"):
+        logger = logging.getLogger(name)
+        logger.propagate = False
+        logger.addHandler(logging.NullHandler())
+    if shown is not Output.json:
+        logging.getLogger("openalice_scheduler.client").addHandler(_StderrLines())
+
+
+class _StderrLines(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        typer.echo(f"openalice-scheduler: {record.getMessage()}", err=True)
 
 
 def exit_code(exc: SchedulerError) -> ExitCode:

@@ -41,7 +41,7 @@ class RetryPolicy:
     attempt under way is not cut short: each has its own HTTP timeouts). The wait before
     retry n is min(`wait_max`, `wait_initial` * 2^(n-1)) plus up to `wait_jitter`."""
 
-    attempts: int = 8
+    attempts: int = 20
     timeout: float = 60.0
     wait_initial: float = 0.25
     wait_max: float = 5.0
