@@ -421,6 +421,20 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
             seen.append("block ended")
         assert seen == ["cancelled", "block ended"] and kept.lost
 
+        # A block that swallows the cancellation ends as it chose; the task is left with
+        # no cancellation pending, so a later asyncio.timeout() in it still works.
+        async with client.lease("renderer", ttl_seconds=3, owner_id="me",
+                                cancel_on_lost=True) as stubborn:
+            await other.release(stubborn.lease_id, owner="me")
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                seen.append("swallowed")
+        assert seen[-1] == "swallowed" and current.cancelling() == 0
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await asyncio.sleep(5)
+
 
 def test_a_failing_on_lost_is_logged(static: Scheduler, client: SchedulerClient,
                                      caplog: pytest.LogCaptureFixture) -> None:

@@ -152,10 +152,11 @@ class AsyncSchedulerClient:
             await _cancel(renewer)
             with _logged(held, "release"):
                 await self._release_held(held)
-            if isinstance(exc, asyncio.CancelledError) and block.cancelled_by_us():
+            if block.took_back_its_cancel() and isinstance(exc, asyncio.CancelledError):
                 raise LeaseLost(held.lease_id, held.lost_reason or "") from None
             raise
         block.running = False
+        block.took_back_its_cancel()  # the block swallowed it: the task's count is ours
         await _cancel(renewer)
         await self._release_held(held)
 
@@ -227,9 +228,10 @@ class _Block:
             self.cancelled = True
             self.task.cancel()
 
-    def cancelled_by_us(self) -> bool:
-        """Whether the CancelledError the block ended with is ours alone (and then take
-        ours back, as asyncio.timeout() does)."""
+    def took_back_its_cancel(self) -> bool:
+        """Take back our cancellation, if there was one, as asyncio.timeout() does; whether
+        it was the only one (none came from elsewhere meanwhile)."""
         if self.task is None or not self.cancelled:
             return False
+        self.cancelled = False
         return self.task.uncancel() <= self.cancelling
