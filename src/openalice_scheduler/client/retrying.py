@@ -6,13 +6,12 @@ was made, and a repeat would then make another.
 
 What is retried is what may pass within seconds: no answer at all (the scheduler
 restarting, a replica gone from behind the load balancer: `SchedulerUnreachable`), the
-state store unavailable (503 `store_unavailable`), and a replica draining for a restart
-(503 `shutting_down`: the load balancer sends the retry elsewhere), and a 502, 503 or 504
-that is not the scheduler's own answer (a proxy or load balancer in front of it with no
-replica ready). Never a 503 `no_provider_available`, which `wait_seconds` waits for in
-line, nor any 4xx or the scheduler's own 502 `provision_failed`.
-Backoff and bounds come from stamina (exponential with jitter, capped in attempts and
-total time)."""
+state store unavailable (503 `store_unavailable`), a replica draining for a restart (503
+`shutting_down`: the load balancer sends the retry elsewhere), and a 502, 503 or 504 that
+is not the scheduler's own answer (a proxy or load balancer in front of it with no replica
+ready). Never a 503 `no_provider_available`, which `wait_seconds` waits for in line, nor
+any 4xx or the scheduler's own 502 `provision_failed`. Backoff and bounds come from
+stamina (exponential with jitter, capped in attempts and total time)."""
 
 from __future__ import annotations
 
