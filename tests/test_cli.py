@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -168,3 +169,80 @@ def test_tune_gc_freezes_what_exists_and_widens_the_first_generation() -> None:
     assert int(frozen) >= 0.9 * int(tracked) > 10_000
     assert int(left) < int(tracked) / 10
     assert widened == "True"
+
+
+def test_output_formats(static: Scheduler) -> None:
+    acquired = cli(static.url, "lease", "acquire", "--kind", "renderer", "--owner", "me",
+                   "--correlation-id", "job-42", "-o", "json")
+    assert acquired.returncode == 0, acquired.stderr
+    lease = json.loads(acquired.stdout)
+    lease_id = lease["lease_id"]
+    # -o json is what --json prints.
+    for command in (["lease", "get", lease_id], ["lease", "ls"], ["providers"]):
+        assert cli(static.url, *command, "-o", "json").stdout == \
+            cli(static.url, *command, "--json").stdout, command
+
+    def header_and_row(*args: str) -> tuple[list[str], str]:
+        done = cli(static.url, "lease", "ls", *args)
+        assert done.returncode == 0, done.stderr
+        header, *rows = done.stdout.splitlines()
+        [row] = [r for r in rows if r.startswith(lease_id)]
+        return header.split("  "), row
+
+    table_header, table_row = header_and_row()
+    assert "CORRELATION ID" not in " ".join(table_header) and "job-42" not in table_row
+    wide_header, wide_row = header_and_row("-o", "wide")
+    names = [n.strip() for n in wide_header if n.strip()]
+    assert names == ["LEASE ID", "STATE", "KIND", "GPU", "CREATED (UTC)", "EXPIRES (UTC)",
+                     "PROVIDER", "PROVIDER TOKEN", "OWNER", "CORRELATION ID", "REGION",
+                     "REASON", "ENDPOINT"]
+    for value in ("job-42", lease["provider_token"], lease["endpoint"],
+                  lease["created_at"][:19].replace("T", " ")):
+        assert value in wide_row, (value, wide_row)
+
+    # One lease's table already shows every field: wide is the same.
+    one = cli(static.url, "lease", "get", lease_id, "-o", "wide")
+    assert one.returncode == 0 and "job-42" in one.stdout
+    assert one.stdout == cli(static.url, "lease", "get", lease_id).stdout
+
+    table = cli(static.url, "providers").stdout
+    wide = cli(static.url, "providers", "-o", "wide").stdout
+    assert "BY KIND" not in table and "BY KIND" in wide
+    assert "renderer none 1/2" in wide and "anim none 0/1" in wide
+
+    renewed = cli(static.url, "lease", "renew", lease_id, "--owner", "me", "-o", "json")
+    assert json.loads(renewed.stdout)["lease_id"] == lease_id
+    missing = cli(static.url, "lease", "get", str(uuid.uuid4()), "-o", "json")
+    assert missing.returncode == 3 and json.loads(missing.stderr)["error"] == "lease_not_found"
+    released = cli(static.url, "lease", "release", lease_id, "--owner", "me", "-o", "json")
+    assert json.loads(released.stdout) == {"lease_id": lease_id, "released": True}
+
+    disagree = cli(static.url, "lease", "ls", "--json", "-o", "table")
+    assert disagree.returncode == 2 and "disagree" in disagree.stderr
+    assert cli(static.url, "lease", "ls", "-o", "yaml").returncode == 2
+
+
+def test_an_idempotent_acquire_is_retried(make_scheduler: Callable[..., Scheduler]) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    pair = ("--owner", "o", "--correlation-id", "c", "--retry-timeout", "1")
+    noted = cli(nowhere, "lease", "acquire", "--kind", "renderer", *pair)
+    assert noted.returncode == 5
+    assert "attempt 2 of at most" in noted.stderr and "cannot reach" in noted.stderr
+    quiet = cli(nowhere, "lease", "acquire", "--kind", "renderer", *pair, "-o", "json")
+    assert quiet.returncode == 5
+    assert json.loads(quiet.stderr)["error"] == "scheduler_unreachable"  # that line alone
+    once = cli(nowhere, "lease", "acquire", "--kind", "renderer", "--owner", "o")
+    assert once.returncode == 5 and "attempt 2" not in once.stderr
+
+    # A scheduler that comes up a second after the command started serves it.
+    sched = make_scheduler(start=False, PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS)
+    starter = threading.Timer(1.0, sched.start, kwargs={"wait": False})
+    starter.start()
+    try:
+        late = cli(sched.url, "lease", "acquire", "--kind", "anim", "--owner", "o",
+                   "--correlation-id", "late", "--retry-timeout", "120", "-o", "json")
+    finally:
+        starter.join()
+    assert late.returncode == 0, late.stderr
+    lease = json.loads(late.stdout)
+    assert [x["lease_id"] for x in sched.leases()] == [lease["lease_id"]]

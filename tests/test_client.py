@@ -1,9 +1,13 @@
 """The Python client against the real service over HTTP (the static provider: no Docker
-workers needed, except for the one provision failure)."""
+workers needed, except for the one provision failure). The retries of an idempotent
+acquire meet a scheduler that is not up yet, and a real PostgreSQL stopped and started
+again (a private server: stopping it disturbs no other test)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 import traceback
 import uuid
@@ -11,7 +15,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from openalice_scheduler.client import AsyncSchedulerClient, SchedulerClient, SchedulerUnreachable
+from openalice_scheduler.client import (
+    AsyncSchedulerClient,
+    LeaseLost,
+    RetryPolicy,
+    SchedulerClient,
+    SchedulerUnreachable,
+)
 from openalice_scheduler.errors import (
     Forbidden,
     InvalidRequest,
@@ -23,7 +33,8 @@ from openalice_scheduler.errors import (
     Unauthorized,
 )
 from openalice_scheduler.models import LeaseState, ReleaseReason
-from tests.harness import SECRET, Scheduler, free_port
+from tests.harness import SECRET, Scheduler, free_port, wait_for
+from tests.test_replicas import PrivatePostgres
 
 STATIC_WORKERS = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
 ENV_VALUE = "env-value-" + uuid.uuid4().hex
@@ -235,3 +246,205 @@ async def test_async_client(static: Scheduler) -> None:
         with pytest.raises(NoProviderAvailable) as no_capacity:
             await client.acquire("anim")
         assert no_capacity.value.retry_after is not None
+
+
+# --- retries of an idempotent acquire ----------------------------------------------------
+
+PATIENT = RetryPolicy(attempts=200, timeout=120)  # the machine may be slow to start one
+QUICK = RetryPolicy(attempts=3, wait_initial=0.01, wait_max=0.05, wait_jitter=0)
+
+
+def retry_records(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "openalice_scheduler.client.retrying"]
+
+
+def test_an_idempotent_acquire_waits_for_a_scheduler_that_comes_up(
+    make_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture
+) -> None:
+    sched = make_scheduler(start=False, PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS)
+    # Nothing listens on its port yet; the scheduler starts a second after the acquire.
+    starter = threading.Timer(1.0, sched.start, kwargs={"wait": False})
+    starter.start()
+    try:
+        with SchedulerClient(sched.url, SECRET, retry=PATIENT) as client:
+            lease = client.acquire("renderer", owner_id="anim", correlation_id="job-7")
+            assert lease.state == LeaseState.active
+            # Exactly one lease for the pair; asking again returns it.
+            mine = [x for x in sched.leases() if x["correlation_id"] == "job-7"]
+            assert [x["lease_id"] for x in mine] == [lease.lease_id]
+            assert client.acquire("renderer", owner_id="anim",
+                                  correlation_id="job-7").lease_id == lease.lease_id
+    finally:
+        starter.join()
+    retried = retry_records(caplog)
+    assert retried and all("scheduler_unreachable" in m and "job-7" in m for m in retried)
+
+
+async def test_retries_are_bounded_and_only_for_idempotent_acquires(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    with SchedulerClient(nowhere, SECRET, retry=QUICK) as client:
+        with pytest.raises(SchedulerUnreachable):
+            client.acquire("renderer", owner_id="o", correlation_id="c")
+        assert [m.split(" after ")[0].rsplit(": ", 1)[1] for m in retry_records(caplog)] == [
+            "attempt 2 of at most 3", "attempt 3 of at most 3"]
+        caplog.clear()
+        # Without the pair a repeat could make a second worker: sent once.
+        for unsafe in ({"correlation_id": "c"}, {"owner_id": "o"}, {}):
+            with pytest.raises(SchedulerUnreachable):
+                client.acquire("renderer", **unsafe)
+        assert retry_records(caplog) == []
+    with SchedulerClient(nowhere, SECRET, retry=None) as never:
+        with pytest.raises(SchedulerUnreachable):
+            never.acquire("renderer", owner_id="o", correlation_id="c")
+        assert retry_records(caplog) == []
+
+    # Bounded in time too: many attempts allowed, one second to make them in.
+    brief = RetryPolicy(attempts=10_000, timeout=1.0, wait_initial=0.05, wait_max=0.1,
+                        wait_jitter=0)
+    async with AsyncSchedulerClient(nowhere, SECRET, retry=brief) as aclient:
+        with pytest.raises(SchedulerUnreachable):
+            await aclient.acquire("anim", owner_id="o", correlation_id="c")
+    assert 2 <= len(retry_records(caplog)) < 1000
+
+    with pytest.raises(ValueError, match="attempts"):
+        RetryPolicy(attempts=0)
+
+
+def test_no_capacity_is_not_retried(static: Scheduler, client: SchedulerClient,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    client.acquire("anim", owner_id="a", correlation_id="first")
+    with pytest.raises(NoProviderAvailable):
+        client.acquire("anim", owner_id="a", correlation_id="second")
+    assert retry_records(caplog) == []
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    pg = PrivatePostgres()
+    try:
+        yield pg.init()
+    finally:
+        pg.destroy()
+
+
+def test_an_idempotent_acquire_is_retried_while_the_store_is_unavailable(
+    make_scheduler: Callable[..., Scheduler], private_pg: PrivatePostgres,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS,
+                           DATABASE_URL=private_pg.url)
+    private_pg.stop()
+    try:
+        refused = sched.acquire(owner_id="probe", correlation_id="probe")
+        assert (refused.status_code, refused.json()["error"]) == (503, "store_unavailable")
+
+        outcome: dict[str, object] = {}
+
+        def acquire() -> None:
+            with SchedulerClient(sched.url, SECRET, retry=PATIENT) as client:
+                try:
+                    outcome["lease"] = client.acquire("renderer", owner_id="anim",
+                                                      correlation_id="job-9")
+                except SchedulerError as exc:
+                    outcome["error"] = exc
+
+        caller = threading.Thread(target=acquire, daemon=True)
+        caller.start()
+        wait_for(lambda: any("store_unavailable" in m for m in retry_records(caplog)), 60,
+                 what="the acquire to be retried after a 503 store_unavailable")
+    finally:
+        private_pg.start()
+    caller.join(120)
+    lease = outcome.get("lease")
+    assert lease is not None, outcome
+    mine = [x for x in sched.leases() if x["correlation_id"] == "job-9"]
+    assert [x["lease_id"] for x in mine] == [lease.lease_id]  # type: ignore[attr-defined]
+
+
+# --- a held lease that ends while held ---------------------------------------------------
+
+
+def test_on_lost_hears_of_a_lease_released_elsewhere(static: Scheduler,
+                                                     client: SchedulerClient) -> None:
+    lost: list[tuple[str, str]] = []
+    told = threading.Event()
+
+    def on_lost(lease_id: str, reason: str) -> None:
+        lost.append((lease_id, reason))
+        told.set()
+
+    with client.lease("renderer", ttl_seconds=3, owner_id="me", on_lost=on_lost) as held:
+        with SchedulerClient(static.url, SECRET) as other:
+            other.release(held.lease_id, owner="me")
+        assert told.wait(30), "on_lost was not called"
+        assert held.lost and held.lost_reason == "explicit"
+        assert held.lease.state == LeaseState.released
+    # Called once; leaving the block neither raises nor releases again.
+    assert lost == [(held.lease_id, "explicit")]
+    assert client.get(held.lease_id).release_reason == ReleaseReason.explicit
+
+
+async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Scheduler) -> None:
+    lost: list[tuple[str, str]] = []
+    seen: list[str] = []
+    async with AsyncSchedulerClient(static.url, SECRET) as client, \
+            AsyncSchedulerClient(static.url, SECRET) as other:
+        with pytest.raises(LeaseLost) as ended:
+            async with client.lease("renderer", ttl_seconds=3, owner_id="me",
+                                    on_lost=lambda *args: lost.append(args),
+                                    cancel_on_lost=True) as held:
+                await other.release(held.lease_id, owner="me")
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    seen.append("cancelled")
+                    raise
+                seen.append("slept through")
+        assert seen == ["cancelled"]
+        assert (ended.value.lease_id, ended.value.reason) == (held.lease_id, "explicit")
+        assert isinstance(ended.value, LeaseNotFound)
+        assert lost == [(held.lease_id, "explicit")]
+        # The task itself was not left cancelled: it goes on after the block.
+        current = asyncio.current_task()
+        assert current is not None and current.cancelling() == 0
+        await asyncio.sleep(0)
+
+        # Not asked to cancel: the block runs to its end, and on_lost still hears of it.
+        told = asyncio.Event()
+        async with client.lease("renderer", ttl_seconds=3, owner_id="me",
+                                on_lost=lambda *args: told.set()) as kept:
+            await other.release(kept.lease_id, owner="me")
+            await asyncio.wait_for(told.wait(), 30)
+            seen.append("block ended")
+        assert seen == ["cancelled", "block ended"] and kept.lost
+
+        # A block that swallows the cancellation ends as it chose; the task is left with
+        # no cancellation pending, so a later asyncio.timeout() in it still works.
+        async with client.lease("renderer", ttl_seconds=3, owner_id="me",
+                                cancel_on_lost=True) as stubborn:
+            await other.release(stubborn.lease_id, owner="me")
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                seen.append("swallowed")
+        assert seen[-1] == "swallowed" and current.cancelling() == 0
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await asyncio.sleep(5)
+
+
+def test_a_failing_on_lost_is_logged(static: Scheduler, client: SchedulerClient,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    def on_lost(lease_id: str, reason: str) -> None:
+        raise RuntimeError("callback broke")
+
+    with caplog.at_level(logging.ERROR), \
+            client.lease("anim", ttl_seconds=3, owner_id="me", on_lost=on_lost) as held:
+        static.release(held.lease_id, owner="me")
+        wait_for(lambda: held.lost_reason is not None, 30, what="the loss to be noticed")
+        wait_for(lambda: any("on_lost" in r.getMessage() for r in caplog.records), 10,
+                 what="the callback's failure to be logged")
+    assert client.get(held.lease_id).state == LeaseState.released

@@ -1,23 +1,38 @@
 """`openalice-scheduler`: run the service (`serve`), or talk to a running one (`lease …`,
-`providers`) with the client in `client.py`."""
+`providers`) with the client in `client/`. Importing this module imports only the
+client's dependencies (httpx, pydantic, typer, rich, stamina): the client commands, `--help`
+and shell completion work on a client-only install; `serve` imports the server's."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from pydantic import BaseModel, ValidationError
 
 from openalice_scheduler import package_version
-from openalice_scheduler.client import DEFAULT_URL, SchedulerClient, SchedulerUnreachable
+from openalice_scheduler.client import (
+    DEFAULT_URL,
+    RetryPolicy,
+    SchedulerClient,
+    SchedulerUnreachable,
+)
 from openalice_scheduler.errors import NoProviderAvailable, SchedulerError
-from openalice_scheduler.models import GpuClass, Lease, LeaseState, ProviderView, WorkerKind
+from openalice_scheduler.models import (
+    GpuClass,
+    GpuUse,
+    Lease,
+    LeaseState,
+    ProviderView,
+    WorkerKind,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,7 +64,7 @@ app = typer.Typer(
     name="openalice-scheduler",
     help="GPU/compute lease service for renderer and anim workers.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, …)
     pretty_exceptions_show_locals=False,  # locals would show the secret
     epilog="Exit codes of `lease` and `providers`: see their --help.",
 )
@@ -62,7 +77,18 @@ app.add_typer(lease_app, name="lease")
 
 Url = Annotated[str, typer.Option("--url", envvar="SCHEDULER_URL",
                                   help="Base URL of the scheduler.")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts), not a table.")]
+
+
+class Output(StrEnum):
+    table = "table"
+    wide = "wide"
+    json = "json"
+
+
+Shown = Annotated[Output | None, typer.Option(
+    "--output", "-o", help="table (the default), wide (a table with more columns) or json "
+    "(for scripts; errors then go to stderr as JSON too).")]
+AsJson = Annotated[bool, typer.Option("--json", help="The same as -o json.")]
 Owner = Annotated[str | None, typer.Option(
     "--owner", help="Sent as X-Lease-Owner: needed when the lease has an owner_id.")]
 
@@ -104,14 +130,15 @@ def serve() -> None:
 
 
 @app.command(epilog=EXIT_CODES_HELP)
-def providers(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
-    """Providers: health, capacity and use per GPU class."""
-    with _session(url, as_json) as client:
+def providers(url: Url = DEFAULT_URL, output: Shown = None, as_json: AsJson = False) -> None:
+    """Providers: health, capacity and use per GPU class (wide: per worker kind too)."""
+    shown = _output(output, as_json)
+    with _session(url, shown) as client:
         found = client.providers()
-    if as_json:
+    if shown is Output.json:
         _print_json(found)
     else:
-        _stdout().print(_providers_table(found))
+        _stdout().print(_providers_table(found, wide=shown is Output.wide))
 
 
 @lease_app.command("acquire", epilog=EXIT_CODES_HELP)
@@ -129,30 +156,40 @@ def lease_acquire(
         "--env", metavar="KEY=VALUE", help="Worker environment; repeatable.")] = None,
     wait: Annotated[int, typer.Option(
         "--wait", help="Seconds to wait in line when no provider has capacity now.")] = 0,
+    retry_timeout: Annotated[float, typer.Option(
+        "--retry-timeout", min=0, help="With --owner and --correlation-id: how long to keep "
+        "retrying while the scheduler is unreachable or its store unavailable (0: never).",
+    )] = RetryPolicy().timeout,
     url: Url = DEFAULT_URL,
+    output: Shown = None,
     as_json: AsJson = False,
 ) -> None:
-    """Acquire a worker and print its lease (endpoint, expiry)."""
+    """Acquire a worker and print its lease (endpoint, expiry). With --owner and
+    --correlation-id, retried while the scheduler is unreachable or its store unavailable."""
+    shown = _output(output, as_json)
     worker_env = _parse_env(env or [])
-    with _session(url, as_json) as client, _stderr().status(
+    retry = RetryPolicy(timeout=retry_timeout) if retry_timeout > 0 else None
+    with _session(url, shown, retry) as client, _stderr().status(
         f"Acquiring a worker (kind={kind.value}, gpu={gpu.value})…"
     ):
         lease = client.acquire(kind, gpu=gpu, ttl_seconds=ttl, owner_id=owner,
                                correlation_id=correlation_id, region=region, env=worker_env,
                                wait_seconds=wait)
-    _show_lease(lease, as_json)
+    _show_lease(lease, shown)
 
 
 @lease_app.command("get", epilog=EXIT_CODES_HELP)
 def lease_get(
     lease_id: Annotated[str, typer.Argument(help="The lease's id.")],
     url: Url = DEFAULT_URL,
+    output: Shown = None,
     as_json: AsJson = False,
 ) -> None:
     """Look a lease up, in any state."""
-    with _session(url, as_json) as client:
+    shown = _output(output, as_json)
+    with _session(url, shown) as client:
         lease = client.get(lease_id)
-    _show_lease(lease, as_json)
+    _show_lease(lease, shown)
 
 
 @lease_app.command("ls", epilog=EXIT_CODES_HELP)
@@ -166,16 +203,19 @@ def lease_ls(
     limit: Annotated[int | None, typer.Option(
         "--limit", min=1, help="At most this many (with filters).")] = None,
     url: Url = DEFAULT_URL,
+    output: Shown = None,
     as_json: AsJson = False,
 ) -> None:
-    """List the active leases, or those matching the filters."""
-    with _session(url, as_json) as client:
+    """List the active leases, or those matching the filters (wide: with created,
+    provider token, correlation id, region and release reason)."""
+    shown = _output(output, as_json)
+    with _session(url, shown) as client:
         found = client.list(state=state, owner_id=owner, kind=kind, provider=provider,
                             limit=limit)
-    if as_json:
+    if shown is Output.json:
         _print_json(found)
     elif found:
-        _stdout().print(_leases_table(found))
+        _stdout().print(_leases_table(found, wide=shown is Output.wide))
     else:
         _stdout().print("No leases.")
 
@@ -187,12 +227,14 @@ def lease_renew(
         "--ttl", help="New TTL from now, in seconds. Default: the lease's own.")] = None,
     owner: Owner = None,
     url: Url = DEFAULT_URL,
+    output: Shown = None,
     as_json: AsJson = False,
 ) -> None:
     """Extend a lease: it then expires TTL seconds from now."""
-    with _session(url, as_json) as client:
+    shown = _output(output, as_json)
+    with _session(url, shown) as client:
         lease = client.renew(lease_id, ttl_seconds=ttl, owner=owner)
-    _show_lease(lease, as_json)
+    _show_lease(lease, shown)
 
 
 @lease_app.command("release", epilog=EXIT_CODES_HELP)
@@ -200,12 +242,14 @@ def lease_release(
     lease_id: Annotated[str, typer.Argument(help="The lease's id.")],
     owner: Owner = None,
     url: Url = DEFAULT_URL,
+    output: Shown = None,
     as_json: AsJson = False,
 ) -> None:
     """Release a lease; the scheduler destroys its worker."""
-    with _session(url, as_json) as client, _stderr().status(f"Releasing {lease_id}…"):
+    shown = _output(output, as_json)
+    with _session(url, shown) as client, _stderr().status(f"Releasing {lease_id}…"):
         client.release(lease_id, owner=owner)
-    if as_json:
+    if shown is Output.json:
         _print_json({"lease_id": lease_id, "released": True})
     else:
         _stdout().print(f"Released {lease_id}.", highlight=False)
@@ -223,22 +267,50 @@ def _die(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def _output(output: Output | None, as_json: bool) -> Output:
+    if as_json and output not in (None, Output.json):
+        raise typer.BadParameter(f"--json and -o {output.value} disagree; give one",
+                                 param_hint="--output")
+    return Output.json if as_json else output or Output.table
+
+
 @contextmanager
-def _session(url: str, as_json: bool) -> Iterator[SchedulerClient]:
+def _session(
+    url: str, shown: Output, retry: RetryPolicy | None = None
+) -> Iterator[SchedulerClient]:
     """A client for the command; its errors become a message and an exit code."""
     if not os.environ.get("INTERNAL_SECRET"):
         _die("INTERNAL_SECRET is not set: export the scheduler's secret")
+    _route_client_logs(shown)
     try:
-        client = SchedulerClient(url)
+        client = SchedulerClient(url, retry=retry)
     except ValueError as exc:  # a malformed --url
         _die(str(exc))
     try:
         yield client
     except SchedulerError as exc:
-        _report(exc, as_json)
+        _report(exc, shown is Output.json)
         raise typer.Exit(exit_code(exc)) from None
     finally:
         client.close()
+
+
+def _route_client_logs(shown: Output) -> None:
+    """The client's warnings (an acquire retried) as one line each on stderr; none with
+    -o json, whose stderr is the JSON error alone. Left to Python's last-resort handler
+    they would print bare, with stamina's own line ("stamina.retry_scheduled", its
+    details in fields no handler here shows) beside each."""
+    for name in ("stamina", "openalice_scheduler.client"):
+        logger = logging.getLogger(name)
+        logger.propagate = False
+        logger.addHandler(logging.NullHandler())
+    if shown is not Output.json:
+        logging.getLogger("openalice_scheduler.client").addHandler(_StderrLines())
+
+
+class _StderrLines(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        typer.echo(f"openalice-scheduler: {record.getMessage()}", err=True)
 
 
 def exit_code(exc: SchedulerError) -> ExitCode:
@@ -279,10 +351,10 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _show_lease(lease: Lease, as_json: bool) -> None:
-    if as_json:
+def _show_lease(lease: Lease, shown: Output) -> None:
+    if shown is Output.json:
         _print_json(lease)
-    else:
+    else:  # a single lease's table already shows every field: wide is the same
         _stdout().print(_lease_table(lease))
 
 
@@ -305,39 +377,63 @@ def _lease_table(lease: Lease) -> Any:
     return table
 
 
-def _leases_table(leases: list[Lease]) -> Any:
+def _leases_table(leases: list[Lease], wide: bool = False) -> Any:
     from rich.table import Table
 
     table = Table(box=None, padding=(0, 2, 0, 0), header_style="bold")
     # Never cut an id or a time short: on a narrow terminal the last columns fold instead.
-    for name, width in (("LEASE ID", 36), ("STATE", 6), ("KIND", 8), ("GPU", 5),
-                        ("EXPIRES (UTC)", 19)):
+    fixed = [("LEASE ID", 36), ("STATE", 6), ("KIND", 8), ("GPU", 5), ("EXPIRES (UTC)", 19)]
+    folding = ["PROVIDER", "OWNER", "ENDPOINT"]
+    if wide:
+        fixed.insert(4, ("CREATED (UTC)", 19))
+        folding[1:1] = ["PROVIDER TOKEN"]
+        folding[3:3] = ["CORRELATION ID", "REGION", "REASON"]
+    for name, width in fixed:
         table.add_column(name, no_wrap=True, min_width=width)
-    for name in ("PROVIDER", "OWNER", "ENDPOINT"):
+    for name in folding:
         table.add_column(name, overflow="fold")
     for lease in leases:
-        expires = lease.expires_at[:19].replace("T", " ")
-        table.add_row(lease.lease_id, lease.state.value, lease.kind.value, lease.gpu.value,
-                      expires, lease.provider, lease.owner_id or "", lease.endpoint)
+        first = [lease.lease_id, lease.state.value, lease.kind.value, lease.gpu.value]
+        if not wide:
+            table.add_row(*first, _utc(lease.expires_at), lease.provider,
+                          lease.owner_id or "", lease.endpoint)
+            continue
+        reason = lease.release_reason.value if lease.release_reason else ""
+        table.add_row(*first, _utc(lease.created_at), _utc(lease.expires_at), lease.provider,
+                      lease.provider_token, lease.owner_id or "", lease.correlation_id or "",
+                      lease.region or "", reason, lease.endpoint)
     return table
 
 
-def _providers_table(found: list[ProviderView]) -> Any:
+def _utc(timestamp: str) -> str:
+    return timestamp[:19].replace("T", " ")
+
+
+def _providers_table(found: list[ProviderView], wide: bool = False) -> Any:
     from rich.table import Table
 
     table = Table(box=None, padding=(0, 2, 0, 0), header_style="bold")
     for name in ("PROVIDER", "HEALTHY", "IN USE", "BY GPU"):
         table.add_column(name, no_wrap=True)
+    if wide:
+        table.add_column("BY KIND", overflow="fold")
     table.add_column("DETAIL", overflow="fold")
     for view in found:
         cap = "∞" if view.max_workers in (None, 0) else str(view.max_workers)
-        by_gpu = ", ".join(
-            f"{gpu.value} {use.in_use}/{'∞' if use.capacity is None else use.capacity}"
-            for gpu, use in view.gpu.items()
-        )
-        table.add_row(view.name, "yes" if view.healthy else "[red]no[/]",
-                      f"{view.in_use}/{cap}", by_gpu, view.detail)
+        row = [view.name, "yes" if view.healthy else "[red]no[/]", f"{view.in_use}/{cap}",
+               _uses(view.gpu)]
+        if wide:
+            row.append("; ".join(f"{kind.value} {_uses(uses)}"
+                                 for kind, uses in view.kinds.items()))
+        table.add_row(*row, view.detail)
     return table
+
+
+def _uses(uses: dict[GpuClass, GpuUse]) -> str:
+    return ", ".join(
+        f"{gpu.value} {use.in_use}/{'∞' if use.capacity is None else use.capacity}"
+        for gpu, use in uses.items()
+    )
 
 
 def _stdout() -> Console:

@@ -5,7 +5,9 @@ Answers come back as the wire models (`Lease`, `ProviderView`, `Health`); error 
 raised as the typed exceptions of `errors.py`, chosen by the body's `error` code, so
 `except QuotaExceeded` works the same on both sides of the wire. `lease()` holds a worker
 for a block: it acquires, renews in the background at a third of the TTL, and releases on
-exit, also when the block raises.
+exit, also when the block raises; `on_lost` hears of a lease that ended while held. An
+acquire with an `owner_id` and a `correlation_id` is retried, with backoff, while the
+scheduler is unreachable or its store unavailable (`RetryPolicy`).
 
     with SchedulerClient() as client:  # SCHEDULER_URL, INTERNAL_SECRET
         with client.lease("renderer", ttl_seconds=300, owner_id="me") as held:
@@ -16,11 +18,13 @@ put in an exception. Neither are `env` values.
 
 This package is the one place to import from. Its modules: `sync.py` and `aio.py` hold the
 two clients, `core.py` builds the requests both send, `decoding.py` turns answers into
-results or typed errors, and `renewal.py` keeps a held lease fresh and gives it back."""
+results or typed errors, `retrying.py` says when an acquire is sent again, and
+`renewal.py` keeps a held lease fresh and gives it back."""
 
 from openalice_scheduler.client.aio import AsyncSchedulerClient
 from openalice_scheduler.client.core import DEFAULT_TIMEOUT_S, DEFAULT_URL, SchedulerUnreachable
-from openalice_scheduler.client.renewal import HeldLease
+from openalice_scheduler.client.renewal import HeldLease, LeaseLost
+from openalice_scheduler.client.retrying import RetryPolicy
 from openalice_scheduler.client.sync import SchedulerClient
 
 __all__ = [
@@ -28,6 +32,8 @@ __all__ = [
     "DEFAULT_URL",
     "AsyncSchedulerClient",
     "HeldLease",
+    "LeaseLost",
+    "RetryPolicy",
     "SchedulerClient",
     "SchedulerUnreachable",
 ]

@@ -17,14 +17,18 @@ from openalice_scheduler.client.core import DEFAULT_TIMEOUT_S, States, _Call, _C
 from openalice_scheduler.client.decoding import _decode
 from openalice_scheduler.client.renewal import (
     HeldLease,
+    LeaseLost,
+    OnLost,
     _cancel,
     _logged,
+    _lost,
     _release_done,
     _renew_every,
     _renewal_failed,
     _renewed,
     _retry_every,
 )
+from openalice_scheduler.client.retrying import RetryPolicy, _AcquireRetries
 from openalice_scheduler.errors import SchedulerError
 from openalice_scheduler.models import GpuClass, Health, Lease, ProviderView, WorkerKind
 
@@ -41,9 +45,11 @@ class AsyncSchedulerClient:
         secret: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
+        retry: RetryPolicy | None = RetryPolicy(),
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._core = _Core(url, secret, timeout)
+        self._retry = retry
         self._http = httpx.AsyncClient(
             base_url=self._core.url, headers=self._core.auth, timeout=timeout,
             transport=transport,
@@ -68,7 +74,13 @@ class AsyncSchedulerClient:
         """See `SchedulerClient.acquire`."""
         request = _lease_request(kind, gpu, ttl_seconds, owner_id, correlation_id, region,
                                  env, wait_seconds)
-        lease = (await self._send(self._core.acquire_call(request))).lease
+        call = self._core.acquire_call(request)
+        retries = _AcquireRetries(self._retry, request)
+        async for attempt in retries:
+            with attempt:
+                retries.starting(attempt)
+                acquired = await self._send(call)
+        lease = acquired.lease
         self._core.remember(lease, request)
         return lease
 
@@ -117,21 +129,34 @@ class AsyncSchedulerClient:
         region: str | None = None,
         env: Mapping[str, str] | None = None,
         wait_seconds: int = 0,
+        on_lost: OnLost | None = None,
+        cancel_on_lost: bool = False,
     ) -> AsyncIterator[HeldLease]:
-        """See `SchedulerClient.lease`; the renewals run in a task."""
+        """See `SchedulerClient.lease`; the renewals run in a task, and `on_lost` is
+        called in the event loop. With `cancel_on_lost`, a lease found gone also cancels
+        the task running the block: the block sees `CancelledError` at its next await
+        (its `finally` clauses run), and the `async with` then raises `LeaseLost` in its
+        place, the way `asyncio.timeout()` raises TimeoutError. A cancellation from
+        elsewhere still comes through as `CancelledError`."""
         lease = await self.acquire(kind, gpu=gpu, ttl_seconds=ttl_seconds, owner_id=owner_id,
                                    correlation_id=correlation_id, region=region, env=env,
                                    wait_seconds=wait_seconds)
-        held = HeldLease(lease)
-        renewer = asyncio.create_task(self._keep_renewed(held, ttl_seconds),
+        held = HeldLease(lease, on_lost)
+        block = _Block(cancel_on_lost)
+        renewer = asyncio.create_task(self._keep_renewed(held, ttl_seconds, block),
                                       name=f"renew-lease-{lease.lease_id[:8]}")
         try:
             yield held
-        except BaseException:
+        except BaseException as exc:
+            block.running = False
             await _cancel(renewer)
             with _logged(held, "release"):
                 await self._release_held(held)
+            if block.took_back_its_cancel() and isinstance(exc, asyncio.CancelledError):
+                raise LeaseLost(held.lease_id, held.lost_reason or "") from None
             raise
+        block.running = False
+        block.took_back_its_cancel()  # the block swallowed it: the task's count is ours
         await _cancel(renewer)
         await self._release_held(held)
 
@@ -157,7 +182,7 @@ class AsyncSchedulerClient:
             raise self._core.unreachable(exc) from None
         return _decode(response, call)
 
-    async def _keep_renewed(self, held: HeldLease, ttl: int) -> None:
+    async def _keep_renewed(self, held: HeldLease, ttl: int, block: _Block) -> None:
         delay = _renew_every(ttl)
         while True:
             await asyncio.sleep(delay)
@@ -165,14 +190,48 @@ class AsyncSchedulerClient:
                 held.lease = await self.renew(held.lease_id, ttl_seconds=ttl)
             except SchedulerError as exc:
                 if not _renewal_failed(held, exc):
+                    if held.lost:
+                        _lost(held, await self._looked_up(held.lease_id))
+                        block.cancel()
                     return
                 delay = _retry_every(ttl)
             else:
                 _renewed(held)
                 delay = _renew_every(ttl)
 
+    async def _looked_up(self, lease_id: str) -> Lease | None:
+        try:
+            return await self.get(lease_id)
+        except SchedulerError:
+            return None
+
     async def _release_held(self, held: HeldLease) -> None:
         if held.lost:
             return
         with _release_done():
             await self.release(held.lease_id)
+
+
+class _Block:
+    """The task running a `lease()` block, cancelled when the lease is lost if the caller
+    asked for it. `running` is cleared as the block ends, before any await, so a lease
+    lost during the release never cancels the code after the block."""
+
+    def __init__(self, cancel_on_lost: bool) -> None:
+        self.task = asyncio.current_task() if cancel_on_lost else None
+        self.cancelling = self.task.cancelling() if self.task is not None else 0
+        self.running = True
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        if self.task is not None and self.running:
+            self.cancelled = True
+            self.task.cancel()
+
+    def took_back_its_cancel(self) -> bool:
+        """Take back our cancellation, if there was one, as asyncio.timeout() does; whether
+        it was the only one (none came from elsewhere meanwhile)."""
+        if self.task is None or not self.cancelled:
+            return False
+        self.cancelled = False
+        return self.task.uncancel() <= self.cancelling

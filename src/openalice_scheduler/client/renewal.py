@@ -1,14 +1,15 @@
 """What `lease()` does around the caller's block, for both clients: the `HeldLease` it
 yields, how often renewals run and are retried, which renewal failures end them (the lease
-is gone, or the scheduler refuses), and which release outcomes leave nothing to do. A
-release that fails while the block's own exception propagates is logged here, not raised."""
+is gone, or the scheduler refuses), what happens when a renewal finds the lease gone (the
+`on_lost` callback), and which release outcomes leave nothing to do. A release that fails
+while the block's own exception propagates is logged here, not raised."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from openalice_scheduler.errors import (
     Forbidden,
@@ -25,16 +26,28 @@ log = logging.getLogger(__name__)
 # After a failed renewal, try again sooner than the regular third of the TTL.
 RENEW_RETRY_MAX_S = 30.0
 
+OnLost = Callable[[str, str], object]
+"""`on_lost(lease_id, reason)`, see `HeldLease`."""
+
 
 class HeldLease:
     """A lease held by `lease()`, kept fresh by its renewals. `lost` turns true when the
-    scheduler ended the lease (a renewal answered 404): the worker is gone, stop using it."""
+    scheduler ended the lease (a renewal answered 404): the worker is gone, stop using it.
 
-    def __init__(self, lease: Lease) -> None:
+    Then `on_lost(lease_id, reason)` is called, once, if given: from the renewal thread of
+    `SchedulerClient`, or in the event loop (the renewal task) of `AsyncSchedulerClient`;
+    an exception it raises is logged. `reason` is the lease's `release_reason` as the
+    scheduler then tells it (`explicit`: released by someone else, `expired`, `lost`: its
+    worker vanished, `orphan`, `failed`), else its state (`releasing`), else
+    `lease_not_found` when the scheduler no longer knows the lease at all."""
+
+    def __init__(self, lease: Lease, on_lost: OnLost | None = None) -> None:
         self.lease = lease
         self.renewals = 0
         self.lost = False
+        self.lost_reason: str | None = None
         self.error: SchedulerError | None = None  # last renewal failure; None after a success
+        self.on_lost = on_lost
 
     @property
     def lease_id(self) -> str:
@@ -51,6 +64,20 @@ class HeldLease:
     def __repr__(self) -> str:
         return (f"HeldLease(lease_id={self.lease_id!r}, endpoint={self.endpoint!r}, "
                 f"expires_at={self.expires_at!r}, renewals={self.renewals}, lost={self.lost})")
+
+
+class LeaseLost(LeaseNotFound):
+    """Raised by `AsyncSchedulerClient.lease(..., cancel_on_lost=True)` when the lease
+    ended while the block ran and the block was cancelled for it. A `LeaseNotFound`, so
+    `except LeaseNotFound` still catches it; `reason` as for `on_lost`."""
+
+    code = "lease_lost"
+
+    def __init__(self, lease_id: str, reason: str) -> None:
+        super().__init__(f"lease {lease_id} ended on the scheduler while held ({reason})",
+                         lease_id=lease_id, reason=reason)
+        self.lease_id = lease_id
+        self.reason = reason
 
 
 def _renew_every(ttl: int) -> float:
@@ -79,6 +106,23 @@ def _renewal_failed(held: HeldLease, exc: SchedulerError) -> bool:
         return False
     log.warning("lease %s: renewal failed (%s); retrying", held.lease_id, exc.code)
     return True
+
+
+def _lost(held: HeldLease, found: Lease | None) -> None:
+    """The lease is gone (a renewal answered 404); `found` is what a lookup then returned,
+    None if it failed. Called once, from the renewal thread or task."""
+    if found is not None:
+        held.lease = found
+        reason = (found.release_reason or found.state).value
+    else:
+        reason = LeaseNotFound.code
+    held.lost_reason = reason
+    if held.on_lost is None:
+        return
+    try:
+        held.on_lost(held.lease_id, reason)
+    except Exception:
+        log.exception("lease %s: the on_lost callback raised", held.lease_id)
 
 
 @contextlib.contextmanager

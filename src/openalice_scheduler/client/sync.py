@@ -17,13 +17,16 @@ from openalice_scheduler.client.core import DEFAULT_TIMEOUT_S, States, _Call, _C
 from openalice_scheduler.client.decoding import _decode
 from openalice_scheduler.client.renewal import (
     HeldLease,
+    OnLost,
     _logged,
+    _lost,
     _release_done,
     _renew_every,
     _renewal_failed,
     _renewed,
     _retry_every,
 )
+from openalice_scheduler.client.retrying import RetryPolicy, _AcquireRetries
 from openalice_scheduler.errors import SchedulerError
 from openalice_scheduler.models import GpuClass, Health, Lease, ProviderView, WorkerKind
 
@@ -33,7 +36,10 @@ T = TypeVar("T")
 class SchedulerClient:
     """Blocking client. `url` and `secret` default to `SCHEDULER_URL` (else
     http://localhost:8080) and `INTERNAL_SECRET`. Leases acquired with an `owner_id` are
-    renewed and released with a matching `X-Lease-Owner` without being told again."""
+    renewed and released with a matching `X-Lease-Owner` without being told again. An
+    acquire with both `owner_id` and `correlation_id` is retried by `retry` (see
+    `retrying.py`) while the scheduler is unreachable or its store unavailable; `None`
+    sends every acquire once."""
 
     def __init__(
         self,
@@ -41,9 +47,11 @@ class SchedulerClient:
         secret: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
+        retry: RetryPolicy | None = RetryPolicy(),
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._core = _Core(url, secret, timeout)
+        self._retry = retry
         self._http = httpx.Client(
             base_url=self._core.url, headers=self._core.auth, timeout=timeout,
             transport=transport,
@@ -67,10 +75,17 @@ class SchedulerClient:
     ) -> Lease:
         """A worker for `ttl_seconds`. With `wait_seconds`, waits in line that long for
         capacity before NoProviderAvailable. Raises InvalidRequest before sending when a
-        field breaks the contract's rules."""
+        field breaks the contract's rules. With `owner_id` and `correlation_id`, retried
+        as the client's `retry` says."""
         request = _lease_request(kind, gpu, ttl_seconds, owner_id, correlation_id, region,
                                  env, wait_seconds)
-        lease = self._send(self._core.acquire_call(request)).lease
+        call = self._core.acquire_call(request)
+        retries = _AcquireRetries(self._retry, request)
+        for attempt in retries:
+            with attempt:
+                retries.starting(attempt)
+                acquired = self._send(call)
+        lease = acquired.lease
         self._core.remember(lease, request)
         return lease
 
@@ -124,14 +139,17 @@ class SchedulerClient:
         region: str | None = None,
         env: Mapping[str, str] | None = None,
         wait_seconds: int = 0,
+        on_lost: OnLost | None = None,
     ) -> Iterator[HeldLease]:
         """Hold a worker for the block: acquire, renew every third of the TTL from a daemon
         thread, release on exit (also when the block raises; then a failing release is
-        logged, not raised, so the block's own exception comes through)."""
+        logged, not raised, so the block's own exception comes through). When a renewal
+        finds the lease gone, `held.lost` turns true and `on_lost(lease_id, reason)` is
+        called from the renewal thread (see `HeldLease`); the block is not interrupted."""
         lease = self.acquire(kind, gpu=gpu, ttl_seconds=ttl_seconds, owner_id=owner_id,
                              correlation_id=correlation_id, region=region, env=env,
                              wait_seconds=wait_seconds)
-        held = HeldLease(lease)
+        held = HeldLease(lease, on_lost)
         stop = threading.Event()
         renewer = threading.Thread(
             target=self._keep_renewed, args=(held, ttl_seconds, stop),
@@ -179,11 +197,19 @@ class SchedulerClient:
                 held.lease = self.renew(held.lease_id, ttl_seconds=ttl)
             except SchedulerError as exc:
                 if not _renewal_failed(held, exc):
+                    if held.lost:
+                        _lost(held, self._looked_up(held.lease_id))
                     return
                 delay = _retry_every(ttl)
             else:
                 _renewed(held)
                 delay = _renew_every(ttl)
+
+    def _looked_up(self, lease_id: str) -> Lease | None:
+        try:
+            return self.get(lease_id)
+        except SchedulerError:
+            return None
 
     def _release_held(self, held: HeldLease) -> None:
         if held.lost:
