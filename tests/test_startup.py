@@ -95,7 +95,9 @@ def test_a_misspelt_setting_is_warned_about_and_the_service_serves(
         "DOCKER_CONFIG": "/nonexistent",  # the Docker CLI's own
         "OTEL_RESOURCE_ATTRIBUTES": "team=render",  # OpenTelemetry's own
         "SCHEDULER_URL": "http://127.0.0.1:1",  # the client's own
-        "SCHEDULER_DB_SERVICE_HOST": "10.0.0.7",  # a Kubernetes service link
+        # Kubernetes' service links, for a Service named scheduler-db.
+        "SCHEDULER_DB_SERVICE_HOST": "10.0.0.7",
+        "SCHEDULER_DB_PORT": "tcp://10.0.0.7:5432",
         "LANG": "C.UTF-8",
     }
     sched = make_scheduler(SCHEDULER_PROT="9999", RUNPOD_TEMPLATE="tpl", **STATIC,

@@ -33,8 +33,10 @@ OWN_PREFIXES = ("SCHEDULER_", "RUNPOD_", "LOCAL_DOCKER_", "STATIC_", "RENDERER_"
 # Other software's own: OpenTelemetry's SDK reads many OTEL_* variables we do not.
 FOREIGN_PREFIXES = ("OTEL_",)
 # Kubernetes' service links (a Service named `scheduler-db` gives SCHEDULER_DB_SERVICE_HOST,
-# SCHEDULER_DB_PORT_5432_TCP_ADDR, …): the cluster's, not misspelt settings.
+# SCHEDULER_DB_PORT_5432_TCP_ADDR, SCHEDULER_DB_PORT=tcp://…): the cluster's, not
+# misspelt settings.
 _SERVICE_LINK = re.compile(r"_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)\w*)$")
+_SERVICE_ADDRESS = re.compile(r"^(tcp|udp|sctp)://")
 # How close a name must be to a setting's to be taken for a misspelling of it
 # (difflib's ratio: SCHEDULER_PROT/SCHEDULER_PORT 0.93, DATABASE/DATABASE_URL 0.8).
 _CLOSE = 0.85
@@ -74,10 +76,11 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     setting's name, or named like the settings are (SCHEDULER_…, RUNPOD_…)."""
     known = {name.upper() for name in Settings.model_fields}
     warnings = []
-    for name in sorted(environ):
+    for name, value in sorted(environ.items()):
         upper = name.upper()
         if (upper in known or upper in CLIENT_VARIABLES or upper.startswith(FOREIGN_PREFIXES)
-                or _SERVICE_LINK.search(upper)):
+                or _SERVICE_LINK.search(upper)
+                or (upper.endswith("_PORT") and _SERVICE_ADDRESS.match(value))):
             continue
         close = difflib.get_close_matches(upper, known, n=1, cutoff=_CLOSE)
         if f"{upper}_SECONDS" in known:

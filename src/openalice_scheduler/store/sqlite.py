@@ -146,7 +146,12 @@ class SqliteBackend:
         """Run `batch` in one transaction on the writer thread. True when the write lock
         could not be had within `wait_s` (nothing ran)."""
         if self._writer_conn is None or self._writer_conn.invalidated:
-            self._writer_conn = self._connect(self._writer_engine)
+            try:
+                self._writer_conn = self._connect(self._writer_engine)
+            except Exception as exc:  # noqa: BLE001 - the batch's callers hear of it
+                for write in batch:  # raised here, it would leave them waiting forever
+                    write.error = exc
+                return False
         conn = self._writer_conn
         raw = conn.connection.driver_connection
         assert raw is not None
