@@ -158,8 +158,8 @@ def test_a_missing_postgresql_database_fails_at_once_without_retrying(tmp_path: 
     }, timeout=120)
     assert result.returncode == 2, result.stderr
     assert lines_of(result.stderr) == [
-        f"openalice-scheduler: DATABASE_URL: PostgreSQL at {PG_HOST}:5432 refused the "
-        f'connection: database "{missing}" does not exist'
+        f"openalice-scheduler: DATABASE_URL: cannot connect to PostgreSQL at {PG_HOST}:5432: "
+        f'database "{missing}" does not exist'
     ], result.stderr
 
 

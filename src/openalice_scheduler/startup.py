@@ -43,11 +43,8 @@ _CLOSE = 0.85
 
 
 class InvalidConfiguration(StartupError):
-    """The environment cannot be served; `lines` says every reason, one line each."""
-
-    def __init__(self, lines: list[str]) -> None:
-        super().__init__("\n".join(lines))
-        self.lines = lines
+    """The environment cannot be served: one line per reason (where a StartupError
+    otherwise has one line)."""
 
 
 def load_settings(environ: Mapping[str, str]) -> Settings:
@@ -67,7 +64,8 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         problems += configuration_problems(checked)
     if problems:
         lines = [f"invalid configuration: {problem}" for problem in problems]
-        raise InvalidConfiguration(lines + [f"warning: {w}" for w in unknown_variables(environ)])
+        warnings = [f"warning: {w}" for w in unknown_variables(environ)]
+        raise InvalidConfiguration("\n".join(lines + warnings))
     return settings
 
 

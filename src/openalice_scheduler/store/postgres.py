@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from openalice_scheduler.errors import StartupError
 from openalice_scheduler.store.backend import guarded
@@ -93,16 +95,19 @@ class PostgresBackend:
 
 
 async def wait_until_reachable(url: URL, timeout: float) -> None:
-    """Connect once, retrying with exponential backoff for up to `timeout` seconds while
-    the server cannot be reached: refused, name not resolvable yet, no answer, or still
-    starting up. A definite answer (wrong password, no such role or database, TLS
-    refused) is not retried: waiting would not change it. Raises StartupError, one line
-    naming the host and port (never the password) and why."""
-    import asyncpg
+    """Connect once, the way the store will, retrying with exponential backoff for up to
+    `timeout` seconds while the server cannot be reached: refused, name not resolvable
+    yet, no answer, or still starting up. A definite answer (wrong password, no such
+    role or database) is not retried: waiting would not change it. Raises StartupError,
+    one line naming the host and port (never the password) and why."""
     import tenacity
 
     where = _where(url)
-    dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    # The store's own driver and URL handling, without a pool: nothing is kept open.
+    engine = create_async_engine(
+        url.set(drivername="postgresql+asyncpg"), poolclass=NullPool,
+        connect_args={"timeout": min(CONNECT_TIMEOUT_S, max(1.0, timeout))},
+    )
 
     def retrying(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -119,9 +124,8 @@ async def wait_until_reachable(url: URL, timeout: float) -> None:
             reraise=True,
         ):
             with attempt:
-                conn = await asyncpg.connect(dsn, timeout=min(CONNECT_TIMEOUT_S,
-                                                              max(1.0, timeout)))
-                await conn.close(timeout=5)
+                async with engine.connect():
+                    pass
     except Exception as exc:  # noqa: BLE001 - every failure becomes the one line
         if _unreachable(exc):
             raise StartupError(
@@ -130,14 +134,17 @@ async def wait_until_reachable(url: URL, timeout: float) -> None:
                 "start-up waits"
             ) from None
         raise StartupError(
-            f"DATABASE_URL: PostgreSQL at {where} refused the connection: {_reason(exc)}"
+            f"DATABASE_URL: cannot connect to PostgreSQL at {where}: {_reason(exc)}"
         ) from None
+    finally:
+        await engine.dispose()
 
 
 def _unreachable(exc: BaseException) -> bool:
     """Whether waiting may help: no server answered, or it said it is starting up."""
     import asyncpg
 
+    exc = _driver_error(exc)
     if isinstance(exc, ssl.SSLError):  # an OSError too, but a definite answer
         return False
     return isinstance(exc, (OSError, TimeoutError, asyncpg.CannotConnectNowError,
@@ -148,6 +155,7 @@ def _unreachable(exc: BaseException) -> bool:
 def _reason(exc: BaseException | None) -> str:
     """Why a connection failed, in words; the server's own message when it answered
     (it names the user or the database, never the password)."""
+    exc = _driver_error(exc) if exc is not None else None
     if isinstance(exc, TimeoutError):
         return "no answer in time"
     if isinstance(exc, OSError) and exc.strerror:
@@ -156,6 +164,14 @@ def _reason(exc: BaseException | None) -> str:
                 else exc.strerror)
         return text[:1].lower() + text[1:]
     return str(exc) or type(exc).__name__
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    """asyncpg's own exception under SQLAlchemy's DBAPIError and its adapter class
+    (`orig`, then the cause); OS errors come through unwrapped."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        return exc.orig.__cause__ or exc.orig
+    return exc
 
 
 def _where(url: URL) -> str:
