@@ -404,3 +404,23 @@ async def test_a_failed_commit_fails_every_write_of_its_batch_and_keeps_none(
         assert (await store.get(leases[0].lease_id)) is not None
     finally:
         await store.close()
+
+
+async def test_a_database_file_that_cannot_be_opened_fails_its_writes_instead_of_hanging(
+    tmp_path: Path,
+) -> None:
+    """The writer opens its connection at the first write. When that fails (here the
+    file was replaced by a directory after start-up), the writes waiting for it fail
+    with 503, none waits forever, and writing works again once the file can be opened."""
+    path = tmp_path / "store.db"
+    store = open_store(f"sqlite:///{path}")
+    path.unlink(missing_ok=True)
+    path.mkdir()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(store.migrate(), 30)
+        path.rmdir()
+        await asyncio.wait_for(store.migrate(), 30)
+        assert await store.get(str(uuid.uuid4())) is None
+    finally:
+        await store.close()

@@ -15,7 +15,7 @@ from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from openalice_scheduler import package_version
 from openalice_scheduler.client import (
@@ -112,20 +112,15 @@ def _root(
 def serve() -> None:
     """Run the service. Configured only by environment variables (see README)."""
     try:
-        from openalice_scheduler import server
-        from openalice_scheduler.config import Settings, describe_validation_error
+        from openalice_scheduler import server, startup
     except ModuleNotFoundError as exc:  # a client-only install
         _die(f"the server is not installed ({exc.name} is missing): "
              "pip install 'openalice-scheduler[server]'")
     from openalice_scheduler.errors import StartupError
 
     try:
-        settings = Settings()  # type: ignore[call-arg]  # from the environment
-    except ValidationError as exc:
-        _die(describe_validation_error(exc))
-    try:
-        server.serve(settings)
-    except StartupError as exc:
+        server.serve(startup.load_settings(os.environ))
+    except StartupError as exc:  # one line per reason (startup.py)
         _die(str(exc))
 
 
@@ -263,7 +258,8 @@ def main() -> None:
 
 
 def _die(message: str) -> NoReturn:
-    typer.echo(f"openalice-scheduler: {message}", err=True)
+    for line in message.splitlines():
+        typer.echo(f"openalice-scheduler: {line}", err=True)
     raise SystemExit(2)
 
 

@@ -10,7 +10,7 @@ import subprocess
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(30.0, gt=0, le=3600)
     reconcile_interval_seconds: float = Field(60.0, gt=0, le=86400)
     provision_timeout_seconds: float = Field(600.0, gt=0)
+    startup_timeout_seconds: float = Field(
+        60.0, ge=0, description="How long start-up retries an unreachable PostgreSQL; "
+        "0 = try once.",
+    )
 
     runpod_api_key: SecretStr | None = None
     runpod_api: Literal["rest", "graphql"] = Field("rest", description="RunPod API to drive.")
@@ -116,6 +120,31 @@ class Settings(BaseSettings):
     def _known_database(cls, value: str) -> str:
         if not re.match(r"^(sqlite|postgresql|postgres)(\+\w+)?://", value):
             raise ValueError("must start with sqlite:/// or postgresql://")
+        # Parsed now, so that a bad URL is reported with the other variables. The
+        # parser's own message is not repeated: it may quote the password.
+        try:
+            make_url(value)
+        except (ArgumentError, ValueError):
+            raise ValueError("is not a valid URL (is the port a number? is a special "
+                             "character in the password percent-encoded?)") from None
+        return value
+
+    @field_validator("docker_host")
+    @classmethod
+    def _docker_address(cls, value: str | None) -> str | None:
+        # What the Docker SDK accepts here (without paramiko for ssh://); it would refuse
+        # anything else only when the provider is built.
+        if not value:
+            return value
+        scheme, sep, rest = value.partition("://")
+        try:
+            port = urlsplit(value).port
+        except ValueError:
+            port = None
+        if not sep or scheme not in ("unix", "tcp", "http", "https") or not rest or (
+                scheme != "unix" and port is None):
+            raise ValueError("must be unix:///path/to/docker.sock or tcp://host:port "
+                             "(http:// and https:// also work)")
         return value
 
     @field_validator("providers")
@@ -137,13 +166,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"unknown level {level!r}; use one of {known}")
         return value
 
-    @model_validator(mode="after")
-    def _check_gpu_devices(self) -> Settings:
-        if self.local_gpu_devices is not None:
-            for device in self.gpu_devices:
-                if not re.fullmatch(r"[A-Za-z0-9-]+", device):
-                    raise ValueError(f"LOCAL_GPU_DEVICES: {device!r} is not a GPU index or UUID")
-        return self
+    @field_validator("local_gpu_devices")
+    @classmethod
+    def _gpu_ids(cls, value: str | None) -> str | None:
+        for device in (value or "").split(","):
+            if device.strip() and not re.fullmatch(r"[A-Za-z0-9-]+", device.strip()):
+                raise ValueError(f"{device.strip()!r} is not a GPU index or UUID")
+        return value
 
     @property
     def provider_names(self) -> list[str]:
@@ -187,18 +216,6 @@ class Settings(BaseSettings):
             found.append(self.runpod_api_key.get_secret_value())
         found.extend(_url_passwords(self.database_url))
         return list(dict.fromkeys(s for s in found if s))
-
-
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming the first offending variable, without echoing its value."""
-    first = exc.errors()[0]
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "missing":
-        message = "is required but not set"
-    if not first["loc"]:
-        # A check across variables: its message names them itself.
-        return f"invalid configuration: {message}"
-    return f"invalid configuration: {str(first['loc'][0]).upper()}: {message}"
 
 
 def _url_passwords(url: str) -> list[str]:

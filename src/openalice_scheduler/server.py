@@ -16,6 +16,7 @@ What uvicorn bounds here, and what it cannot (README, "HTTP limits"):
 from __future__ import annotations
 
 import gc
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,12 +36,14 @@ def serve(settings: Settings) -> None:
     # Imported here: the CLI imports this module for every command.
     import uvicorn
 
+    from openalice_scheduler import startup
     from openalice_scheduler.app import create_app
     from openalice_scheduler.errors import StartupError
     from openalice_scheduler.logs import configure_logging
     from openalice_scheduler.providers import ProviderConfigError
 
     configure_logging(settings.log_filter, settings.secrets())
+    startup.prepare(settings, os.environ)  # warnings, and a database started late
     try:
         application = create_app(settings)
     except (ProviderConfigError, ValueError) as exc:

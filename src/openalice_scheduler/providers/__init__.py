@@ -1,4 +1,5 @@
-"""Providers by name. `build_providers` turns PROVIDERS into instances, in order."""
+"""Providers by name. `build_providers` turns PROVIDERS into instances, in order;
+`configuration_problems` says beforehand everything that stops it."""
 
 from __future__ import annotations
 
@@ -23,22 +24,13 @@ class ProviderConfigError(ValueError):
     """PROVIDERS cannot be turned into a usable list; the message says why."""
 
 
-class ProviderSkipped(Exception):
-    """A listed provider is not configured enough to use (e.g. no API key); the message
-    says why. build_providers warns and goes on, or, when nothing is left, puts the
-    reason into its one-line error (a warning logged first would make start-up failure
-    print two lines)."""
-
-
 def _local_docker(settings: Settings) -> Provider:
     from openalice_scheduler.providers.docker import LocalDockerProvider
 
     return LocalDockerProvider(settings)
 
 
-def _runpod(settings: Settings) -> Provider | None:
-    if settings.runpod_api_key is None or not settings.runpod_api_key.get_secret_value():
-        raise ProviderSkipped("RUNPOD_API_KEY is not set")
+def _runpod(settings: Settings) -> Provider:
     from openalice_scheduler.providers.runpod import RunPodProvider
 
     return RunPodProvider(settings)
@@ -47,46 +39,69 @@ def _runpod(settings: Settings) -> Provider | None:
 def _static(settings: Settings) -> Provider:
     from openalice_scheduler.providers.static import StaticProvider
 
-    if not settings.static_workers:
-        raise ProviderConfigError("PROVIDERS lists static but STATIC_WORKERS is not set")
-    try:
-        return StaticProvider(settings.static_workers, settings.static_region)
-    except ValueError as exc:
-        raise ProviderConfigError(str(exc)) from None
+    assert settings.static_workers, "configuration_problems checked it"
+    return StaticProvider(settings.static_workers, settings.static_region)
 
 
-REGISTRY: dict[str, Callable[[Settings], Provider | None]] = {
+REGISTRY: dict[str, Callable[[Settings], Provider]] = {
     "local-docker": _local_docker,
     "runpod": _runpod,
     "static": _static,
 }
 
 
-def build_providers(settings: Settings) -> list[Provider]:
+def configuration_problems(settings: Settings) -> list[str]:
+    """Every reason PROVIDERS and its providers' settings cannot be used, one line each,
+    found without building a provider (no engine or API is contacted), so that start-up
+    reports them all at once with the settings' own errors (startup.py)."""
     names = settings.provider_names
-    unknown = [name for name in names if name not in REGISTRY]
-    if unknown:
-        raise ProviderConfigError(
-            f"PROVIDERS: unknown provider {unknown[0]!r}; valid names: {', '.join(REGISTRY)}"
-        )
+    problems = [f"PROVIDERS: unknown provider {name!r}; valid names: {', '.join(REGISTRY)}"
+                for name in dict.fromkeys(names) if name not in REGISTRY]
     if len(set(names)) != len(names):
-        raise ProviderConfigError("PROVIDERS: a provider is listed twice")
+        problems.append("PROVIDERS: a provider is listed twice")
+    if "static" in names:
+        problems += _static_problems(settings)
+    skipped = {name: reason for name in names if (reason := _skip_reason(name, settings))}
+    if names and not problems and len(skipped) == len(set(names)):
+        why = "; ".join(f"{name} skipped: {reason}" for name, reason in skipped.items())
+        problems.append(f"PROVIDERS: no usable provider in {settings.providers!r} ({why})")
+    return problems
+
+
+def build_providers(settings: Settings) -> list[Provider]:
+    problems = configuration_problems(settings)
+    if problems:
+        raise ProviderConfigError("; ".join(problems))
     built: list[Provider] = []
-    skipped: list[str] = []
-    for name in names:
-        try:
-            provider = REGISTRY[name](settings)
-        except ProviderSkipped as exc:
-            skipped.append(f"{name} skipped: {exc}")
+    for name in settings.provider_names:
+        reason = _skip_reason(name, settings)
+        if reason is not None:
+            # Only when another provider remains: configuration_problems refuses the rest.
+            log.warning("PROVIDERS: %s skipped: %s", name, reason)
             continue
-        if provider is not None:
-            built.append(provider)
-    if not built:
-        why = f" ({'; '.join(skipped)})" if skipped else ""
-        raise ProviderConfigError(f"PROVIDERS: no usable provider in {settings.providers!r}{why}")
-    for reason in skipped:
-        log.warning("PROVIDERS: %s", reason)
+        built.append(REGISTRY[name](settings))
     return built
+
+
+def _skip_reason(name: str, settings: Settings) -> str | None:
+    """Why a listed provider is not configured enough to use (it is then skipped with a
+    warning, SPEC.md), or None."""
+    key = settings.runpod_api_key
+    if name == "runpod" and (key is None or not key.get_secret_value()):
+        return "RUNPOD_API_KEY is not set"
+    return None
+
+
+def _static_problems(settings: Settings) -> list[str]:
+    from openalice_scheduler.providers.static import parse_static_workers
+
+    if not settings.static_workers:
+        return ["PROVIDERS lists static but STATIC_WORKERS is not set"]
+    try:
+        parse_static_workers(settings.static_workers)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
 
 
 __all__ = [
@@ -95,10 +110,10 @@ __all__ = [
     "InstantProvider",
     "Provider",
     "ProviderConfigError",
-    "ProviderSkipped",
     "ProviderStatus",
     "Worker",
     "WorkerInfo",
     "WorkerSpec",
     "build_providers",
+    "configuration_problems",
 ]

@@ -66,6 +66,7 @@ class SqliteBackend:
         self.path = (Path(database).resolve()
                      if database and database != ":memory:" else None)
         self._file_lock = _lock_file(self.path)
+        _check_opens(self.path)
         self._writer_engine = _engine(url, "BEGIN IMMEDIATE", 1, synchronous)
         self._reader_engine = _engine(url, "BEGIN", _READERS, synchronous)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sqlite-write")
@@ -145,7 +146,12 @@ class SqliteBackend:
         """Run `batch` in one transaction on the writer thread. True when the write lock
         could not be had within `wait_s` (nothing ran)."""
         if self._writer_conn is None or self._writer_conn.invalidated:
-            self._writer_conn = self._connect(self._writer_engine)
+            try:
+                self._writer_conn = self._connect(self._writer_engine)
+            except Exception as exc:  # noqa: BLE001 - the batch's callers hear of it
+                for write in batch:  # raised here, it would leave them waiting forever
+                    write.error = exc
+                return False
         conn = self._writer_conn
         raw = conn.connection.driver_connection
         assert raw is not None
@@ -230,13 +236,31 @@ def _engine(url: URL, begin: str, pool_size: int, synchronous: str) -> Engine:
     return engine
 
 
+def _check_opens(path: Path | None) -> None:
+    """Open the database once, now: a path that is a directory or not a database fails
+    start-up with one line here, where in the lifespan it would be a traceback."""
+    if path is None:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA schema_version")  # reads the file's header
+    except sqlite3.Error as exc:
+        raise StartupError(f"DATABASE_URL: cannot open the SQLite database {path}: {exc}") \
+            from None
+
+
 def _lock_file(path: Path | None) -> IO[str] | None:
     """Hold an exclusive lock on a file beside the database for the process's life:
     only one scheduler process may serve a SQLite file."""
     if path is None:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(f"{path}.lock", "a+")  # noqa: SIM115 - held open for the store's life
+    try:
+        if not path.parent.exists():  # a file in the way is then "Not a directory"
+            path.parent.mkdir(parents=True)
+        handle = open(f"{path}.lock", "a+")  # noqa: SIM115 - held open for the store's life
+    except OSError as exc:
+        raise StartupError(f"DATABASE_URL: cannot open the SQLite database {path}: "
+                           f"{exc.strerror}") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
