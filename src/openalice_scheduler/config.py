@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(30.0, gt=0, le=3600)
     reconcile_interval_seconds: float = Field(60.0, gt=0, le=86400)
     provision_timeout_seconds: float = Field(600.0, gt=0)
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, le=3600, description="On SIGTERM: how long requests under way (a "
+        "provision, say) have to finish and be answered before the process exits.",
+    )
 
     runpod_api_key: SecretStr | None = None
     runpod_api: Literal["rest", "graphql"] = Field("rest", description="RunPod API to drive.")

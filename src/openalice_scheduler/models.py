@@ -183,7 +183,8 @@ class ErrorBody(BaseModel):
     Codes: unauthorized, forbidden, lease_not_found, not_found, method_not_allowed,
     lease_conflict, duplicate_header, request_timeout, body_too_large, headers_too_large,
     invalid_request, quota_exceeded, provision_failed, release_failed,
-    no_provider_available, store_unavailable, internal_error (new codes may be added)."""
+    no_provider_available, store_unavailable, shutting_down, internal_error (new codes
+    may be added)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -207,4 +208,17 @@ class ErrorBody(BaseModel):
 class Health(BaseModel):
     status: str = "ok"
     service: str = "openalice-scheduler"
+
+
+class Readiness(BaseModel):
+    """`GET /readyz`: whether this process should get traffic. 200 `{"ready": true}`;
+    503 with `reasons`, and, like every error answer, `error` and `message`."""
+
+    ready: bool
+    reasons: list[str] | None = Field(
+        None, description="503: each reason, e.g. `store unavailable`, `start-up "
+        "reconciliation not finished`, `shutting down`")
+    error: str | None = Field(None, description="503: `shutting_down` while draining, "
+                              "else `not_ready`")
+    message: str | None = None
 

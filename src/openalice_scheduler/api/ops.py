@@ -1,12 +1,13 @@
-"""Ungated operational routes: liveness and Prometheus metrics."""
+"""Ungated operational routes: liveness, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from openalice_scheduler.errors import StoreUnavailable
-from openalice_scheduler.models import Health
+from openalice_scheduler.models import Health, Readiness
 
 router = APIRouter(tags=["ops"])
 
@@ -15,6 +16,28 @@ router = APIRouter(tags=["ops"])
 async def health() -> Health:
     # Liveness only: a Docker or database outage must not make the balancer kill us.
     return Health()
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    response_model_exclude_none=True,
+    summary="Readiness: whether to send this process traffic",
+    responses={503: {"model": Readiness, "description": "Not ready: `reasons` says why "
+                     "(`error` `shutting_down` while draining after SIGTERM, else "
+                     "`not_ready`)"}},
+)
+async def readyz(request: Request) -> JSONResponse:
+    readiness = request.app.state.readiness
+    reasons = await readiness.reasons()
+    if not reasons:
+        return JSONResponse({"ready": True})
+    error = "shutting_down" if readiness.draining else "not_ready"
+    return JSONResponse(
+        {"ready": False, "reasons": reasons, "error": error,
+         "message": "not ready: " + ", ".join(reasons)},
+        status_code=503,
+    )
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
