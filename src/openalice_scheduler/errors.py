@@ -111,6 +111,13 @@ class StoreUnavailable(SchedulerError):
     status = 503
 
 
+class NotReady(SchedulerError):
+    """`GET /readyz`: this process should get no traffic now; `reasons` says why."""
+
+    code = "not_ready"
+    status = 503
+
+
 class ShuttingDown(SchedulerError):
     """The scheduler is draining (SIGTERM, drain.py): it takes no acquire, and lets the
     callers waiting in line go. A retry reaches another replica (or this one, restarted)."""

@@ -183,8 +183,8 @@ class ErrorBody(BaseModel):
     Codes: unauthorized, forbidden, lease_not_found, not_found, method_not_allowed,
     lease_conflict, duplicate_header, request_timeout, body_too_large, headers_too_large,
     invalid_request, quota_exceeded, provision_failed, release_failed,
-    no_provider_available, store_unavailable, shutting_down, internal_error (new codes
-    may be added)."""
+    no_provider_available, store_unavailable, shutting_down, not_ready, internal_error
+    (new codes may be added)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -192,8 +192,10 @@ class ErrorBody(BaseModel):
     message: str = Field(description="For humans; may change")
     field: str | None = Field(None, description="invalid_request: the first invalid field")
     errors: list[FieldError] | None = Field(None, description="invalid_request: each field")
-    reasons: dict[str, str] | None = Field(
-        None, description="no_provider_available, provision_failed: why, per provider")
+    reasons: dict[str, str] | list[str] | None = Field(
+        None, description="no_provider_available, provision_failed: why, per provider; "
+        "not_ready, shutting_down (/readyz): each reason")
+    ready: bool | None = Field(None, description="not_ready, shutting_down (/readyz): false")
     failures: dict[str, str] | None = Field(
         None, description="provision_failed: each provider's failure")
     limit: int | None = Field(
@@ -211,14 +213,7 @@ class Health(BaseModel):
 
 
 class Readiness(BaseModel):
-    """`GET /readyz`: whether this process should get traffic. 200 `{"ready": true}`;
-    503 with `reasons`, and, like every error answer, `error` and `message`."""
+    """`GET /readyz` when ready. When not, the answer is a 503 error body (`not_ready`, or
+    `shutting_down` while draining) with `ready` false and `reasons`."""
 
-    ready: bool
-    reasons: list[str] | None = Field(
-        None, description="503: each reason, e.g. `store unavailable`, `start-up "
-        "reconciliation not finished`, `shutting down`")
-    error: str | None = Field(None, description="503: `shutting_down` while draining, "
-                              "else `not_ready`")
-    message: str | None = None
-
+    ready: bool = True

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from openalice_scheduler.errors import StoreUnavailable
+from openalice_scheduler.api.openapi import errors
+from openalice_scheduler.errors import NotReady, ShuttingDown, StoreUnavailable
 from openalice_scheduler.models import Health, Readiness
 
 router = APIRouter(tags=["ops"])
@@ -21,23 +21,19 @@ async def health() -> Health:
 @router.get(
     "/readyz",
     response_model=Readiness,
-    response_model_exclude_none=True,
     summary="Readiness: whether to send this process traffic",
-    responses={503: {"model": Readiness, "description": "Not ready: `reasons` says why "
-                     "(`error` `shutting_down` while draining after SIGTERM, else "
-                     "`not_ready`)"}},
+    responses={503: {**errors(503)[503], "description": "`not_ready`: `reasons` says why "
+                     "(store unavailable, start-up reconciliation not finished); "
+                     "`shutting_down`: draining after SIGTERM"}},
 )
-async def readyz(request: Request) -> JSONResponse:
+async def readyz(request: Request) -> Readiness:
     readiness = request.app.state.readiness
     reasons = await readiness.reasons()
     if not reasons:
-        return JSONResponse({"ready": True})
-    error = "shutting_down" if readiness.draining else "not_ready"
-    return JSONResponse(
-        {"ready": False, "reasons": reasons, "error": error,
-         "message": "not ready: " + ", ".join(reasons)},
-        status_code=503,
-    )
+        return Readiness()
+    message = "not ready: " + ", ".join(reasons)
+    error = ShuttingDown if readiness.draining else NotReady
+    raise error(message, ready=False, reasons=reasons)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
