@@ -20,8 +20,8 @@ takes them back (`loop.add_signal_handler`). Then:
    grace (a provision that takes longer) is cut off here and answered 503
    `shutting_down` (never uvicorn's plain 500); a lease it left `provisioning` is
    resolved by reconciliation, as after a crash.
-3. A second SIGTERM or SIGINT ends the grace at once; after it, each signal has its
-   default action (the process dies).
+3. A second SIGTERM or SIGINT ends the grace at once; after it, each of them has the
+   operating system's default action (the process dies at once, like kill -9).
 
 One limit: a blocking Docker call under way runs on in its thread, which the process
 waits for before it exits (each call is bounded by the Docker client's timeout).
@@ -106,6 +106,9 @@ class Drain:
         loop = asyncio.get_running_loop()
         for other in SIGNALS:
             loop.remove_signal_handler(other)
+            # The operating system's default, also for SIGINT (Python's would raise
+            # KeyboardInterrupt wherever the shutdown happens to be): the process dies.
+            signal.signal(other, signal.SIG_DFL)
         if self._task is not None:
             self._task.cancel()
         self._cut_off()
