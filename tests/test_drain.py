@@ -10,10 +10,12 @@
   resolves the lease by reconciliation (pod destroyed, lease failed);
 - a second signal does not wait for the grace;
 - `/readyz` is 200 when ready and names an unreachable store (PostgreSQL stopped for
-  real) without a word of its address."""
+  real) without a word of its address; in-process, on a real SQLite store, it waits for
+  a finished reconciliation when the one before serving could not finish."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import signal
@@ -28,7 +30,16 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.trace import NoOpTracer
 
+from openalice_scheduler.errors import ShuttingDown
+from openalice_scheduler.loops import Reconciler
+from openalice_scheduler.metrics import Metrics
+from openalice_scheduler.models import LeaseRequest, WorkerKind
+from openalice_scheduler.policy import OrderedFirstAvailable
+from openalice_scheduler.readiness import Readiness
+from openalice_scheduler.service import LeaseService
+from openalice_scheduler.store import open_store
 from tests.dockerproxy import DockerProxy
 from tests.harness import SECRET, Scheduler, wait_for
 from tests.runpod_emulator import RunPodEmulator
@@ -292,3 +303,32 @@ def test_readyz_names_an_unreachable_store_and_recovers(
     wait_for(lambda: readyz(s).status_code == 200, 60, interval=0.2,
              what="ready again once the store is back")
     assert s.lease(kind="renderer")["state"] == "active"
+
+
+async def test_ready_once_a_reconciliation_finished_and_not_while_draining(
+    tmp_path: Path,
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'ready.db'}")
+    await store.migrate()
+    service = LeaseService(store, [], OrderedFirstAvailable(), Metrics(), NoOpTracer())
+    reconciler = Reconciler(service, NoOpTracer(), 60, 600, replica_timeout=30)
+    try:
+        # The pass before serving did not finish: not ready until the loop's pass does.
+        readiness = Readiness(service, reconciler, reconciled=False)
+        assert await readiness.reasons() == ["start-up reconciliation not finished"]
+        reconciler.start()
+
+        async def until_ready() -> None:
+            while await readiness.reasons():
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(until_ready(), 30)
+
+        service.drain()
+        assert await readiness.reasons() == ["shutting down"]
+        with pytest.raises(ShuttingDown) as refused:
+            await service.acquire(LeaseRequest(kind=WorkerKind.renderer))
+        assert refused.value.status == 503 and refused.value.retry_after == 1
+    finally:
+        await reconciler.stop()
+        await store.close()
