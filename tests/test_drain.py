@@ -37,7 +37,7 @@ from openalice_scheduler.loops import Reconciler
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import LeaseRequest, WorkerKind
 from openalice_scheduler.policy import OrderedFirstAvailable
-from openalice_scheduler.readiness import Readiness
+from openalice_scheduler.readiness import ReadinessCheck
 from openalice_scheduler.service import LeaseService
 from openalice_scheduler.store import open_store
 from tests.dockerproxy import DockerProxy
@@ -314,7 +314,7 @@ async def test_ready_once_a_reconciliation_finished_and_not_while_draining(
     reconciler = Reconciler(service, NoOpTracer(), 60, 600, replica_timeout=30)
     try:
         # The pass before serving did not finish: not ready until the loop's pass does.
-        readiness = Readiness(service, reconciler, reconciled=False)
+        readiness = ReadinessCheck(service, reconciler, reconciled=False)
         assert await readiness.reasons() == ["start-up reconciliation not finished"]
         reconciler.start()
 

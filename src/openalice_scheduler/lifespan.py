@@ -17,7 +17,7 @@ from openalice_scheduler.loops import Alarm, Heartbeat, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.policy import build_policy
 from openalice_scheduler.providers import Provider
-from openalice_scheduler.readiness import Readiness
+from openalice_scheduler.readiness import ReadinessCheck
 from openalice_scheduler.service import Clock, LeaseService
 from openalice_scheduler.store import LeaseStore, to_us
 from openalice_scheduler.tracing import Tracing, service_version
@@ -63,7 +63,7 @@ def lifespan(
                 service, sweeper, reconciler,
             )
             reconciled = await _before_serving(service, reconciler, sweeper)
-            app.state.readiness = Readiness(service, reconciler, reconciled=reconciled)
+            app.state.readiness = ReadinessCheck(service, reconciler, reconciled=reconciled)
             sweeper.start()
             # The loop's first pass comes an interval after the one just made, at once
             # when that one failed.

@@ -17,7 +17,9 @@ STORE_UNAVAILABLE = "store unavailable"
 NOT_RECONCILED = "start-up reconciliation not finished"
 
 
-class Readiness:
+class ReadinessCheck:
+    """What `/readyz` asks, set up by the lifespan once the service serves."""
+
     def __init__(self, service: LeaseService, reconciler: Reconciler, *,
                  reconciled: bool) -> None:
         self.service = service
