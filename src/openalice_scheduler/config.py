@@ -66,6 +66,10 @@ class Settings(BaseSettings):
         60.0, ge=0, description="How long start-up retries an unreachable PostgreSQL; "
         "0 = try once.",
     )
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, le=3600, description="On SIGTERM: how long requests under way (a "
+        "provision, say) have to finish and be answered before the process exits.",
+    )
 
     runpod_api_key: SecretStr | None = None
     runpod_api: Literal["rest", "graphql"] = Field("rest", description="RunPod API to drive.")

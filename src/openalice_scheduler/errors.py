@@ -21,6 +21,12 @@ class SchedulerError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": self.code, "message": self.message, **self.details}
 
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds after which a retry may succeed (the `Retry-After` header), when known."""
+        value = self.headers.get("Retry-After", "")
+        return int(value) if value.isdigit() else None
+
 
 class DuplicateHeader(SchedulerError):
     """A header that must appear once (`header` names it) was repeated."""
@@ -87,12 +93,6 @@ class NoProviderAvailable(SchedulerError):
         # Whether a provider refused for capacity (waiting may help); not in the body.
         self.at_capacity = at_capacity
 
-    @property
-    def retry_after(self) -> int | None:
-        """Seconds until capacity may free up (the `Retry-After` header), when known."""
-        value = self.headers.get("Retry-After", "")
-        return int(value) if value.isdigit() else None
-
 
 class ProvisionFailed(SchedulerError):
     """Every candidate provider failed to provision; `failures` lists each."""
@@ -109,6 +109,31 @@ class ReleaseFailed(SchedulerError):
 class StoreUnavailable(SchedulerError):
     code = "store_unavailable"
     status = 503
+
+
+class NotReady(SchedulerError):
+    """`GET /readyz`: this process should get no traffic now; `reasons` says why."""
+
+    code = "not_ready"
+    status = 503
+
+
+class ShuttingDown(SchedulerError):
+    """The scheduler is draining (SIGTERM, drain.py): it takes no acquire, and lets the
+    callers waiting in line go. A retry reaches another replica (or this one, restarted)."""
+
+    code = "shutting_down"
+    status = 503
+    # Soon: the retry goes out on a new connection (draining answers close theirs), which
+    # the balancer sends to a replica that is ready.
+    RETRY_AFTER_S = 1
+
+    def __init__(
+        self, message: str = "the scheduler is shutting down; retry, another replica answers",
+        *, headers: dict[str, str] | None = None, **details: Any,
+    ) -> None:
+        super().__init__(message, headers=headers or {"Retry-After": str(self.RETRY_AFTER_S)},
+                         **details)
 
 
 # Raised by providers, translated by the service; never sent as they are.

@@ -17,6 +17,7 @@ from openalice_scheduler.loops import Alarm, Heartbeat, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.policy import build_policy
 from openalice_scheduler.providers import Provider
+from openalice_scheduler.readiness import ReadinessCheck
 from openalice_scheduler.service import Clock, LeaseService
 from openalice_scheduler.store import LeaseStore, to_us
 from openalice_scheduler.tracing import Tracing, service_version
@@ -32,7 +33,8 @@ def lifespan(
     settings: Settings, store: LeaseStore, providers: Sequence[Provider], metrics: Metrics,
     tracing: Tracing, clock: Clock,
 ) -> Callable[[Any], AbstractAsyncContextManager[None]]:
-    """The app's lifespan: sets `app.state.service` (and the loops) while it serves."""
+    """The app's lifespan: sets `app.state.service` (and the loops, and `readiness`)
+    while it serves."""
 
     @asynccontextmanager
     async def run(app: Any) -> AsyncIterator[None]:
@@ -61,6 +63,7 @@ def lifespan(
                 service, sweeper, reconciler,
             )
             reconciled = await _before_serving(service, reconciler, sweeper)
+            app.state.readiness = ReadinessCheck(service, reconciler, reconciled=reconciled)
             sweeper.start()
             # The loop's first pass comes an interval after the one just made, at once
             # when that one failed.

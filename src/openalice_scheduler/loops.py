@@ -30,6 +30,7 @@ class LoopService:
         self._wake = wake or asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self.passes = 0  # passes of the loop that finished (readiness.py)
 
     async def run_once(self) -> object:
         raise NotImplementedError
@@ -62,6 +63,7 @@ class LoopService:
         while not self._stopping:
             try:
                 await self.run_once()
+                self.passes += 1
                 wait = await self.next_wait()
             except StoreUnavailable:
                 wait = min(self.interval, 1.0)

@@ -183,7 +183,8 @@ class ErrorBody(BaseModel):
     Codes: unauthorized, forbidden, lease_not_found, not_found, method_not_allowed,
     lease_conflict, duplicate_header, request_timeout, body_too_large, headers_too_large,
     invalid_request, quota_exceeded, provision_failed, release_failed,
-    no_provider_available, store_unavailable, internal_error (new codes may be added)."""
+    no_provider_available, store_unavailable, shutting_down, not_ready, internal_error
+    (new codes may be added)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -191,8 +192,10 @@ class ErrorBody(BaseModel):
     message: str = Field(description="For humans; may change")
     field: str | None = Field(None, description="invalid_request: the first invalid field")
     errors: list[FieldError] | None = Field(None, description="invalid_request: each field")
-    reasons: dict[str, str] | None = Field(
-        None, description="no_provider_available, provision_failed: why, per provider")
+    reasons: dict[str, str] | list[str] | None = Field(
+        None, description="no_provider_available, provision_failed: why, per provider; "
+        "not_ready, shutting_down (/readyz): each reason")
+    ready: bool | None = Field(None, description="not_ready, shutting_down (/readyz): false")
     failures: dict[str, str] | None = Field(
         None, description="provision_failed: each provider's failure")
     limit: int | None = Field(
@@ -208,3 +211,9 @@ class Health(BaseModel):
     status: str = "ok"
     service: str = "openalice-scheduler"
 
+
+class Readiness(BaseModel):
+    """`GET /readyz` when ready. When not, the answer is a 503 error body (`not_ready`, or
+    `shutting_down` while draining) with `ready` false and `reasons`."""
+
+    ready: bool = True

@@ -31,13 +31,14 @@ GC_YOUNG_THRESHOLD = 10_000
 
 
 def serve(settings: Settings) -> None:
-    """Run the service until SIGTERM/SIGINT. Raises StartupError (one line) when it
-    cannot start."""
+    """Run the service until SIGTERM/SIGINT, then drain it (drain.py). Raises
+    StartupError (one line) when it cannot start."""
     # Imported here: the CLI imports this module for every command.
     import uvicorn
 
     from openalice_scheduler import startup
     from openalice_scheduler.app import create_app
+    from openalice_scheduler.drain import FLUSH_S, Drain
     from openalice_scheduler.errors import StartupError
     from openalice_scheduler.logs import configure_logging
     from openalice_scheduler.providers import ProviderConfigError
@@ -51,19 +52,24 @@ def serve(settings: Settings) -> None:
     # create_app takes the SQLite file lock itself (before serving), so a second process
     # on the same file fails there: one line, not a traceback.
     tune_gc()
-    uvicorn.run(
-        application,
+    # SIGTERM drains first (drain.py); uvicorn's graceful timeout is only what is left
+    # once the drain is over.
+    drain = Drain(application, settings.shutdown_grace_seconds,
+                  on_drain=lambda: application.state.service.drain())
+    config = uvicorn.Config(
+        drain,
         host=settings.scheduler_host,
         port=settings.scheduler_port,
         log_config=None,
         access_log=False,
         # Client addresses are not used: no X-Forwarded-* parsing per request.
         proxy_headers=False,
-        timeout_graceful_shutdown=15,
+        timeout_graceful_shutdown=FLUSH_S,
         http=settings.http_parser,
         h11_max_incomplete_event_size=MAX_INCOMPLETE_HEADERS,
         timeout_keep_alive=KEEP_ALIVE_S,
     )
+    drain.run(uvicorn.Server(config))
 
 
 def tune_gc() -> None:

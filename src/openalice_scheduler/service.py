@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -46,7 +45,7 @@ from openalice_scheduler.store import (
     to_us,
 )
 from openalice_scheduler.store.leases import Check
-from openalice_scheduler.waiting import CapacityQueue
+from openalice_scheduler.waiting import CapacityQueue, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +98,11 @@ class LeaseService:
     def capacity_freed(self) -> None:
         """A lease stopped holding capacity: the first acquire waiting for some tries."""
         self.queue.freed()
+
+    def drain(self) -> None:
+        """Shutting down (drain.py): every acquire from now on, and each one waiting in
+        line, is answered 503 shutting_down; provisions under way finish."""
+        self.queue.close()
 
     # --- acquire ---------------------------------------------------------------------
 
@@ -222,11 +226,7 @@ class LeaseService:
     async def _with_retry_after(self, exc: NoProviderAvailable) -> NoProviderAvailable:
         """The final 503, with a `Retry-After`: when the next lease is due to end."""
         self.metrics.acquire_failures.labels("no_provider").inc()
-        due = await self.store.next_due()
-        seconds = 5
-        if due is not None:
-            seconds = max(1, min(300, math.ceil((due - self.now_us()) / 1e6)))
-        exc.headers["Retry-After"] = str(seconds)
+        exc.headers["Retry-After"] = str(retry_after(await self.store.next_due(), self.now_us()))
         return exc
 
     async def _provision(self, provider: Provider, spec: WorkerSpec) -> LeaseRecord | str:

@@ -3,24 +3,29 @@
 No polling: a waiter sleeps until capacity is freed (a release, an expiry, a failed
 provision). A freed slot wakes the waiter at the head; a waiter that still finds nothing
 passes the wake on to the one behind it, so a slot that suits only a later waiter (another
-kind or GPU class) still reaches it, and every freed slot is offered in arrival order."""
+kind or GPU class) still reaches it, and every freed slot is offered in arrival order.
+
+Once the scheduler drains (SIGTERM), the line is closed: nobody joins, and every waiter
+is woken at once to leave with ShuttingDown (503 `shutting_down`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from openalice_scheduler.errors import NoProviderAvailable
+from openalice_scheduler.errors import NoProviderAvailable, ShuttingDown
 from openalice_scheduler.metrics import Metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_RETRY_AFTER_S = 300
 
 
 @dataclass(eq=False)
@@ -35,6 +40,7 @@ class CapacityQueue:
     def __init__(self, metrics: Metrics) -> None:
         self._queue: deque[Waiter] = deque()
         self._metrics = metrics
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -51,7 +57,9 @@ class CapacityQueue:
         """`attempt()`, tried again each time capacity is freed while it finds every
         provider at capacity, for up to `wait_seconds`, in arrival order. Raises the
         last NoProviderAvailable when time is up, the refusal was not for capacity, or
-        the caller is `gone`."""
+        the caller is `gone`; ShuttingDown once the line is closed."""
+        if self.closed:
+            raise ShuttingDown()
         deadline = time.monotonic() + wait_seconds
         waiter: Waiter | None = None
         served = False
@@ -61,6 +69,8 @@ class CapacityQueue:
                 waiter = self.join(kind, gpu)
                 await self.wait(waiter, deadline - time.monotonic(), gone)
             while True:
+                if self.closed:
+                    raise ShuttingDown()
                 try:
                     result = await attempt()
                     served = True
@@ -71,6 +81,8 @@ class CapacityQueue:
                         if exc.at_capacity:
                             self._metrics.refused_at_capacity(kind, gpu)
                         raise
+                    if self.closed:
+                        raise ShuttingDown() from None
                     if waiter is None:
                         waiter = self.join(kind, gpu)
                     else:
@@ -99,6 +111,13 @@ class CapacityQueue:
             self._queue.remove(waiter)
         self._metrics.wait_ended(waiter.kind, waiter.gpu, outcome,
                                  time.monotonic() - waiter.since)
+
+    def close(self) -> None:
+        """The scheduler drains: every waiter wakes now and leaves with ShuttingDown, and
+        so does every acquire that would have joined."""
+        self.closed = True
+        for waiter in self._queue:
+            waiter.woken.set()
 
     def freed(self) -> None:
         """Capacity was freed: wake the first waiter not already retrying."""
@@ -131,6 +150,14 @@ class CapacityQueue:
             for future in waits:
                 future.cancel()
         return waiter.woken.is_set() and not (gone is not None and gone.is_set())
+
+
+def retry_after(due_us: int | None, now_us: int) -> int:
+    """Seconds a caller refused for capacity should wait before retrying: until the next
+    lease is due to end (`due_us`), 1 to 300 s; 5 s when none is due."""
+    if due_us is None:
+        return 5
+    return max(1, min(MAX_RETRY_AFTER_S, math.ceil((due_us - now_us) / 1e6)))
 
 
 def _left(gone: asyncio.Event | None) -> bool:
