@@ -66,11 +66,10 @@ make_debian_base() {
   local rootfs
   rootfs=$(mktemp -d)
   # shellcheck disable=SC2064 # expand now: the local is gone when the trap runs
-  trap "rm -rf '$rootfs'" EXIT
+  trap "rm -rf '$rootfs' '$rootfs.log'" EXIT
   say "making $debian_base with debootstrap from $mirror (about a minute)"
   debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$mirror" \
     >"$rootfs.log" 2>&1 || { tail -20 "$rootfs.log" >&2; die "debootstrap failed"; }
-  rm -f "$rootfs.log"
   # Only what a base needs: no apt lists or caches.
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
   tar -C "$rootfs" -c . | docker import --change 'CMD ["python3"]' - "$debian_base" >/dev/null
