@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --base) base="${2:?--base needs an image}"; shift 2 ;;
     --debian-base) base="$debian_base"; make_debian_base=1; shift ;;
     --repository) repository="${2:?--repository needs a name}"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -84,7 +84,7 @@ fi
 # The wheels must be of the base's Python (cp311 wheels do not load on 3.12).
 base_python=$(docker run --rm --entrypoint python3 "$base" \
                 -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
-  || die "cannot run python3 in $base"
+  || die "cannot run python3 in $base (not on the engine and no registry? try --debian-base)"
 host_python=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$base_python" = "$host_python" ] \
   || die "$base has Python $base_python but $PYTHON is $host_python: set PYTHON=python$base_python"
