@@ -113,8 +113,12 @@ def test_a_lease_survives_a_restart_and_a_new_container_on_the_volume(image: Ima
         assert kept is not None and kept.id == worker.id and kept.status == "running"
 
         # A restart keeps the container's own files too; a new container (a new version,
-        # say) has only the volume.
-        run.container.remove(force=True)
+        # say) has only the volume. `docker stop` first: the service, PID 1, shuts down
+        # on SIGTERM (exit 0) rather than being killed when the wait runs out (137).
+        run.container.stop(timeout=45)
+        run.container.reload()
+        assert run.container.attrs["State"]["ExitCode"] == 0, run.logs()
+        run.container.remove()
         run = deployment.run(volume=True)
         again = run.http.get(f"/v1/lease/{lease['lease_id']}")
         assert again.status_code == 200 and again.json()["state"] == "active", again.text
