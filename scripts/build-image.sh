@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Build the service's image, openalice-scheduler:<version> and :latest (README: "Run the
+# image"). The wheels are built here on the host, where the package index is reachable
+# (the service's [server] extra at the versions requirements.lock pins, and the project's
+# own wheel, in build/wheelhouse/); the image build then installs them with no index, so
+# it needs no network.
+#
+#   scripts/build-image.sh                     # FROM python:3.11-slim (pulled)
+#   scripts/build-image.sh --base IMAGE        # FROM an image already on the engine
+#   scripts/build-image.sh --debian-base       # no registry: a base made from Debian's
+#                                              # packages (debootstrap), kept as
+#                                              # openalice-base:bookworm for next time
+#   ... [--repository NAME]                    # tag NAME:<version>, NAME:latest instead
+#
+# PYTHON is the interpreter that builds the wheels (default: .venv/bin/python, else
+# python3); it must be the base image's Python version (checked), as some dependencies
+# are compiled per version.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '[build-image] %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+base=python:3.11-slim
+repository=openalice-scheduler
+debian_base=openalice-base:bookworm
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) base="${2:?--base needs an image}"; shift 2 ;;
+    --debian-base) base="$debian_base"; make_debian_base=1; shift ;;
+    --repository) repository="${2:?--repository needs a name}"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+version=$("$PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+
+# The classic builder when BuildKit's client (buildx) is missing, as with Debian's
+# docker.io: the Dockerfile needs nothing more.
+if ! docker buildx version >/dev/null 2>&1; then
+  export DOCKER_BUILDKIT=0
+fi
+
+make_debian_base() {
+  if docker image inspect "$debian_base" >/dev/null 2>&1; then
+    say "$debian_base already present"
+    return
+  fi
+  if ! command -v debootstrap >/dev/null 2>&1; then
+    [ "$(id -u)" = 0 ] || die "debootstrap is missing; install it (apt-get install debootstrap)"
+    say "installing debootstrap"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  fi
+  [ "$(id -u)" = 0 ] || die "debootstrap needs root to make $debian_base"
+  # The Debian mirror apt already uses here (sources.list or deb822 .sources).
+  local mirror
+  mirror=$(grep -hsE '^(URIs:|deb )' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+             /etc/apt/sources.list.d/*.sources \
+           | grep -oE 'https?://[^ ]+/debian/?( |$)' | head -1 | tr -d ' ' || true)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  local rootfs
+  rootfs=$(mktemp -d)
+  # shellcheck disable=SC2064 # expand now: the local is gone when the trap runs
+  trap "rm -rf '$rootfs' '$rootfs.log'" EXIT
+  say "making $debian_base with debootstrap from $mirror (about a minute)"
+  debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$mirror" \
+    >"$rootfs.log" 2>&1 || { tail -20 "$rootfs.log" >&2; die "debootstrap failed"; }
+  # Only what a base needs: no apt lists or caches.
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  tar -C "$rootfs" -c . | docker import --change 'CMD ["python3"]' - "$debian_base" >/dev/null
+  rm -rf "$rootfs"
+  say "made $debian_base"
+}
+
+if [ "${make_debian_base:-0}" = 1 ]; then
+  make_debian_base
+fi
+
+# The wheels must be of the base's Python (cp311 wheels do not load on 3.12).
+base_python=$(docker run --rm --entrypoint python3 "$base" \
+                -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
+  || die "cannot run python3 in $base (not on the engine and no registry? try --debian-base)"
+host_python=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+[ "$base_python" = "$host_python" ] \
+  || die "$base has Python $base_python but $PYTHON is $host_python: set PYTHON=python$base_python"
+
+wheelhouse=build/wheelhouse
+# The dependencies' wheels are built again only when what they come from changes.
+stamp=$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)-py$host_python
+if [ "$(cat "$wheelhouse/deps/.stamp" 2>/dev/null)" != "$stamp" ]; then
+  say "building the dependencies' wheels (server extra, requirements.lock) in $wheelhouse/deps"
+  rm -rf "$wheelhouse/deps"
+  "$PYTHON" -m pip wheel -q --disable-pip-version-check -c requirements.lock \
+    -w "$wheelhouse/deps" '.[server]'
+  rm -f "$wheelhouse"/deps/openalice_scheduler-*.whl
+  echo "$stamp" > "$wheelhouse/deps/.stamp"
+fi
+say "building the project's wheel in $wheelhouse/app"
+# setuptools builds in build/lib and keeps what is there: a module deleted since the last
+# build would ship again.
+rm -rf "$wheelhouse/app" build/lib build/bdist.*
+"$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheelhouse/app" .
+
+previous=$(docker image inspect --format '{{.Id}}' "$repository:latest" 2>/dev/null || true)
+say "building $repository:$version FROM $base"
+docker build --build-arg BASE="$base" --build-arg VERSION="$version" \
+  -t "$repository:$version" -t "$repository:latest" . >&2
+current=$(docker image inspect --format '{{.Id}}' "$repository:latest")
+# The image this one replaces, unless a container still uses it (then it stays).
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  docker image rm "$previous" >/dev/null 2>&1 || true
+fi
+# The classic builder keeps each build stage's result untagged, as cache: keep the newest
+# (this build's), remove older ones (their shared layers stay).
+docker images -q --no-trunc --filter dangling=true --filter label=org.openalice.scheduler.stage=build \
+  | tail -n +2 | xargs -r docker image rm >/dev/null 2>&1 || true
+say "built $repository:$version and $repository:latest"
