@@ -63,7 +63,10 @@ def create_app(
     middleware.install(app, secret=settings.internal_secret.get_secret_value(),
                        cors_origins=settings.cors_origin_list)
     # Outside the request rules: every answer, theirs too, is logged and timed.
-    app.add_middleware(AccessLog, metrics=metrics, routes=app.routes)
+    # Its routes name a request refused before routing (the routers' own: an included
+    # router does not list its routes in app.routes).
+    app.add_middleware(AccessLog, metrics=metrics,
+                       routes=[*app.routes, *leases.router.routes, *ops.router.routes])
     # Outermost: the request's span (or, tracing off, the caller's trace context) is the
     # current one for everything below, the access line included.
     app.add_middleware(RequestSpanMiddleware,

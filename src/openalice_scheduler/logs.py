@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from opentelemetry import trace
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 _LEVELS = {
@@ -120,6 +121,8 @@ class SafeJsonFormatter(JsonFormatter):
         super().__init__(
             ["levelname", "name", "message"],
             rename_fields={"levelname": "level", "name": "logger"},
+            # uvicorn's `color_message` repeats the message with terminal colours.
+            reserved_attrs=[*RESERVED_ATTRS, "color_message"],
             json_ensure_ascii=True,
         )
         kept = {s for s in secrets if len(s) >= MIN_REDACTED_LENGTH}

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from opentelemetry import trace
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -57,6 +58,8 @@ class AccessLog:
         # value ends with it, and the 500 handler (which runs outside this middleware,
         # in Starlette's ServerErrorMiddleware) still logs the traceback with it.
         request_id.set(rid)
+        # On the request's span too (a no-op without tracing): trace and log meet on it.
+        trace.get_current_span().set_attribute("request_id", rid)
         echoed = (b"x-request-id", rid.encode())
         status = 0
 
