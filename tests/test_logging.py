@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -17,9 +19,13 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
+from openalice_scheduler.app import create_app
 from openalice_scheduler.config import Settings
 from openalice_scheduler.logs import configure_logging, lease_ref
+from openalice_scheduler.providers.base import Availability, WorkerSpec
+from openalice_scheduler.providers.static import StaticProvider
 from tests.harness import SECRET, Scheduler, free_port, wait_for
 from tests.otlp_receiver import OtlpReceiver
 
@@ -230,6 +236,17 @@ def test_no_request_can_forge_a_json_log_line(make_scheduler: Make) -> None:
     assert not [r for r in records(sched) if r["message"] == "forged"]
 
 
+def test_text_log_has_the_access_lines_too(make_scheduler: Make) -> None:
+    sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS="renderer=http://w:8080")
+    rid = f"text-{uuid.uuid4().hex}"
+    assert httpx.get(f"{sched.url}/health", headers={"X-Request-ID": rid}).status_code == 200
+    line = wait_for(lambda: [x for x in sched.log().splitlines() if rid in x], 10,
+                    what="the access line")
+    assert len(line) == 1 and re.fullmatch(
+        r"\S+ \S+ INFO openalice_scheduler\.access: GET /health 200 [\d.]+ ms "
+        f"request_id={rid}", line[0]), line
+
+
 def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
     receiver = OtlpReceiver()
     endpoint = receiver.start()
@@ -385,6 +402,46 @@ def test_lease_ref_reads_as_the_id_and_adds_the_fields(
     assert (released["lease_id"], released["owner_id"]) == ("l-2", "team-b")
     assert "correlation_id" not in released
     assert gone["lease_id"] == "l-3" and "owner_id" not in gone
+
+
+class _Broken(StaticProvider):
+    """A provider with a bug: what the scheduler does with an error nobody expected."""
+
+    async def available(self, spec: WorkerSpec) -> Availability:
+        raise RuntimeError(f"a bug, with {SECRET} in its message")
+
+
+def test_an_unexpected_error_is_answered_with_its_request_id(
+    real_logging: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # In this process, over real HTTP: the service's own processes have no such bug.
+    json_logging()
+    workers = "renderer=http://w:8080"
+    settings = Settings(  # type: ignore[call-arg]
+        internal_secret=SECRET, providers="static", static_workers=workers,
+        database_url=f"sqlite:///{tmp_path / 'broken.db'}")
+    app = create_app(settings, providers=[_Broken(workers)])
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 30, what="the server to start")
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        response = httpx.post(f"{url}/v1/lease", json={"kind": "renderer"}, timeout=30,
+                              headers={"X-Internal-Secret": SECRET, "X-Request-ID": "crash-1"})
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert response.status_code == 500
+    assert response.headers["x-request-id"] == "crash-1"
+    assert response.json()["message"] == "internal error; see the scheduler's log"
+    lines = [r for r in written(capsys) if r.get("request_id") == "crash-1"]
+    assert [r["status"] for r in lines if r["logger"] == ACCESS] == [500]
+    # The traceback is logged with the request's id, and without the secret.
+    failed = [r for r in lines if r["message"] == "unexpected error: RuntimeError"]
+    assert len(failed) == 1 and "RuntimeError: a bug, with [redacted]" in failed[0]["exc_info"]
+    assert SECRET not in json.dumps(lines)
 
 
 def _raw_get(port: int, path: bytes, headers: bytes) -> bytes:

@@ -95,8 +95,9 @@ class AccessLog:
         }
         if isinstance(params.get("lease_id"), str):
             fields["lease_id"] = params["lease_id"]
-        log.info("%s %s %d %.1f ms", method, scope["path"], status, seconds * 1000,
-                 extra=fields)
+        # The request id in the message too: a text log shows no fields.
+        log.info("%s %s %d %.1f ms request_id=%s", method, scope["path"], status,
+                 seconds * 1000, rid, extra=fields)
 
     def _route(self, scope: Scope) -> tuple[str, dict[str, Any]]:
         """The route template that served the request, and its path parameters. A
