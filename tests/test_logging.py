@@ -171,6 +171,13 @@ def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) ->
         assert line["duration_ms"] >= 0 and line["path"].startswith("/")
         assert line["message"].startswith(f"{method} {line['path']} {status} ")
     assert access_line(sched, answers["not yours"].split(" ")[1])["lease_id"] == a_lease
+    # A caller that leaves halfway through its body gets no answer: logged as 499.
+    left = f"left-{uuid.uuid4().hex[:12]}"
+    with socket.create_connection(("127.0.0.1", sched.port), timeout=10) as conn:
+        conn.sendall(b"POST /v1/lease HTTP/1.1\r\nHost: scheduler\r\nX-Request-ID: "
+                     + left.encode() + b"\r\nX-Internal-Secret: " + SECRET.encode()
+                     + b"\r\nContent-Length: 100\r\n\r\n{\"kind\":")
+    assert access_line(sched, left)["status"] == 499
 
     # The same answers, timed by route template and status.
     assert sched.metric("scheduler_http_request_duration_seconds_count",

@@ -31,6 +31,8 @@ REQUEST_ID_HEADER = b"x-request-id"
 _CALLER_ID = re.compile(rb"[!-~]{1,128}")
 # Route label of a path no route serves: one series, whatever the caller asked for.
 UNMATCHED = "unmatched"
+# Status logged for a request that got no answer: the caller left first (nginx's code).
+CALLER_LEFT = 499
 # Methods as metric labels; any other (a caller may send `FOO`) is counted as `other`.
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -80,7 +82,7 @@ class AccessLog:
                                                     "log"))(scope, receive, send_with_id)
             raise
         finally:
-            self._record(scope, status or 500, time.perf_counter() - started, rid)
+            self._record(scope, status or CALLER_LEFT, time.perf_counter() - started, rid)
 
     def _record(self, scope: Scope, status: int, seconds: float, rid: str) -> None:
         route, params = self._route(scope)
