@@ -9,6 +9,7 @@ In JSON, a record also carries the ids it is about: `lease_id`, `owner_id` and
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 from collections.abc import Iterable
@@ -142,6 +143,8 @@ class SafeJsonFormatter(JsonFormatter):
         str() first, so nothing reaches the encoder unchecked."""
         if isinstance(value, str):
             return _redacted(value, self.secrets)
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)  # NaN is no JSON: jq would refuse the line
         if value is None or isinstance(value, bool | int | float):
             return value
         if isinstance(value, dict):
