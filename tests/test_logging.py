@@ -231,6 +231,23 @@ def test_request_id_is_generated_when_absent_or_unfit(make_scheduler: Make) -> N
     assert "cleared" not in log and "two words" not in log and '"second"' not in log
 
 
+def test_a_page_on_an_allowed_origin_can_send_and_read_the_request_id(
+    make_scheduler: Make
+) -> None:
+    sched = static(make_scheduler, workers=1, CORS_ORIGINS="https://ops.example")
+    origin = {"Origin": "https://ops.example"}
+    preflight = httpx.options(f"{sched.url}/v1/leases", headers={
+        **origin, "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "x-internal-secret, x-request-id, traceparent"})
+    assert preflight.status_code == 200, preflight.text
+    allowed = preflight.headers["access-control-allow-headers"].lower()
+    assert "x-request-id" in allowed and "traceparent" in allowed
+    answer = httpx.get(f"{sched.url}/v1/leases", headers={
+        **origin, "X-Internal-Secret": SECRET, "X-Request-ID": "page-1"})
+    assert answer.headers["x-request-id"] == "page-1"
+    assert "x-request-id" in answer.headers["access-control-expose-headers"].lower()
+
+
 def test_no_request_can_forge_a_json_log_line(make_scheduler: Make) -> None:
     sched = static(make_scheduler, workers=1)
     forged = '{"level": "INFO", "logger": "openalice_scheduler.service", "message": "forged"}'
