@@ -303,6 +303,15 @@ def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
         assert own.trace_id != CALLER_TRACE and own.parent_span_id == ""
         assert access_line(sched, alone.headers["x-request-id"])["trace_id"] == own.trace_id
 
+        # Spans are named by route template, a request refused before routing too.
+        refused = httpx.get(f"{sched.url}/v1/lease/{uuid.uuid4()}")
+        assert refused.status_code == 401
+        named = wait_for(lambda: [s for s in receiver.spans if s.attributes.get(
+            "request_id") == refused.headers["x-request-id"]], 30, what="refused span")[0]
+        assert named.name == "GET /v1/lease/{lease_id}"
+        assert named.attributes["http.route"] == "/v1/lease/{lease_id}"
+        assert named.attributes["http.response.status_code"] == 401
+
         # A malformed traceparent is ignored: a trace of its own, no error.
         bad = httpx.get(f"{sched.url}/health", headers={"traceparent": "00-zz-yy-01"})
         assert bad.status_code == 200

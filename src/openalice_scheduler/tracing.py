@@ -11,7 +11,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openalice_scheduler import package_version
@@ -90,7 +89,7 @@ class RequestSpanMiddleware:
             return
         method, path = scope["method"], scope["path"]
         with self.tracer.start_as_current_span(
-            f"{method} {path}", context=parent, kind=trace.SpanKind.SERVER,
+            method, context=parent, kind=trace.SpanKind.SERVER,
             attributes={"http.request.method": method, "url.path": path},
         ) as span:
             async def send_wrapper(message: Message) -> None:
@@ -98,11 +97,8 @@ class RequestSpanMiddleware:
                     span.set_attribute("http.response.status_code", message["status"])
                 await send(message)
 
+            # Renamed by route template once answered (api/access.py).
             await self.app(scope, receive, send_wrapper)
-            route = scope.get("route")
-            if isinstance(route, Route):
-                # Name by route template, not by path: lease ids would explode cardinality.
-                span.update_name(f"{method} {route.path}")
 
     def _caller_context(self, scope: Scope) -> Context | None:
         carrier = {name.decode("latin-1"): value.decode("latin-1")

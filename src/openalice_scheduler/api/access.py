@@ -87,6 +87,11 @@ class AccessLog:
     def _record(self, scope: Scope, status: int, seconds: float, rid: str) -> None:
         route, params = self._route(scope)
         method = scope["method"]
+        # The request's span is named by route template too, never by path (lease ids
+        # would make every name unique), also when the request was refused before routing.
+        span = trace.get_current_span()
+        span.update_name(method if route == UNMATCHED else f"{method} {route}")
+        span.set_attribute("http.route", route)
         self.duration.labels(route, method if method in _METHODS else "other",
                              str(status)).observe(seconds)
         if not log.isEnabledFor(logging.INFO):
