@@ -1,4 +1,5 @@
-"""One access line per request, its request id, and its duration in the metrics.
+"""One access line per request, its request id, its duration in the metrics, and its
+span's name by route template.
 
 `AccessLog` sits outside the request rules (middleware.py), so the answers they give
 (400 duplicate header, 431, 401, 413, 408) are logged, timed and carry `X-Request-ID`
