@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from openalice_scheduler.api import leases, middleware, openapi, ops
+from openalice_scheduler.api.access import AccessLog
 from openalice_scheduler.api.errors import install_error_handlers
 from openalice_scheduler.config import Settings
 from openalice_scheduler.lifespan import lifespan
@@ -61,6 +62,13 @@ def create_app(
     install_error_handlers(app, routers=[leases.router, ops.router, app.router])
     middleware.install(app, secret=settings.internal_secret.get_secret_value(),
                        cors_origins=settings.cors_origin_list)
-    if tracing.enabled:  # outermost: the span sees every answer
-        app.add_middleware(RequestSpanMiddleware, tracer=tracing.tracer)
+    # Outside the request rules: every answer, theirs too, is logged and timed.
+    # Its routes name a request refused before routing (the routers' own: an included
+    # router does not list its routes in app.routes).
+    app.add_middleware(AccessLog, metrics=metrics,
+                       routes=[*app.routes, *leases.router.routes, *ops.router.routes])
+    # Outermost: the request's span (or, tracing off, the caller's trace context) is the
+    # current one for everything below, the access line included.
+    app.add_middleware(RequestSpanMiddleware,
+                       tracer=tracing.tracer if tracing.enabled else None)
     return app

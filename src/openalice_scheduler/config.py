@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     otel_service_name: str = "openalice-scheduler"
     rust_log: str | None = None
     log_level: str | None = None
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: one line per record for people; json: one JSON object "
+        "per line, with lease, request and trace ids as fields (README, Logs).",
+    )
     cors_origins: str | None = None
     http_parser: Literal["h11", "httptools"] = Field(
         "h11", description="uvicorn's HTTP parser. h11 caps a request's header block "

@@ -1,14 +1,26 @@
 """Logging configured from RUST_LOG / LOG_LEVEL (`info`, `openalice_scheduler=debug,
-uvicorn=warn`), with a formatter that keeps each record on its own line and blanks known
-secrets from everything it writes."""
+uvicorn=warn`), as text or as JSON (LOG_FORMAT), with formatters that keep each record on
+its own line and blank known secrets from everything they write.
+
+In JSON, a record also carries the ids it is about: `lease_id`, `owner_id` and
+`correlation_id` of the lease it names (an argument made by `lease_ref`), and the
+`request_id` and `trace_id` of the request (or span) it was written in."""
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 from collections.abc import Iterable
+from contextvars import ContextVar
+from datetime import UTC, datetime
 from types import TracebackType
+from typing import Any, Protocol
+
+from opentelemetry import trace
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter
 
 _LEVELS = {
     "trace": logging.DEBUG,
@@ -29,6 +41,42 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
+# The request being answered, set by the access middleware (api/access.py).
+request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+
+
+class _Lease(Protocol):
+    @property
+    def lease_id(self) -> str: ...
+    @property
+    def owner_id(self) -> str | None: ...
+    @property
+    def correlation_id(self) -> str | None: ...
+
+
+class LeaseRef(str):
+    """A lease's id, as a log call's argument, that also carries the lease's ids as
+    fields (`lease_id`, and `owner_id` and `correlation_id` when set): in text it reads
+    as the id it is, in JSON those become fields of the record (ContextFields), so one
+    lease's lines can be selected by id. `log.info("lease %s released", lease_ref(r))`."""
+
+    fields: dict[str, str]
+
+
+def lease_ref(lease: str | _Lease) -> LeaseRef:
+    """`lease` (a lease record, a worker spec, or a bare id) as a log argument."""
+    if isinstance(lease, str):
+        ref = LeaseRef(lease)
+        ref.fields = {"lease_id": lease}
+        return ref
+    ref = LeaseRef(lease.lease_id)
+    ref.fields = {"lease_id": lease.lease_id}
+    if lease.owner_id is not None:
+        ref.fields["owner_id"] = lease.owner_id
+    if lease.correlation_id is not None:
+        ref.fields["correlation_id"] = lease.correlation_id
+    return ref
+
 
 class SafeFormatter(logging.Formatter):
     """One record, one line, and no secret in it.
@@ -47,11 +95,7 @@ class SafeFormatter(logging.Formatter):
         self.secrets = sorted(kept, key=len, reverse=True)
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        for secret in self.secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return text
+        return _redacted(super().format(record), self.secrets)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return _escaped(super().formatMessage(record))
@@ -63,7 +107,76 @@ class SafeFormatter(logging.Formatter):
         return _indented(super().formatStack(stack_info))
 
 
-def configure_logging(log_filter: str, secrets: Iterable[str] = ()) -> None:
+class SafeJsonFormatter(JsonFormatter):
+    """One record, one JSON object on one line: `time` (RFC 3339, UTC), `level`,
+    `logger`, `message`, then the record's fields (`lease_id`, `request_id`, ...) and
+    `exc_info` (the traceback) when there is one.
+
+    The same guarantees as SafeFormatter's: JSON's own escaping keeps each record on its
+    line (every control character, and with `ensure_ascii` U+2028/U+2029 too, is
+    escaped), and secrets are blanked in every value before it is encoded, so a
+    secret can neither survive as its escaped form nor be cut from the record's
+    structure."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__(
+            ["levelname", "name", "message"],
+            rename_fields={"levelname": "level", "name": "logger"},
+            # uvicorn's `color_message` repeats the message with terminal colours.
+            reserved_attrs=[*RESERVED_ATTRS, "color_message"],
+            json_ensure_ascii=True,
+        )
+        kept = {s for s in secrets if len(s) >= MIN_REDACTED_LENGTH}
+        self.secrets = sorted(kept, key=len, reverse=True)
+
+    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord,
+                   message_dict: dict[str, Any]) -> None:
+        log_data["time"] = (datetime.fromtimestamp(record.created, UTC)
+                            .isoformat(timespec="microseconds").replace("+00:00", "Z"))
+        super().add_fields(log_data, record, message_dict)
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        return {key: self._clean(value) for key, value in log_data.items()}
+
+    def _clean(self, value: Any) -> Any:
+        """`value` with every secret blanked; what JSON cannot hold as it is becomes its
+        str() first, so nothing reaches the encoder unchecked."""
+        if isinstance(value, str):
+            return _redacted(value, self.secrets)
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)  # NaN is no JSON: jq would refuse the line
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, dict):
+            return {_redacted(str(k), self.secrets): self._clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [self._clean(item) for item in value]
+        return _redacted(str(value), self.secrets)
+
+
+class ContextFields(logging.Filter):
+    """Adds to each record the ids it is about, where known: those of the lease among
+    its arguments (LeaseRef), the `request_id` of the request it was written in, and the
+    `trace_id` / `span_id` of the current span (the request's, a loop's, or the caller's
+    trace when tracing is off)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            for arg in record.args:
+                if isinstance(arg, LeaseRef):
+                    record.__dict__.update(arg.fields)
+        current = request_id.get()
+        if current is not None and "request_id" not in record.__dict__:
+            record.request_id = current
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            record.trace_id = trace.format_trace_id(context.trace_id)
+            record.span_id = trace.format_span_id(context.span_id)
+        return True
+
+
+def configure_logging(log_filter: str, secrets: Iterable[str] = (),
+                      log_format: str = "text") -> None:
     default = logging.INFO
     per_logger: dict[str, int] = {}
     for part in log_filter.split(","):
@@ -83,7 +196,13 @@ def configure_logging(log_filter: str, secrets: Iterable[str] = ()) -> None:
     logging.logProcesses = False
     logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(SafeFormatter(FORMAT, secrets))
+    if log_format == "json":
+        handler.setFormatter(SafeJsonFormatter(secrets))
+        handler.addFilter(ContextFields())
+        # A warning printed as it is would be a line that is not JSON.
+        logging.captureWarnings(True)
+    else:
+        handler.setFormatter(SafeFormatter(FORMAT, secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(default)
@@ -95,6 +214,13 @@ def configure_logging(log_filter: str, secrets: Iterable[str] = ()) -> None:
         logging.getLogger(name).setLevel(max(default, logging.WARNING))
     for target, level in per_logger.items():
         logging.getLogger(target).setLevel(level)
+
+
+def _redacted(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
 
 
 def _escaped(text: str) -> str:

@@ -114,6 +114,16 @@ class Metrics:
             "Unix time this replica last finished a reconciliation (one replica at a time "
             "reconciles: take the max over replicas).", registry=r,
         )
+        # Observed by the access middleware (api/access.py) for every HTTP answer. `route`
+        # is the route template (`unmatched` for a path no route serves) and `method` one
+        # of the standard ones or `other`: the callers cannot grow the label sets.
+        self.http_request_duration = Histogram(
+            "scheduler_http_request_duration_seconds",
+            "Time to answer an HTTP request, by route template, method and status.",
+            ["route", "method", "status"], registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                     30, 60, 300, 600),
+        )
         # Registered on first use: only with METRICS_OWNER_SERIES, as /metrics is ungated
         # and owner ids are the callers' to show.
         self.owner_leases: Gauge | None = None

@@ -43,7 +43,7 @@ def serve(settings: Settings) -> None:
     from openalice_scheduler.logs import configure_logging
     from openalice_scheduler.providers import ProviderConfigError
 
-    configure_logging(settings.log_filter, settings.secrets())
+    configure_logging(settings.log_filter, settings.secrets(), settings.log_format)
     startup.prepare(settings, os.environ)  # warnings, and a database started late
     try:
         application = create_app(settings)

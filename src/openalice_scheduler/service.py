@@ -30,6 +30,7 @@ from openalice_scheduler.errors import (
     ReleaseFailed,
 )
 from openalice_scheduler.ids import is_lease_id, new_lease_id
+from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseRequest, LeaseState, ReleaseReason
 from openalice_scheduler.policy import Policy
@@ -124,7 +125,7 @@ class LeaseService:
             raise await self._with_retry_after(exc) from None
         if gone is not None and gone.is_set():
             # Nobody is left to hand the worker to: give it back at once.
-            log.info("lease %s: caller left while waiting; releasing", record.lease_id)
+            log.info("lease %s: caller left while waiting; releasing", lease_ref(record))
             await self._release(record.lease_id, None)
         return record
 
@@ -150,9 +151,8 @@ class LeaseService:
         self.in_flight.add(lease_id)
         try:
             order = await self.policy.order(self.providers, spec)
-            log.debug("lease %s (%s, gpu=%s, correlation_id=%s): trying %s", lease_id,
-                      request.kind.value, request.gpu.value, request.correlation_id,
-                      ", ".join(p.name for p in order))
+            log.debug("lease %s (%s, gpu=%s, correlation_id=%s): trying %s", lease_ref(spec),
+                      spec.kind, spec.gpu, spec.correlation_id, ", ".join(p.name for p in order))
             for provider in order:
                 availability = await provider.available(spec)
                 if not availability.ok:
@@ -218,7 +218,7 @@ class LeaseService:
                 return None
             if record.state == LeaseState.active:
                 log.info("lease %s returned again for correlation_id=%s",
-                         lease_id, record.correlation_id)
+                         lease_ref(record), record.correlation_id)
                 return record
             await asyncio.sleep(TWIN_POLL_S)
         return None
@@ -243,7 +243,7 @@ class LeaseService:
                            else f"no worker after {self.provision_timeout:g} s")
                 span.set_status(Status(StatusCode.ERROR, message))
                 log.warning("lease %s: %s failed to provision: %s",
-                            spec.lease_id, provider.name, message)
+                            lease_ref(spec), provider.name, message)
                 await self._clean_half_made(provider, spec.lease_id)
                 if isinstance(exc, ProviderOutOfCapacity):
                     raise
@@ -274,7 +274,7 @@ class LeaseService:
     def _acquired(self, provider: str, record: LeaseRecord) -> LeaseRecord:
         self.metrics.acquired.labels(provider, record.kind, record.gpu).inc()
         self.on_due(record.expires_at)
-        log.info("lease %s acquired on %s (%s, gpu=%s, correlation_id=%s)", record.lease_id,
+        log.info("lease %s acquired on %s (%s, gpu=%s, correlation_id=%s)", lease_ref(record),
                  provider, record.kind, record.gpu, record.correlation_id)
         return record
 
@@ -284,7 +284,7 @@ class LeaseService:
         except ProviderError as exc:
             # The reconciler destroys it later as an orphan: it carries our labels.
             log.warning("lease %s: could not clean up on %s yet: %s",
-                        lease_id, provider.name, exc.message)
+                        lease_ref(lease_id), provider.name, exc.message)
 
     def _no_lease(
         self, request: LeaseRequest, reasons: dict[str, str], failures: dict[str, str],
@@ -360,7 +360,7 @@ class LeaseService:
     async def _destroy_due(self, record: LeaseRecord) -> None:
         async with self._releases:
             if record.release_reason == ReleaseReason.expired.value and not record.release_attempts:
-                log.info("lease %s expired; releasing", record.lease_id)
+                log.info("lease %s expired; releasing", lease_ref(record))
             await self.destroy(record)
 
     async def destroy(self, record: LeaseRecord) -> str | None:
@@ -385,7 +385,7 @@ class LeaseService:
                 self.metrics.release_failures.labels(record.provider).inc()
                 self.on_due(retry_at)
                 log.warning("lease %s: release attempt %d on %s failed: %s",
-                            record.lease_id, attempts, record.provider, exc.message)
+                            lease_ref(record), attempts, record.provider, exc.message)
                 return exc.message
         done = await self.store.finish_release(record.lease_id, now=self.now_us())
         if done is None:
@@ -398,7 +398,7 @@ class LeaseService:
         self.capacity_freed()
         reason = record.release_reason or ReleaseReason.explicit.value
         self.metrics.released.labels(record.provider, reason).inc()
-        log.info("lease %s released (%s)", record.lease_id, reason)
+        log.info("lease %s released (%s)", lease_ref(record), reason)
 
     # --- reconciliation: what the reconciler found, resolved ----------------------------
 
@@ -420,7 +420,7 @@ class LeaseService:
         self.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
         self.capacity_freed()
         log.warning("lease %s: provision abandoned on %s; marked failed",
-                    record.lease_id, provider.name)
+                    lease_ref(record), provider.name)
         await provider.release("", record.lease_id)
         return True
 
@@ -429,7 +429,7 @@ class LeaseService:
         await provider.release(token, lease_id)
         self.metrics.released.labels(provider.name, ReleaseReason.orphan.value).inc()
         log.info("reconcile: destroyed orphan worker %s of lease %s on %s",
-                 token[:12], lease_id, provider.name)
+                 token[:12], lease_ref(lease_id), provider.name)
 
     async def mark_lost(self, provider: Provider, record: LeaseRecord) -> bool:
         """An active lease whose worker vanished on its own: released (reason `lost`)."""
@@ -438,7 +438,7 @@ class LeaseService:
         self.metrics.released.labels(provider.name, ReleaseReason.lost.value).inc()
         self.capacity_freed()
         log.warning("lease %s: worker vanished from %s; marked lost",
-                    record.lease_id, provider.name)
+                    lease_ref(record), provider.name)
         return True
 
     # --- renew -----------------------------------------------------------------------
@@ -456,7 +456,7 @@ class LeaseService:
         renewed = await self.store.renew(lease_id, expires_at=now + ttl * 1_000_000, now=now)
         if renewed is None:
             raise LeaseNotFound(f"lease {lease_id} ended while renewing")
-        log.info("lease %s renewed until %s", lease_id, renewed.wire()["expires_at"])
+        log.info("lease %s renewed until %s", lease_ref(renewed), renewed.wire()["expires_at"])
         return renewed
 
     # --- reads -----------------------------------------------------------------------

@@ -1,12 +1,15 @@
 """OpenTelemetry tracing: OTLP over gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set, a
 no-op tracer otherwise. Export runs in a background thread, so an unreachable collector
-costs requests nothing."""
+costs requests nothing. A caller's trace context (W3C `traceparent`, read by
+OpenTelemetry's configured propagators) is honoured either way."""
 
 from __future__ import annotations
 
 import logging
 
-from opentelemetry import trace
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -56,19 +59,37 @@ class Tracing:
 
 
 class RequestSpanMiddleware:
-    """One server span per HTTP request; handlers' spans become its children."""
+    """One server span per HTTP request, in the caller's trace when it sent one (its
+    `traceparent` span is the parent); handlers' spans become its children. With
+    `tracer=None` (tracing off) no span is made, but the caller's trace context becomes
+    the current one, so the log records of the request carry the caller's trace id."""
 
-    def __init__(self, app: ASGIApp, tracer: Tracer) -> None:
+    def __init__(self, app: ASGIApp, tracer: Tracer | None) -> None:
         self.app = app
         self.tracer = tracer
+        # The headers the propagators read (`traceparent`, `tracestate`, `baggage` by
+        # default; OTEL_PROPAGATORS may name others): only these are handed to them.
+        self.fields = frozenset(f.lower().encode("latin-1")
+                                for f in propagate.get_global_textmap().fields)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        parent = self._caller_context(scope)
+        if self.tracer is None:
+            if parent is None:
+                await self.app(scope, receive, send)
+                return
+            token = otel_context.attach(parent)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                otel_context.detach(token)
+            return
         method, path = scope["method"], scope["path"]
         with self.tracer.start_as_current_span(
-            f"{method} {path}", kind=trace.SpanKind.SERVER,
+            method, context=parent, kind=trace.SpanKind.SERVER,
             attributes={"http.request.method": method, "url.path": path},
         ) as span:
             async def send_wrapper(message: Message) -> None:
@@ -76,8 +97,10 @@ class RequestSpanMiddleware:
                     span.set_attribute("http.response.status_code", message["status"])
                 await send(message)
 
+            # Renamed by route template once answered (api/access.py).
             await self.app(scope, receive, send_wrapper)
-            route = scope.get("route")
-            if route is not None and hasattr(route, "path"):
-                # Name by route template, not by path: lease ids would explode cardinality.
-                span.update_name(f"{method} {route.path}")
+
+    def _caller_context(self, scope: Scope) -> Context | None:
+        carrier = {name.decode("latin-1"): value.decode("latin-1")
+                   for name, value in scope["headers"] if name in self.fields}
+        return propagate.extract(carrier) if carrier else None

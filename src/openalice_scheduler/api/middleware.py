@@ -40,7 +40,11 @@ def install(app: FastAPI, *, secret: str, cors_origins: list[str]) -> None:
             CORSMiddleware,
             allow_origins=cors_origins,
             allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Content-Type", "X-Internal-Secret", "X-Lease-Owner"],
+            # A page's request id and trace context reach the access log (access.py) too,
+            # and the page can read the id it was answered with.
+            allow_headers=["Content-Type", "X-Internal-Secret", "X-Lease-Owner",
+                           "X-Request-ID", "traceparent", "tracestate"],
+            expose_headers=["X-Request-ID"],
         )
     app.add_middleware(HeaderLimit, limit=MAX_HEADER_BYTES)
     app.add_middleware(DuplicateHeaders, names=ONCE_ONLY)

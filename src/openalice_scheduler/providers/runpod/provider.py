@@ -22,6 +22,7 @@ from openalice_scheduler.errors import (
     ProviderOutOfCapacity,
     ProviderUnavailable,
 )
+from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import GpuClass, WorkerKind
 from openalice_scheduler.providers.base import (
     Availability,
@@ -150,7 +151,7 @@ class RunPodProvider:
             except RunPodError as exc:
                 what = candidate.gpu_type_id or f"CPU {self.cpu_flavor}"
                 if exc.kind in (ErrorKind.rejected, ErrorKind.forbidden):
-                    log.info("lease %s: RunPod refused %s: %s", spec.lease_id, what, exc.detail)
+                    log.info("lease %s: RunPod refused %s: %s", lease_ref(spec), what, exc.detail)
                     refusals.append(f"{what}: {exc.detail}")
                     all_capacity = all_capacity and exc.no_capacity
                     continue
