@@ -424,3 +424,31 @@ async def test_a_database_file_that_cannot_be_opened_fails_its_writes_instead_of
         assert await store.get(str(uuid.uuid4())) is None
     finally:
         await store.close()
+
+
+async def test_a_pool_with_no_connection_to_lend_is_unavailable_not_an_error(
+    tmp_path: Path,
+) -> None:
+    """A burst bigger than the PostgreSQL pool waited past the pool's timeout and was
+    answered 500 (sqlalchemy.exc.TimeoutError was not a store outage to `guarded`); it is
+    503 `store_unavailable`, which callers retry. A real pool, its one connection held."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from openalice_scheduler.store.backend import guarded
+
+    with database_url("postgresql", tmp_path) as url:
+        engine = create_async_engine(url.replace("postgresql://", "postgresql+asyncpg://", 1),
+                                     pool_size=1, max_overflow=0, pool_timeout=0.2)
+        try:
+            async with engine.connect() as held:
+                await held.execute(text("SELECT 1"))
+
+                async def another() -> None:
+                    async with engine.connect() as conn:
+                        await conn.execute(text("SELECT 1"))
+
+                with pytest.raises(StoreUnavailable):
+                    await guarded(another())
+        finally:
+            await engine.dispose()
