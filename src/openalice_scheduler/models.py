@@ -144,6 +144,9 @@ class Lease(BaseModel):
     state: LeaseState = LeaseState.active
     release_reason: ReleaseReason | None = None
     released_at: Timestamp | None = None
+    host: str | None = Field(
+        None, description="local-docker with DOCKER_HOSTS: the engine holding the worker; "
+        "null otherwise")
 
 
 class AcquireResponse(BaseModel):

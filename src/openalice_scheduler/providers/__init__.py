@@ -10,12 +10,14 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
     Availability,
     InstantProvider,
+    PlacingProvider,
     Provider,
     ProviderStatus,
     Worker,
     WorkerInfo,
     WorkerSpec,
 )
+from openalice_scheduler.store.records import Terms
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +27,11 @@ class ProviderConfigError(ValueError):
 
 
 def _local_docker(settings: Settings) -> Provider:
-    from openalice_scheduler.providers.docker import LocalDockerProvider
+    from openalice_scheduler.providers.docker import DockerFleetProvider, LocalDockerProvider
+    from openalice_scheduler.providers.docker.hosts import parse_hosts
 
+    if settings.docker_hosts:
+        return DockerFleetProvider(settings, parse_hosts(settings.docker_hosts))
     return LocalDockerProvider(settings)
 
 
@@ -61,11 +66,24 @@ def configuration_problems(settings: Settings) -> list[str]:
         problems.append("PROVIDERS: a provider is listed twice")
     if "static" in names:
         problems += _static_problems(settings)
+    if "local-docker" in names and settings.docker_hosts:
+        problems += _fleet_problems(settings)
     skipped = {name: reason for name in names if (reason := _skip_reason(name, settings))}
     if names and not problems and len(skipped) == len(set(names)):
         why = "; ".join(f"{name} skipped: {reason}" for name, reason in skipped.items())
         problems.append(f"PROVIDERS: no usable provider in {settings.providers!r} ({why})")
     return problems
+
+
+def reservation_terms(provider: Provider, spec: WorkerSpec, *, now: int,
+                      owner_quota: int) -> Terms:
+    """What reserving `spec` on `provider` must respect, checked by the store."""
+    return Terms(
+        now=now, max_live=provider.max_workers,
+        resources=provider.exclusive_resources(spec),
+        resource_label=provider.resource_label, owner_quota=owner_quota,
+        place=provider.placer(spec) if isinstance(provider, PlacingProvider) else None,
+    )
 
 
 def build_providers(settings: Settings) -> list[Provider]:
@@ -92,6 +110,23 @@ def _skip_reason(name: str, settings: Settings) -> str | None:
     return None
 
 
+def _fleet_problems(settings: Settings) -> list[str]:
+    from openalice_scheduler.providers.docker.hosts import parse_hosts
+
+    assert settings.docker_hosts
+    problems = []
+    try:
+        parse_hosts(settings.docker_hosts)
+    except ValueError as exc:
+        problems.append(str(exc))
+    # Each host declares its own; a single engine's settings beside them would be ignored.
+    single = {"local_gpu_devices", "local_docker_max_workers", "local_docker_region"}
+    for name in sorted(single & settings.model_fields_set):
+        problems.append(f"{name.upper()}: not used with DOCKER_HOSTS; give each host its "
+                        "gpus=, max= and region= there instead")
+    return problems
+
+
 def _static_problems(settings: Settings) -> list[str]:
     from openalice_scheduler.providers.static import parse_static_workers
 
@@ -108,6 +143,7 @@ __all__ = [
     "REGISTRY",
     "Availability",
     "InstantProvider",
+    "PlacingProvider",
     "Provider",
     "ProviderConfigError",
     "ProviderStatus",
@@ -116,4 +152,5 @@ __all__ = [
     "WorkerSpec",
     "build_providers",
     "configuration_problems",
+    "reservation_terms",
 ]

@@ -3,12 +3,13 @@ provider only creates and destroys workers."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.store.records import Placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +137,15 @@ class InstantProvider(Provider, Protocol):
     releases it, and calls neither `provision` nor `release`."""
 
     def assign(self, resource: str | None) -> tuple[str, str]: ...
+
+
+@runtime_checkable
+class PlacingProvider(Provider, Protocol):
+    """A provider whose workers go to one of several places of its own (the hosts of a
+    local-docker fleet), chosen in the store's reservation transaction, so that per-place
+    caps and exclusive devices hold across replicas. `placer(spec)` returns the choice:
+    given the resources the provider's other live leases hold, the resource and place
+    of this lease (a Placement), or it raises AtCapacity saying why none fits. The
+    place is recorded as the lease's `host`, and `spec.resource` names it to `provision`."""
+
+    def placer(self, spec: WorkerSpec) -> Callable[[Set[str]], Placement]: ...
