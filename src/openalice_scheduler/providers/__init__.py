@@ -77,12 +77,14 @@ def configuration_problems(settings: Settings) -> list[str]:
 
 def reservation_terms(provider: Provider, spec: WorkerSpec, *, now: int,
                       owner_quota: int) -> Terms:
-    """What reserving `spec` on `provider` must respect, checked by the store."""
+    """What reserving `spec` on `provider` must respect, checked by the store. A placing
+    provider's placer counts its caps itself, per place."""
+    if isinstance(provider, PlacingProvider):
+        return Terms(now=now, owner_quota=owner_quota, place=provider.placer(spec))
     return Terms(
         now=now, max_live=provider.max_workers,
         resources=provider.exclusive_resources(spec),
         resource_label=provider.resource_label, owner_quota=owner_quota,
-        place=provider.placer(spec) if isinstance(provider, PlacingProvider) else None,
     )
 
 
@@ -120,10 +122,13 @@ def _fleet_problems(settings: Settings) -> list[str]:
     except ValueError as exc:
         problems.append(str(exc))
     # Each host declares its own; a single engine's settings beside them would be ignored.
-    single = {"local_gpu_devices", "local_docker_max_workers", "local_docker_region"}
-    for name in sorted(single & settings.model_fields_set):
-        problems.append(f"{name.upper()}: not used with DOCKER_HOSTS; give each host its "
-                        "gpus=, max= and region= there instead")
+    single = {"LOCAL_GPU_DEVICES": (settings.local_gpu_devices or "").strip(),
+              "LOCAL_DOCKER_MAX_WORKERS": settings.local_docker_max_workers,
+              "LOCAL_DOCKER_REGION": settings.local_docker_region}
+    for name, value in single.items():
+        if value:
+            problems.append(f"{name}: not used with DOCKER_HOSTS; give each host its "
+                            "gpus=, max= and region= there instead")
     return problems
 
 

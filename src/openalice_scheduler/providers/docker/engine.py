@@ -95,21 +95,24 @@ class DockerEngine:
             await self._ping()
         return self._ping_error
 
-    async def health(self, first_wait: float) -> str | None:
-        """`error()` without waiting for the engine, for a fleet where one engine that
-        does not answer must not slow the others: the last answer, and a ping in the
-        background when it is old. Only the very first look waits, `first_wait` at most
-        (then: "no answer yet")."""
+    async def health(self, wait: float) -> str | None:
+        """`error()` for a fleet, where an engine that does not answer must not slow the
+        others. A known-unreachable engine is skipped at once (looked at again in the
+        background); an engine that answered is looked at again when its answer is old,
+        waiting `wait` at most for it (then the old answer stands, or, at the very first
+        look, "has not answered yet")."""
         if self._ping_at and time.monotonic() - self._ping_at <= _PING_TTL:
             return self._ping_error
         if self._probe is None or self._probe.done():
             self._probe = asyncio.create_task(self._ping())
-        if not self._ping_at and self._ping_error is None:  # never looked at yet
-            try:
-                await asyncio.wait_for(asyncio.shield(self._probe), first_wait)
-            except TimeoutError:
+        if self._ping_error is not None:
+            return self._ping_error
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._probe), wait)
+        except TimeoutError:
+            if not self._ping_at:
                 return f"Docker engine at {self.where} has not answered yet"
-        return self._ping_error
+            return self._ping_error
 
     def last_error(self) -> str | None:
         """The last look's answer, without looking (None before the first)."""

@@ -32,9 +32,10 @@ from openalice_scheduler.providers.docker.placement import Placer, parse_key
 from openalice_scheduler.store.records import Placement
 
 log = logging.getLogger(__name__)
-# How long an acquire waits for an engine never looked at before (the first one after
-# start-up); later looks happen in the background, and an acquire never waits for them.
-FIRST_LOOK_S = 2.0
+# How long an acquire waits for an engine's answer when its last one is old (a dead
+# socket answers at once; a host that drops packets is then skipped until its ping,
+# which goes on in the background, times out). An engine known down is not waited for.
+LOOK_S = 1.0
 
 
 class DockerFleetProvider:
@@ -45,8 +46,8 @@ class DockerFleetProvider:
         self.hosts = list(hosts)
         self.engines = {h.name: DockerEngine(settings, h.address, h.name, tls=_tls(h))
                         for h in self.hosts}
-        # The per-host caps are exact (placement.py); this total only shows in
-        # `GET /v1/providers`, and is a second, redundant check.
+        # The per-host caps are counted by the placer; this total is what
+        # `GET /v1/providers` shows.
         capped = all(h.max_workers for h in self.hosts)
         self.max_workers = sum(h.max_workers for h in self.hosts) if capped else 0
 
@@ -54,8 +55,9 @@ class DockerFleetProvider:
         return None  # the placer takes devices, per host
 
     def placer(self, spec: WorkerSpec) -> Callable[[Set[str]], Placement]:
-        usable = [h for h in self._serving(spec) if self.engines[h.name].last_error() is None]
-        return Placer(usable, gpu=spec.gpu == GpuClass.entry)
+        serving = self._serving(spec)
+        down = frozenset(h.name for h in serving if self.engines[h.name].last_error())
+        return Placer(serving, gpu=spec.gpu == GpuClass.entry, down=down)
 
     async def available(self, spec: WorkerSpec) -> Availability:
         if spec.gpu in (GpuClass.mid, GpuClass.high):
@@ -64,7 +66,7 @@ class DockerFleetProvider:
         if not serving:
             return Availability(False, self._none_serves(spec))
         errors = await asyncio.gather(
-            *(self.engines[h.name].health(FIRST_LOOK_S) for h in serving))
+            *(self.engines[h.name].health(LOOK_S) for h in serving))
         if all(errors):
             return Availability(False, "no Docker host answers: " + "; ".join(
                 f"{h.name}: {e}" for h, e in zip(serving, errors, strict=True)))

@@ -28,12 +28,13 @@ def parse_key(resource: str) -> tuple[str, str | None]:
 
 @dataclass(frozen=True, slots=True)
 class Placer:
-    """Picks a host among `hosts` (declared order, already filtered by region and
-    health) for one lease: one with a free slot and, when `gpu`, a free GPU; the least
-    loaded first, ties in declared order."""
+    """Picks a host among `hosts` (declared order, already filtered by region) for one
+    lease: one that answers (not in `down`) with a free slot and, when `gpu`, a free
+    GPU; the least loaded first, ties in declared order."""
 
     hosts: Sequence[HostConfig]
     gpu: bool
+    down: frozenset[str] = frozenset()
 
     def __call__(self, taken: Set[str]) -> Placement:
         load: dict[str, int] = {}
@@ -44,7 +45,7 @@ class Placer:
         best_load = 0
         for host in self.hosts:
             used = load.get(host.name, 0)
-            if host.max_workers and used >= host.max_workers:
+            if host.name in self.down or (host.max_workers and used >= host.max_workers):
                 continue
             resource = self._free_key(host, taken)
             if resource is not None and (best is None or used < best_load):
@@ -65,6 +66,7 @@ class Placer:
     def _refusal(self, load: dict[str, int]) -> str:
         what = "a free GPU device" if self.gpu else "a free worker slot"
         each = ", ".join(
+            f"{h.name} not answering" if h.name in self.down else
             f"{h.name} {load.get(h.name, 0)}/{h.max_workers or '∞'}"
             + (f" ({len(h.devices)} GPUs)" if self.gpu else "")
             for h in self.hosts

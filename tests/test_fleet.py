@@ -1,0 +1,196 @@
+"""local-docker over a fleet of real Docker engines (DOCKER_HOSTS): two dockerd
+processes of the tests' own, each in its own network namespace with a no-op GPU hook,
+one scheduler placing workers on both."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.engines import PrivateEngine
+from tests.harness import Scheduler, remove_instance, wait_for
+
+LEASE_LABEL = "openalice.scheduler.lease_id"
+MakeFleet = Callable[[str], Scheduler]
+
+
+@pytest.fixture(scope="module")
+def second_engine(gpu_engine: PrivateEngine) -> Iterator[PrivateEngine]:
+    """A second GPU-shimmed engine beside the session's `gpu_engine`; this module's own,
+    so that a test may stop it."""
+    engine = PrivateEngine(gpu_shim=True)
+    try:
+        yield engine.start()
+    finally:
+        engine.destroy()
+
+
+@pytest.fixture
+def engines(gpu_engine: PrivateEngine, second_engine: PrivateEngine) -> dict[str, PrivateEngine]:
+    return {"gpu1": gpu_engine, "gpu2": second_engine}
+
+
+@pytest.fixture
+def make_fleet(make_scheduler: Callable[..., Scheduler],
+               engines: dict[str, PrivateEngine]) -> Iterator[MakeFleet]:
+    """A scheduler over both engines; `hosts` is DOCKER_HOSTS with {gpu1} and {gpu2}
+    standing for the engines' addresses. Its containers are removed from both at the end."""
+    made: list[Scheduler] = []
+
+    def make(hosts: str, **env: str) -> Scheduler:
+        where = {name: engine.url for name, engine in engines.items()}
+        s = make_scheduler(DOCKER_HOSTS=hosts.format(**where), **env)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.kill()
+        for engine in engines.values():
+            if engine.engine is not None and engine.engine.answers():
+                remove_instance(s.instance, s.env["DOCKER_NETWORK"], engine.url)
+
+
+def on_engine(engine: PrivateEngine, s: Scheduler) -> list[str]:
+    """The lease ids of the scheduler's containers on `engine`."""
+    return sorted(c.labels[LEASE_LABEL] for c in engine.containers(s.instance))
+
+
+def hosts_of(leases: list[dict[str, Any]]) -> list[str]:
+    return [lease["host"] for lease in leases]
+
+
+def test_leases_go_to_the_least_loaded_host_within_each_hosts_cap(
+    make_fleet: MakeFleet, engines: dict[str, PrivateEngine]
+) -> None:
+    s = make_fleet("gpu1={gpu1} max=2; gpu2={gpu2} max=3")
+    leases = [s.lease(kind="renderer") for _ in range(5)]
+    # Least loaded first, ties in declared order; gpu1 is full after two.
+    assert hosts_of(leases) == ["gpu1", "gpu2", "gpu1", "gpu2", "gpu2"]
+    by_host = {name: sorted(lease["lease_id"] for lease in leases if lease["host"] == name)
+               for name in engines}
+    for name, engine in engines.items():
+        assert on_engine(engine, s) == by_host[name], name
+
+    full = s.acquire(kind="renderer")
+    assert full.status_code == 503, full.text
+    assert full.json()["error"] == "no_provider_available"
+    assert "gpu1 2/2" in full.text and "gpu2 3/3" in full.text
+
+    # A slot freed on gpu1 is where the next lease goes, and its worker is made there.
+    gone = next(lease for lease in leases if lease["host"] == "gpu1")
+    assert s.release(gone["lease_id"]).status_code == 204
+    assert gone["lease_id"] not in on_engine(engines["gpu1"], s)
+    again = s.lease(kind="anim")
+    assert again["host"] == "gpu1"
+    assert again["lease_id"] in on_engine(engines["gpu1"], s)
+    assert s.http.get(f"/v1/lease/{again['lease_id']}").json()["host"] == "gpu1"
+
+
+def test_each_gpu_of_each_host_is_leased_to_one_lease_at_a_time(
+    make_fleet: MakeFleet, engines: dict[str, PrivateEngine]
+) -> None:
+    s = make_fleet("gpu1={gpu1} gpus=0,1 max=3; gpu2={gpu2} gpus=0 max=3")
+    gpu_leases = [s.lease(kind="renderer", gpu="entry") for _ in range(3)]
+    assert hosts_of(gpu_leases) == ["gpu1", "gpu2", "gpu1"]
+
+    # What each engine was asked for: gpu1 both its devices, gpu2 its one.
+    def devices(engine: PrivateEngine) -> list[str]:
+        return sorted(
+            device
+            for c in engine.containers(s.instance)
+            for request in c.attrs["HostConfig"]["DeviceRequests"] or []
+            for device in request["DeviceIDs"]
+        )
+
+    assert devices(engines["gpu1"]) == ["0", "1"]
+    assert devices(engines["gpu2"]) == ["0"]
+
+    refused = s.acquire(kind="renderer", gpu="entry")
+    assert refused.status_code == 503, refused.text
+    assert "no Docker host has a free GPU device" in refused.text
+    # A CPU worker still fits: gpu2 has free slots, and is the less loaded.
+    assert s.lease(kind="anim")["host"] == "gpu2"
+
+    # gpu2's device freed: the next GPU lease takes it, on gpu2.
+    on_gpu2 = next(lease for lease in gpu_leases if lease["host"] == "gpu2")
+    assert s.release(on_gpu2["lease_id"]).status_code == 204
+    assert s.lease(kind="renderer", gpu="entry")["host"] == "gpu2"
+    assert devices(engines["gpu2"]) == ["0"]
+
+
+def test_a_region_picks_the_hosts_of_that_region(make_fleet: MakeFleet) -> None:
+    s = make_fleet("gpu1={gpu1} region=eu; gpu2={gpu2} region=us")
+    assert s.lease(kind="renderer", region="us")["host"] == "gpu2"
+    assert s.lease(kind="renderer", region="us")["host"] == "gpu2"
+    assert s.lease(kind="renderer", region="eu")["host"] == "gpu1"
+    unknown = s.acquire(kind="renderer", region="ap")
+    assert unknown.status_code == 503, unknown.text
+    assert "'eu', 'us'" in unknown.json()["reasons"]["local-docker"]
+
+
+def test_a_bad_docker_hosts_is_refused_at_start_naming_each_problem(
+    make_scheduler: Callable[..., Scheduler]
+) -> None:
+    s = make_scheduler(start=False, DOCKER_HOSTS="gpu1=tcp://10.0.0.5 gpus=0; gpu2=x",
+                       LOCAL_DOCKER_REGION="eu", SWEEP_INTERVAL_SECONDS="0")
+    s.start(wait=False)
+    assert s.proc is not None
+    assert s.proc.wait(60) == 2
+    lines = [line for line in s.log().splitlines() if "invalid configuration" in line]
+    assert any("DOCKER_HOSTS: host 'gpu1': address 'tcp://10.0.0.5' needs a port" in line
+               for line in lines), lines
+    assert any("LOCAL_DOCKER_REGION: not used with DOCKER_HOSTS" in line for line in lines)
+    # Reported with the settings' own errors, all at once.
+    assert any("SWEEP_INTERVAL_SECONDS" in line for line in lines), lines
+
+
+@pytest.mark.timeout(300)
+def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
+    make_fleet: MakeFleet, engines: dict[str, PrivateEngine]
+) -> None:
+    s = make_fleet("gpu1={gpu1} max=3; gpu2={gpu2} max=3", SWEEP_INTERVAL_SECONDS="1")
+    leases = [s.lease(kind="renderer") for _ in range(4)]
+    assert hosts_of(leases) == ["gpu1", "gpu2", "gpu1", "gpu2"]
+    kept, doomed = leases[1], leases[3]
+
+    def state(lease: dict[str, Any]) -> str:
+        response = s.http.get(f"/v1/lease/{lease['lease_id']}")
+        assert response.status_code == 200, response.text
+        return str(response.json()["state"])
+
+    down = engines["gpu2"].engine
+    assert down is not None
+    down.stop()
+    try:
+        # Traffic goes on, on gpu1 alone: gpu2 is skipped, never tried.
+        for _ in range(5):
+            lease = s.lease(kind="anim")
+            assert lease["host"] == "gpu1"
+            assert s.release(lease["lease_id"]).status_code == 204
+        # A release on gpu2 cannot be confirmed: the lease stays releasing, retried.
+        failed = s.release(doomed["lease_id"])
+        assert failed.status_code == 502, failed.text
+        assert failed.json()["error"] == "release_failed"
+        assert state(doomed) == "releasing"
+        assert state(kept) == "active"  # gpu2's other lease keeps its state
+        assert s.lease(kind="renderer")["host"] == "gpu1"
+        full = s.acquire(kind="renderer")  # gpu1 is full and gpu2 down: no room
+        assert full.status_code == 503, full.text
+        assert "gpu2" in full.json()["reasons"]["local-docker"]
+        providers = s.http.get("/v1/providers").json()
+        fleet = next(p for p in providers if p["name"] == "local-docker")
+        assert fleet["healthy"] is True and "gpu2" in fleet["detail"]
+    finally:
+        if not down.answers():
+            down.start()
+
+    # Back: the sweeper finishes the release there on its own, and gpu2 serves again.
+    wait_for(lambda: state(doomed) == "released", 90, interval=0.5, what="the retried release")
+    assert doomed["lease_id"] not in on_engine(engines["gpu2"], s)
+    assert kept["lease_id"] in on_engine(engines["gpu2"], s)
+    back = wait_for(lambda: s.acquire(kind="renderer").json().get("lease"), 30, interval=0.5,
+                    what="an acquire placed on gpu2 again")
+    assert back["host"] == "gpu2"
