@@ -4,13 +4,14 @@ one scheduler placing workers on both."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from tests.engines import PrivateEngine
-from tests.harness import Scheduler, remove_instance, wait_for
+from tests.harness import INSTANCE_LABEL, WORKER_IMAGE, Scheduler, remove_instance, wait_for
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
 MakeFleet = Callable[[str], Scheduler]
@@ -60,6 +61,12 @@ def on_engine(engine: PrivateEngine, s: Scheduler) -> list[str]:
 
 def hosts_of(leases: list[dict[str, Any]]) -> list[str]:
     return [lease["host"] for lease in leases]
+
+
+def state_of(s: Scheduler, lease: dict[str, Any]) -> str:
+    response = s.http.get(f"/v1/lease/{lease['lease_id']}")
+    assert response.status_code == 200, response.text
+    return str(response.json()["state"])
 
 
 def test_leases_go_to_the_least_loaded_host_within_each_hosts_cap(
@@ -157,9 +164,7 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     kept, doomed = leases[1], leases[3]
 
     def state(lease: dict[str, Any]) -> str:
-        response = s.http.get(f"/v1/lease/{lease['lease_id']}")
-        assert response.status_code == 200, response.text
-        return str(response.json()["state"])
+        return state_of(s, lease)
 
     down = engines["gpu2"].engine
     assert down is not None
@@ -194,3 +199,57 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     back = wait_for(lambda: s.acquire(kind="renderer").json().get("lease"), 30, interval=0.5,
                     what="an acquire placed on gpu2 again")
     assert back["host"] == "gpu2"
+
+
+@pytest.mark.timeout(300)
+def test_after_kill_9_each_host_is_reconciled_once_it_answers(
+    make_fleet: MakeFleet, engines: dict[str, PrivateEngine]
+) -> None:
+    hosts = "gpu1={gpu1}; gpu2={gpu2}"
+    s = make_fleet(hosts)
+    leases = [s.lease(kind="renderer") for _ in range(4)]
+    assert hosts_of(leases) == ["gpu1", "gpu2", "gpu1", "gpu2"]
+    s.kill()  # kill -9: nothing of the scheduler runs any more
+
+    # Meanwhile a worker vanishes on each host, and an orphan appears on gpu2 (a worker
+    # with this scheduler's labels that no lease of its store holds).
+    gpu1, gpu2 = engines["gpu1"], engines["gpu2"]
+    gpu1.client.containers.get(container_of(gpu1, s, leases[2])).remove(force=True)
+    gpu2.client.containers.get(container_of(gpu2, s, leases[1])).remove(force=True)
+    orphan = gpu2.client.containers.run(
+        WORKER_IMAGE, detach=True,
+        labels={INSTANCE_LABEL: s.instance, LEASE_LABEL: str(uuid.uuid4())})
+    down = gpu2.engine
+    assert down is not None
+    down.stop()
+    try:
+        # The scheduler again, on the same store, while gpu2 does not answer.
+        again = make_fleet(hosts, SCHEDULER_INSTANCE=s.instance,
+                           DATABASE_URL=s.env["DATABASE_URL"],
+                           DOCKER_NETWORK=s.env["DOCKER_NETWORK"],
+                           RECONCILE_INTERVAL_SECONDS="1")
+        wait_for(lambda: state_of(again, leases[2]) == "released", 60, interval=0.5,
+                 what="gpu1's vanished worker marked lost")
+        assert again.http.get(f"/v1/lease/{leases[2]['lease_id']}").json()[
+            "release_reason"] == "lost"
+        # gpu2's leases are left as they are while it cannot be looked at.
+        assert [state_of(again, lease) for lease in leases] == [
+            "active", "active", "released", "active"]
+    finally:
+        if not down.answers():
+            down.start()
+
+    # gpu2 back: its vanished worker's lease is marked lost, its orphan destroyed.
+    wait_for(lambda: state_of(again, leases[1]) == "released", 60, interval=0.5,
+             what="gpu2's vanished worker marked lost")
+    wait_for(lambda: orphan.id not in [c.id for c in gpu2.containers(s.instance)], 60,
+             interval=0.5, what="gpu2's orphan destroyed")
+    assert [state_of(again, lease) for lease in leases] == [
+        "active", "released", "released", "active"]
+    assert on_engine(gpu2, again) == [leases[3]["lease_id"]]
+    assert on_engine(gpu1, again) == [leases[0]["lease_id"]]
+
+
+def container_of(engine: PrivateEngine, s: Scheduler, lease: dict[str, Any]) -> str:
+    return next(c.id for c in engine.containers(s.instance)
+                if c.labels[LEASE_LABEL] == lease["lease_id"])

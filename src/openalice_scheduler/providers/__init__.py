@@ -10,6 +10,7 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
     Availability,
     InstantProvider,
+    PartialListing,
     PlacingProvider,
     Provider,
     ProviderStatus,
@@ -148,6 +149,7 @@ __all__ = [
     "REGISTRY",
     "Availability",
     "InstantProvider",
+    "PartialListing",
     "PlacingProvider",
     "Provider",
     "ProviderConfigError",

@@ -63,6 +63,17 @@ class WorkerInfo:
     store_id: str | None = None
 
 
+class PartialListing(dict[str, list[WorkerInfo]]):
+    """`list_workers()` of a provider with places of its own (the hosts of a fleet)
+    when some could not be listed: the workers of those that could, by lease id, and in
+    `unlisted` the names of the others. Reconciliation leaves the leases on those
+    (`LeaseRecord.host`) as they are this pass: their workers are unknown, not gone."""
+
+    def __init__(self, workers: Mapping[str, list[WorkerInfo]], unlisted: frozenset[str]):
+        super().__init__(workers)
+        self.unlisted = unlisted
+
+
 @dataclass(frozen=True, slots=True)
 class Availability:
     ok: bool

@@ -21,6 +21,7 @@ from openalice_scheduler.errors import ProviderError, ProviderUnavailable
 from openalice_scheduler.models import GpuClass
 from openalice_scheduler.providers.base import (
     Availability,
+    PartialListing,
     ProviderStatus,
     Worker,
     WorkerInfo,
@@ -86,25 +87,32 @@ class DockerFleetProvider:
                 raise ProviderError(f"Docker host {host!r} of this worker is not in DOCKER_HOSTS")
             await engine.release(container_id, lease_id)
             return
-        # A provision cut short: its worker, if any, may be on any host.
+        # A provision cut short: its worker, if any, may be on any host that answers. One
+        # made on a host that does not answer is an orphan there for reconciliation,
+        # once the host is back (it carries this scheduler's labels).
+        answering = [e for e in self.engines.values() if e.last_error() is None]
         outcomes = await asyncio.gather(
-            *(e.release("", lease_id) for e in self.engines.values()), return_exceptions=True)
+            *(e.release("", lease_id) for e in answering), return_exceptions=True)
         _raise_first(outcomes)
 
     async def list_workers(self) -> Mapping[str, list[WorkerInfo]]:
-        """Every host's workers. A host that cannot be listed fails the whole listing:
-        reconciliation then skips the fleet this pass, rather than take the workers of
-        that host for vanished."""
+        """Every host's workers; a PartialListing when some host could not be listed
+        (reconciliation then leaves its leases be). No host listed: ProviderUnavailable."""
         listings = await asyncio.gather(
             *(e.list_workers() for e in self.engines.values()), return_exceptions=True)
-        _raise_first(listings)
+        unlisted = frozenset(host for host, listing in zip(self.engines, listings, strict=True)
+                             if isinstance(listing, ProviderUnavailable))
+        if len(unlisted) == len(self.engines):
+            _raise_first(listings)
+        _raise_first([o for o in listings if not isinstance(o, ProviderUnavailable)])
         found: dict[str, list[WorkerInfo]] = defaultdict(list)
         for host, listing in zip(self.engines, listings, strict=True):
-            assert not isinstance(listing, BaseException)
+            if isinstance(listing, BaseException):
+                continue
             for lease_id, infos in listing.items():
                 found[lease_id] += [WorkerInfo(i.lease_id, f"{host}/{i.provider_token}",
                                                i.running, i.store_id) for i in infos]
-        return found
+        return PartialListing(found, unlisted) if unlisted else found
 
     async def price(self, spec: WorkerSpec) -> float | None:
         prices = [h.price for h in self._serving(spec)
