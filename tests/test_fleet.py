@@ -63,6 +63,12 @@ def hosts_of(leases: list[dict[str, Any]]) -> list[str]:
     return [lease["host"] for lease in leases]
 
 
+def fleet_view(s: Scheduler) -> dict[str, Any]:
+    response = s.http.get("/v1/providers")
+    assert response.status_code == 200, response.text
+    return next(p for p in response.json() if p["name"] == "local-docker")
+
+
 def state_of(s: Scheduler, lease: dict[str, Any]) -> str:
     response = s.http.get(f"/v1/lease/{lease['lease_id']}")
     assert response.status_code == 200, response.text
@@ -80,6 +86,16 @@ def test_leases_go_to_the_least_loaded_host_within_each_hosts_cap(
                for name in engines}
     for name, engine in engines.items():
         assert on_engine(engine, s) == by_host[name], name
+
+    # GET /v1/providers: each host's health, capacity and use.
+    view = fleet_view(s)
+    assert (view["max_workers"], view["in_use"]) == (5, 5)
+    assert view["hosts"] == [
+        {"name": "gpu1", "healthy": True, "detail": "", "region": None, "max_workers": 2,
+         "gpu_devices": [], "workers": 2},
+        {"name": "gpu2", "healthy": True, "detail": "", "region": None, "max_workers": 3,
+         "gpu_devices": [], "workers": 3},
+    ]
 
     full = s.acquire(kind="renderer")
     assert full.status_code == 503, full.text
@@ -185,9 +201,12 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
         full = s.acquire(kind="renderer")  # gpu1 is full and gpu2 down: no room
         assert full.status_code == 503, full.text
         assert "gpu2" in full.json()["reasons"]["local-docker"]
-        providers = s.http.get("/v1/providers").json()
-        fleet = next(p for p in providers if p["name"] == "local-docker")
-        assert fleet["healthy"] is True and "gpu2" in fleet["detail"]
+        view = fleet_view(s)
+        assert view["healthy"] is True and "gpu2" in view["detail"]
+        gpu1, gpu2 = view["hosts"]
+        assert (gpu1["healthy"], gpu1["workers"]) == (True, 3)
+        assert (gpu2["healthy"], gpu2["workers"]) == (False, None)
+        assert "unreachable" in gpu2["detail"]
     finally:
         if not down.answers():
             down.start()

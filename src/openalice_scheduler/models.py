@@ -159,6 +159,20 @@ class GpuUse(BaseModel):
     in_use: int
 
 
+class HostView(BaseModel):
+    """One engine of a local-docker fleet (DOCKER_HOSTS) in `GET /v1/providers`."""
+
+    name: str
+    healthy: bool
+    detail: str = Field("", description="Why the engine cannot be used, when it cannot")
+    region: str | None
+    max_workers: int | None = Field(description="This host's cap; null = none")
+    gpu_devices: list[str] = Field(description="The GPUs it leases for gpu=entry")
+    workers: int | None = Field(
+        description="Containers of this scheduler on the engine now; null when it does "
+        "not answer")
+
+
 class ProviderView(BaseModel):
     """One provider in `GET /v1/providers`."""
 
@@ -174,6 +188,8 @@ class ProviderView(BaseModel):
         "the provider splits capacity by kind (static endpoints); null where the kinds "
         "share the GPU class's capacity",
     )
+    hosts: list[HostView] | None = Field(
+        None, description="local-docker with DOCKER_HOSTS: each engine, in declared order")
 
 
 class FieldError(BaseModel):

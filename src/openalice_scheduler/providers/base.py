@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from openalice_scheduler.models import GpuClass, WorkerKind
 from openalice_scheduler.store.records import Placement
@@ -91,6 +91,9 @@ class ProviderStatus:
     # For a provider whose capacity is split by worker kind (static endpoints): per kind,
     # per GPU class, how many workers at most. Without it, the kinds share `capacity`.
     by_kind: dict[str, dict[str, int]] | None = None
+    # For a provider with places of its own (the hosts of a fleet): one entry each, as
+    # `GET /v1/providers` shows it (models.HostView).
+    hosts: list[dict[str, Any]] | None = None
 
 
 @runtime_checkable

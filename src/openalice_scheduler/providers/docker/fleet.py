@@ -13,6 +13,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence, Set
 from pathlib import Path
+from typing import Any
 
 from docker.tls import TLSConfig
 
@@ -130,10 +131,29 @@ class DockerFleetProvider:
             capacity[GpuClass.entry.value] = sum(
                 min(len(h.devices), h.max_workers or len(h.devices)) for h in self.hosts)
         return ProviderStatus(healthy=len(down) < len(self.hosts), detail="; ".join(down),
-                              capacity=capacity)
+                              capacity=capacity, hosts=await self._host_views(errors))
 
     async def close(self) -> None:
         await asyncio.gather(*(e.close() for e in self.engines.values()))
+
+    async def _host_views(self, errors: Sequence[str | None]) -> list[dict[str, Any]]:
+        async def workers(host: HostConfig, error: str | None) -> int | None:
+            if error:
+                return None
+            try:
+                listing = await self.engines[host.name].list_workers()
+            except ProviderError:
+                return None
+            return sum(len(infos) for infos in listing.values())
+
+        counts = await asyncio.gather(
+            *(workers(h, e) for h, e in zip(self.hosts, errors, strict=True)))
+        return [
+            {"name": h.name, "healthy": error is None, "detail": error or "",
+             "region": h.region, "max_workers": h.max_workers or None,
+             "gpu_devices": list(h.devices), "workers": count}
+            for h, error, count in zip(self.hosts, errors, counts, strict=True)
+        ]
 
     def _serving(self, spec: WorkerSpec) -> list[HostConfig]:
         """The hosts that could serve `spec` at all, in declared order."""
