@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.engines import PrivateEngine
-from tests.harness import INSTANCE_LABEL, WORKER_IMAGE, Scheduler, remove_instance, wait_for
+from tests.harness import (
+    INSTANCE_LABEL,
+    WORKER_IMAGE,
+    Scheduler,
+    database_url,
+    remove_instance,
+    wait_for,
+)
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
 MakeFleet = Callable[[str], Scheduler]
@@ -142,6 +151,36 @@ def test_each_gpu_of_each_host_is_leased_to_one_lease_at_a_time(
     assert s.release(on_gpu2["lease_id"]).status_code == 204
     assert s.lease(kind="renderer", gpu="entry")["host"] == "gpu2"
     assert devices(engines["gpu2"]) == ["0"]
+
+
+def test_caps_and_gpus_of_each_host_hold_across_two_replicas(
+    make_fleet: MakeFleet, engines: dict[str, PrivateEngine], tmp_path: Path
+) -> None:
+    hosts = "gpu1={gpu1} gpus=0,1 max=3; gpu2={gpu2} gpus=0 max=2"
+    with database_url("postgresql", tmp_path) as url:
+        first = make_fleet(hosts, DATABASE_URL=url)
+        second = make_fleet(hosts, DATABASE_URL=url, SCHEDULER_INSTANCE=first.instance,
+                            DOCKER_NETWORK=first.env["DOCKER_NETWORK"])
+        # 12 acquires at once, half on each replica, half of them for a GPU: 5 slots.
+        asks = [(replica, gpu) for replica in (first, second) for gpu in ("entry", "none") * 3]
+        with ThreadPoolExecutor(len(asks)) as pool:
+            answers = list(pool.map(
+                lambda ask: ask[0].acquire(kind="renderer", gpu=ask[1]), asks))
+        granted = [a.json()["lease"] for a in answers if a.status_code == 200]
+        assert sorted({a.status_code for a in answers}) == [200, 503], [a.text for a in answers]
+        assert len(granted) == 5
+        assert sum(h == "gpu1" for h in hosts_of(granted)) == 3
+        assert sum(h == "gpu2" for h in hosts_of(granted)) == 2
+        # On the engines themselves: each host's cap, and each GPU to one worker at most.
+        assert len(on_engine(engines["gpu1"], first)) == 3
+        assert len(on_engine(engines["gpu2"], first)) == 2
+        for engine in engines.values():
+            devices = [device for c in engine.containers(first.instance)
+                       for request in c.attrs["HostConfig"]["DeviceRequests"] or []
+                       for device in request["DeviceIDs"]]
+            assert len(devices) == len(set(devices)), devices
+        for s in (first, second):
+            s.kill()
 
 
 def test_a_region_picks_the_hosts_of_that_region(make_fleet: MakeFleet) -> None:
