@@ -4,6 +4,7 @@ one scheduler placing workers on both."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -213,7 +214,8 @@ def test_a_bad_docker_hosts_is_refused_at_start_naming_each_problem(
 def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     make_fleet: MakeFleet, engines: dict[str, PrivateEngine]
 ) -> None:
-    s = make_fleet("gpu1={gpu1} max=3; gpu2={gpu2} max=3", SWEEP_INTERVAL_SECONDS="1")
+    s = make_fleet("gpu1={gpu1} max=3; gpu2={gpu2} max=3", SWEEP_INTERVAL_SECONDS="1",
+                   RECONCILE_INTERVAL_SECONDS="1")
     leases = [s.lease(kind="renderer") for _ in range(4)]
     assert hosts_of(leases) == ["gpu1", "gpu2", "gpu1", "gpu2"]
     kept, doomed = leases[1], leases[3]
@@ -221,9 +223,29 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     def state(lease: dict[str, Any]) -> str:
         return state_of(s, lease)
 
+    # Traffic while gpu2 stops: acquire and release, one slot of each host free.
+    traffic: list[tuple[int, dict[str, Any] | None]] = []
+    stopping = threading.Event()
+
+    def pairs() -> None:
+        while not stopping.is_set():
+            answer = s.acquire(kind="anim")
+            lease = answer.json().get("lease")
+            traffic.append((answer.status_code, lease))
+            if lease is not None:
+                traffic.append((s.release(lease["lease_id"]).status_code, lease))
+
     down = engines["gpu2"].engine
     assert down is not None
-    down.stop()
+    worker = threading.Thread(target=pairs)
+    worker.start()
+    try:
+        down.stop()
+    finally:
+        stopping.set()
+        worker.join(120)
+    # Refusals and failures while it went away, never a 500.
+    assert traffic and {code for code, _ in traffic} <= {200, 204, 502, 503}, traffic
     try:
         # Traffic goes on, on gpu1 alone: gpu2 is skipped, never tried.
         for _ in range(5):
@@ -257,6 +279,13 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     back = wait_for(lambda: s.acquire(kind="renderer").json().get("lease"), 30, interval=0.5,
                     what="an acquire placed on gpu2 again")
     assert back["host"] == "gpu2"
+
+    # Nothing of the traffic is left: each of its leases ended, and its workers with it
+    # (a release cut off is retried, a worker half-made on gpu2 destroyed as an orphan).
+    made = {lease["lease_id"]: lease for _, lease in traffic if lease is not None}
+    wait_for(lambda: all(state(lease) in ("released", "failed") for lease in made.values())
+             and not set(made) & {*on_engine(engines["gpu1"], s), *on_engine(engines["gpu2"], s)},
+             90, interval=0.5, what="the traffic's leases and workers gone")
 
 
 @pytest.mark.timeout(300)
