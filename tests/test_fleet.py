@@ -13,9 +13,13 @@ from typing import Any
 
 import pytest
 
+from openalice_scheduler.config import Settings
+from openalice_scheduler.providers import configuration_problems
+from openalice_scheduler.providers.docker.hosts import HostConfig, parse_hosts
 from tests.engines import PrivateEngine
 from tests.harness import (
     INSTANCE_LABEL,
+    SECRET,
     WORKER_IMAGE,
     Scheduler,
     database_url,
@@ -340,3 +344,35 @@ def test_after_kill_9_each_host_is_reconciled_once_it_answers(
 def container_of(engine: PrivateEngine, s: Scheduler, lease: dict[str, Any]) -> str:
     return next(c.id for c in engine.containers(s.instance)
                 if c.labels[LEASE_LABEL] == lease["lease_id"])
+
+
+@pytest.mark.parametrize(("hosts", "problem"), [
+    (" ; ", "names no host"),
+    ("GPU1=unix:///x.sock", "must start name=address"),
+    ("gpu1=unix:///x.sock; gpu1=unix:///y.sock", "host 'gpu1' is declared twice"),
+    ("gpu1=http://10.0.0.5:2375", "must be unix:///path/docker.sock"),
+    ("gpu1=tcp://10.0.0.5:x", "has a port that is not a number"),
+    ("gpu1=unix:///x.sock cpus=4", "unknown option 'cpus=4'"),
+    ("gpu1=unix:///x.sock gpus=0,0", "a GPU is listed twice"),
+    ("gpu1=unix:///x.sock gpus=0;1", "must start name=address"),
+    ("gpu1=unix:///x.sock max=-1", "max= must be a number ≥ 0"),
+    ("gpu1=unix:///x.sock price=nan", "price= must be a number ≥ 0"),
+    ("gpu1=unix:///x.sock tls=/etc", "tls= is for tcp:// addresses"),
+    ("gpu1=tcp://10.0.0.5:2376 tls=/nonexistent", "lacks ca.pem, cert.pem, key.pem"),
+])
+def test_each_docker_hosts_mistake_is_named(hosts: str, problem: str) -> None:
+    settings = Settings(internal_secret=SECRET, docker_hosts=hosts)  # type: ignore[call-arg]
+    problems = configuration_problems(settings)
+    assert len(problems) == 1 and problems[0].startswith("DOCKER_HOSTS: "), problems
+    assert problem in problems[0]
+
+
+def test_the_readmes_two_gpu_hosts_parse_as_declared(tmp_path: Path) -> None:
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tmp_path / name).write_text("test")
+    hosts = parse_hosts(f"""gpu1=tcp://10.0.0.5:2376 gpus=0,1 max=4 region=eu tls={tmp_path};
+                            gpu2=ssh://ops@10.0.0.6 gpus=0 max=2 region=eu price=0.4""")
+    assert hosts == [
+        HostConfig("gpu1", "tcp://10.0.0.5:2376", ("0", "1"), 4, "eu", 0.0, str(tmp_path)),
+        HostConfig("gpu2", "ssh://ops@10.0.0.6", ("0",), 2, "eu", 0.4, None),
+    ]

@@ -41,8 +41,9 @@ LABEL_STORE = "openalice.scheduler.store"
 # round trip at start-up, so the service starts even while the engine is down.
 DOCKER_API_VERSION = "1.41"
 _PING_TTL = 0.5
-# A ping has its own client with a short timeout: an engine whose host stopped answering
-# (packets dropped) must not hold a thread for the 60 s a container create may need.
+# A fleet's pings have a client of their own with a short timeout: an engine whose host
+# stopped answering (packets dropped) must not hold a thread for the 60 s a container
+# create may need.
 _PING_TIMEOUT_S = 3
 
 
@@ -55,10 +56,9 @@ class DockerEngine:
     it answers, from a ping cached for a moment (100 concurrent acquires cost one
     ping); any call that finds it unreachable makes the next `error()` look again."""
 
-    def __init__(self, settings: Settings, where: str, name: str | None = None,
+    def __init__(self, settings: Settings, where: str,
                  client: docker.DockerClient | None = None,
                  tls: docker.tls.TLSConfig | None = None) -> None:
-        self.name = name  # None: the single engine of DOCKER_HOST
         self.where = where
         self.instance = settings.scheduler_instance
         self.network = settings.docker_network
@@ -92,8 +92,12 @@ class DockerEngine:
         """Why the engine cannot be used now, or None: pinged when the last answer is
         older than a moment."""
         if fresh or time.monotonic() - self._ping_at > _PING_TTL:
-            await self._ping()
+            await self._ping(self.client.ping)
         return self._ping_error
+
+    async def look(self) -> str | None:
+        """A fresh look for a fleet (`GET /v1/providers`), `_PING_TIMEOUT_S` at most."""
+        return await self._ping(self._pinger.ping)
 
     async def health(self, wait: float) -> str | None:
         """`error()` for a fleet, where an engine that does not answer must not slow the
@@ -104,7 +108,7 @@ class DockerEngine:
         if self._ping_at and time.monotonic() - self._ping_at <= _PING_TTL:
             return self._ping_error
         if self._probe is None or self._probe.done():
-            self._probe = asyncio.create_task(self._ping())
+            self._probe = asyncio.create_task(self._ping(self._pinger.ping))
         if self._ping_error is not None:
             return self._ping_error
         try:
@@ -124,9 +128,9 @@ class DockerEngine:
         await asyncio.to_thread(self.client.close)
         await asyncio.to_thread(self._pinger.close)
 
-    async def _ping(self) -> str | None:
+    async def _ping(self, ping: Callable[[], Any]) -> str | None:
         try:
-            await self._run(self._pinger.ping)
+            await self._run(ping)
             self._ping_error = None
         except ProviderError as exc:
             self._ping_error = exc.message

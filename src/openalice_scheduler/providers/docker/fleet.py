@@ -46,7 +46,7 @@ class DockerFleetProvider:
 
     def __init__(self, settings: Settings, hosts: Sequence[HostConfig]) -> None:
         self.hosts = list(hosts)
-        self.engines = {h.name: DockerEngine(settings, h.address, h.name, tls=_tls(h))
+        self.engines = {h.name: DockerEngine(settings, h.address, tls=_tls(h))
                         for h in self.hosts}
         # The per-host caps are counted by the placer; this total is what
         # `GET /v1/providers` shows.
@@ -121,7 +121,7 @@ class DockerFleetProvider:
         return min(prices) if prices else None
 
     async def status(self) -> ProviderStatus:
-        errors = await asyncio.gather(*(e.error(fresh=True) for e in self.engines.values()))
+        errors = await asyncio.gather(*(e.look() for e in self.engines.values()))
         down = [f"{name}: {error}" for name, error in zip(self.engines, errors, strict=True)
                 if error]
         capped = all(h.max_workers for h in self.hosts)
