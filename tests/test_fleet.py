@@ -28,7 +28,7 @@ from tests.harness import (
 )
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
-MakeFleet = Callable[[str], Scheduler]
+MakeFleet = Callable[..., Scheduler]  # (DOCKER_HOSTS, **env)
 
 
 @pytest.fixture(scope="module")
