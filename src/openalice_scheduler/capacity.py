@@ -1,5 +1,5 @@
 """What `GET /v1/providers` shows of one provider: health, and capacity and use per GPU
-class, and per worker kind × GPU class."""
+class, and per worker kind × GPU class; for a fleet, each host's as its provider saw it."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def provider_view(
             per_kind = by_kind.setdefault(kind, {})
             per_kind[gpu] = per_kind.get(gpu, 0) + count
     kinds = set(by_kind) | set(status.by_kind or {})
+    hosts = {} if status.hosts is None else {"hosts": status.hosts}
     return {
         "name": provider.name,
         "healthy": status.healthy,
@@ -41,6 +42,7 @@ def provider_view(
             )
             for kind in sorted(kinds)
         },
+        **hosts,
     }
 
 

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     local_docker_region: str | None = Field(
         None, description="Region local Docker places in; unset = only requests without region."
     )
+    docker_hosts: str | None = Field(
+        None, description="A fleet of Docker engines for local-docker, `name=address "
+        "option=value …` separated by `;` (README, A fleet of Docker hosts); unset = the "
+        "one engine of DOCKER_HOST.",
+    )
 
     sweep_interval_seconds: float = Field(30.0, gt=0, le=3600)
     reconcile_interval_seconds: float = Field(60.0, gt=0, le=86400)

@@ -14,7 +14,7 @@ from opentelemetry.trace import Tracer
 
 from openalice_scheduler.errors import ProviderError, StoreUnavailable
 from openalice_scheduler.models import LeaseState
-from openalice_scheduler.providers import Provider
+from openalice_scheduler.providers import PartialListing, Provider
 from openalice_scheduler.service import LeaseService
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,10 @@ class Reconciler(LoopService):
         # written, so every worker listed here has its lease among the rows read next.
         listed_at = service.now_us()
         workers = await provider.list_workers()
-        live = {r.lease_id: r for r in await store.live(provider.name)}
+        # Leases on a host that could not be listed are that host's next pass's to judge.
+        unlisted = workers.unlisted if isinstance(workers, PartialListing) else frozenset()
+        live = {r.lease_id: r for r in await store.live(provider.name)
+                if r.host not in unlisted}
         stale_before = service.now_us() - int(self.provision_timeout * 1e6)
         counts = {"failed": 0, "orphans": 0, "lost": 0}
 

@@ -144,6 +144,9 @@ class Lease(BaseModel):
     state: LeaseState = LeaseState.active
     release_reason: ReleaseReason | None = None
     released_at: Timestamp | None = None
+    host: str | None = Field(
+        None, description="local-docker with DOCKER_HOSTS: the engine holding the worker; "
+        "null otherwise")
 
 
 class AcquireResponse(BaseModel):
@@ -154,6 +157,20 @@ class AcquireResponse(BaseModel):
 class GpuUse(BaseModel):
     capacity: int | None = Field(description="Most workers of this class; null = no fixed cap")
     in_use: int
+
+
+class HostView(BaseModel):
+    """One engine of a local-docker fleet (DOCKER_HOSTS) in `GET /v1/providers`."""
+
+    name: str
+    healthy: bool
+    detail: str = Field("", description="Why the engine cannot be used, when it cannot")
+    region: str | None
+    max_workers: int | None = Field(description="This host's cap; null = none")
+    gpu_devices: list[str] = Field(description="The GPUs it leases for gpu=entry")
+    workers: int | None = Field(
+        description="Containers of this scheduler on the engine now; null when it does "
+        "not answer")
 
 
 class ProviderView(BaseModel):
@@ -171,6 +188,8 @@ class ProviderView(BaseModel):
         "the provider splits capacity by kind (static endpoints); null where the kinds "
         "share the GPU class's capacity",
     )
+    hosts: list[HostView] | None = Field(
+        None, description="local-docker with DOCKER_HOSTS: each engine, in declared order")
 
 
 class FieldError(BaseModel):

@@ -34,7 +34,7 @@ from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseRequest, LeaseState, ReleaseReason
 from openalice_scheduler.policy import Policy
-from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec
+from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec, reservation_terms
 from openalice_scheduler.store import (
     AtCapacity,
     DuplicateRequest,
@@ -158,12 +158,8 @@ class LeaseService:
                 if not availability.ok:
                     reasons[provider.name] = availability.reason
                     continue
-                terms = Terms(
-                    now=self.now_us(), max_live=provider.max_workers,
-                    resources=provider.exclusive_resources(spec),
-                    resource_label=provider.resource_label,
-                    owner_quota=self.max_leases_per_owner,
-                )
+                terms = reservation_terms(provider, spec, now=self.now_us(),
+                                          owner_quota=self.max_leases_per_owner)
                 try:
                     if isinstance(provider, InstantProvider):
                         # Nothing to create: reserved and active in one transaction.

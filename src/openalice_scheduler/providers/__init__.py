@@ -10,12 +10,15 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
     Availability,
     InstantProvider,
+    PartialListing,
+    PlacingProvider,
     Provider,
     ProviderStatus,
     Worker,
     WorkerInfo,
     WorkerSpec,
 )
+from openalice_scheduler.store.records import Terms
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +28,11 @@ class ProviderConfigError(ValueError):
 
 
 def _local_docker(settings: Settings) -> Provider:
-    from openalice_scheduler.providers.docker import LocalDockerProvider
+    from openalice_scheduler.providers.docker import DockerFleetProvider, LocalDockerProvider
+    from openalice_scheduler.providers.docker.hosts import parse_hosts
 
+    if settings.docker_hosts:
+        return DockerFleetProvider(settings, parse_hosts(settings.docker_hosts))
     return LocalDockerProvider(settings)
 
 
@@ -61,11 +67,26 @@ def configuration_problems(settings: Settings) -> list[str]:
         problems.append("PROVIDERS: a provider is listed twice")
     if "static" in names:
         problems += _static_problems(settings)
+    if "local-docker" in names and settings.docker_hosts:
+        problems += _fleet_problems(settings)
     skipped = {name: reason for name in names if (reason := _skip_reason(name, settings))}
     if names and not problems and len(skipped) == len(set(names)):
         why = "; ".join(f"{name} skipped: {reason}" for name, reason in skipped.items())
         problems.append(f"PROVIDERS: no usable provider in {settings.providers!r} ({why})")
     return problems
+
+
+def reservation_terms(provider: Provider, spec: WorkerSpec, *, now: int,
+                      owner_quota: int) -> Terms:
+    """What reserving `spec` on `provider` must respect, checked by the store. A placing
+    provider's placer counts its caps itself, per place."""
+    if isinstance(provider, PlacingProvider):
+        return Terms(now=now, owner_quota=owner_quota, place=provider.placer(spec))
+    return Terms(
+        now=now, max_live=provider.max_workers,
+        resources=provider.exclusive_resources(spec),
+        resource_label=provider.resource_label, owner_quota=owner_quota,
+    )
 
 
 def build_providers(settings: Settings) -> list[Provider]:
@@ -92,6 +113,26 @@ def _skip_reason(name: str, settings: Settings) -> str | None:
     return None
 
 
+def _fleet_problems(settings: Settings) -> list[str]:
+    from openalice_scheduler.providers.docker.hosts import parse_hosts
+
+    assert settings.docker_hosts
+    problems = []
+    try:
+        parse_hosts(settings.docker_hosts)
+    except ValueError as exc:
+        problems.append(str(exc))
+    # Each host declares its own; a single engine's settings beside them would be ignored.
+    single = {"LOCAL_GPU_DEVICES": (settings.local_gpu_devices or "").strip(),
+              "LOCAL_DOCKER_MAX_WORKERS": settings.local_docker_max_workers,
+              "LOCAL_DOCKER_REGION": settings.local_docker_region}
+    for name, value in single.items():
+        if value:
+            problems.append(f"{name}: not used with DOCKER_HOSTS; give each host its "
+                            "gpus=, max= and region= there instead")
+    return problems
+
+
 def _static_problems(settings: Settings) -> list[str]:
     from openalice_scheduler.providers.static import parse_static_workers
 
@@ -108,6 +149,8 @@ __all__ = [
     "REGISTRY",
     "Availability",
     "InstantProvider",
+    "PartialListing",
+    "PlacingProvider",
     "Provider",
     "ProviderConfigError",
     "ProviderStatus",
@@ -116,4 +159,5 @@ __all__ = [
     "WorkerSpec",
     "build_providers",
     "configuration_problems",
+    "reservation_terms",
 ]

@@ -3,12 +3,13 @@ provider only creates and destroys workers."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.store.records import Placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,17 @@ class WorkerInfo:
     store_id: str | None = None
 
 
+class PartialListing(dict[str, list[WorkerInfo]]):
+    """`list_workers()` of a provider with places of its own (the hosts of a fleet)
+    when some could not be listed: the workers of those that could, by lease id, and in
+    `unlisted` the names of the others. Reconciliation leaves the leases on those
+    (`LeaseRecord.host`) as they are this pass: their workers are unknown, not gone."""
+
+    def __init__(self, workers: Mapping[str, list[WorkerInfo]], unlisted: frozenset[str]):
+        super().__init__(workers)
+        self.unlisted = unlisted
+
+
 @dataclass(frozen=True, slots=True)
 class Availability:
     ok: bool
@@ -79,6 +91,9 @@ class ProviderStatus:
     # For a provider whose capacity is split by worker kind (static endpoints): per kind,
     # per GPU class, how many workers at most. Without it, the kinds share `capacity`.
     by_kind: dict[str, dict[str, int]] | None = None
+    # For a provider with places of its own (the hosts of a fleet): one entry each, as
+    # `GET /v1/providers` shows it (models.HostView).
+    hosts: list[dict[str, Any]] | None = None
 
 
 @runtime_checkable
@@ -136,3 +151,15 @@ class InstantProvider(Provider, Protocol):
     releases it, and calls neither `provision` nor `release`."""
 
     def assign(self, resource: str | None) -> tuple[str, str]: ...
+
+
+@runtime_checkable
+class PlacingProvider(Provider, Protocol):
+    """A provider whose workers go to one of several places of its own (the hosts of a
+    local-docker fleet), chosen in the store's reservation transaction, so that per-place
+    caps and exclusive devices hold across replicas. `placer(spec)` returns the choice:
+    given the resources the provider's other live leases hold, the resource and place
+    of this lease (a Placement), or it raises AtCapacity saying why none fits. The
+    place is recorded as the lease's `host`, and `spec.resource` names it to `provision`."""
+
+    def placer(self, spec: WorkerSpec) -> Callable[[Set[str]], Placement]: ...

@@ -131,8 +131,11 @@ class LeaseStore:
             count = conn.execute(_COUNT_LIVE, mine).scalar_one()
             if count >= terms.max_live:
                 raise AtCapacity(f"at capacity ({count}/{terms.max_live} live workers)")
-        resource = None
-        if terms.resources is not None:
+        resource = host = None
+        if terms.place is not None:
+            placed = terms.place(set(conn.execute(_TAKEN, mine).scalars()))
+            resource, host = placed.resource, placed.host
+        elif terms.resources is not None:
             taken = set(conn.execute(_TAKEN, mine).scalars())
             resource = next((r for r in terms.resources if r not in taken), None)
             if resource is None:
@@ -140,7 +143,8 @@ class LeaseStore:
                                  "are leased")
         values: dict[str, Any] = {
             "provider": provider, "state": LeaseState.provisioning.value,
-            "resource": resource, "updated_at": terms.now, "replica_id": self.replica_id,
+            "resource": resource, "host": host, "updated_at": terms.now,
+            "replica_id": self.replica_id,
             "endpoint": "", "provider_token": "",
         }
         if assign is not None:

@@ -5,7 +5,7 @@ reservation can refuse with, and the one mapping from a stored lease to its wire
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -54,6 +54,8 @@ class LeaseRecord:
     updated_at: int
     replica_id: str | None = None
     revision: int = 0
+    # The engine of a local-docker fleet holding the worker (DOCKER_HOSTS), else None.
+    host: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""
@@ -120,6 +122,17 @@ class Terms:
     resource_label: str = "GPU devices"
     # Live leases an owner may hold (0: no cap).
     owner_quota: int = 0
+    # Instead of `resources`: picks the lease's resource and host from the resources the
+    # provider's other live leases hold, or raises AtCapacity (a fleet's placement).
+    place: Callable[[Set[str]], Placement] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a placed lease goes: the resource it holds, on which host."""
+
+    resource: str
+    host: str
 
 
 class AtCapacity(Exception):

@@ -42,6 +42,8 @@ leases = Table(
     # Bumped by the database itself (a trigger, migration 0005) on every UPDATE of the
     # row, whoever makes it: a listing reuses a lease's encoding while this is unchanged.
     Column("revision", BigInteger, nullable=False, server_default=text("0")),
+    # The engine of a local-docker fleet holding the worker (migration 0006).
+    Column("host", String(64)),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),

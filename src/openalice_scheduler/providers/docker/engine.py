@@ -1,4 +1,4 @@
-"""local-docker: workers as containers on a Docker engine, through the `docker` SDK.
+"""One Docker engine of local-docker: its workers as containers, through the `docker` SDK.
 
 The SDK blocks, so every call runs in a worker thread (`asyncio.to_thread` keeps the
 context, and with it the trace span). Docker and requests errors are translated into
@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import docker
@@ -22,10 +22,7 @@ from docker.types import DeviceRequest
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderUnavailable
-from openalice_scheduler.models import GpuClass
 from openalice_scheduler.providers.base import (
-    Availability,
-    ProviderStatus,
     Worker,
     WorkerInfo,
     WorkerSpec,
@@ -44,78 +41,105 @@ LABEL_STORE = "openalice.scheduler.store"
 # round trip at start-up, so the service starts even while the engine is down.
 DOCKER_API_VERSION = "1.41"
 _PING_TTL = 0.5
+# A fleet's pings have a client of their own with a short timeout: an engine whose host
+# stopped answering (packets dropped) must not hold a thread for the 60 s a container
+# create may need.
+_PING_TIMEOUT_S = 3
 
 
 def container_name(kind: str, lease_id: str) -> str:
     return f"oa-{kind}-{uuid.UUID(lease_id).hex[:12]}"
 
 
-class LocalDockerProvider:
-    name = "local-docker"
-    resource_label = "GPU devices"
+class DockerEngine:
+    """One Docker engine: its client, its network, its workers. `error()` says whether
+    it answers, from a ping cached for a moment (100 concurrent acquires cost one
+    ping); any call that finds it unreachable makes the next `error()` look again."""
 
-    def __init__(self, settings: Settings, client: docker.DockerClient | None = None) -> None:
+    def __init__(self, settings: Settings, where: str,
+                 client: docker.DockerClient | None = None,
+                 tls: docker.tls.TLSConfig | None = None) -> None:
+        self.where = where
         self.instance = settings.scheduler_instance
         self.network = settings.docker_network
-        self.max_workers = settings.local_docker_max_workers
-        self.region = settings.local_docker_region
-        self.devices = settings.gpu_devices
         self.images = settings.worker_images
         self.ports = settings.worker_ports
-        self.where = settings.docker_host or "unix:///var/run/docker.sock"
+        ssh = where.startswith("ssh://")
         self.client = client or docker.DockerClient(
-            base_url=self.where, version=DOCKER_API_VERSION, timeout=60, max_pool_size=64
+            base_url=where, version=DOCKER_API_VERSION, timeout=60, max_pool_size=64,
+            tls=tls or False, use_ssh_client=ssh,
+        )
+        self._pinger = docker.APIClient(
+            base_url=where, version=DOCKER_API_VERSION, timeout=_PING_TIMEOUT_S,
+            tls=tls or False, use_ssh_client=ssh,
         )
         self._network_ready = False
         self._network_lock = threading.Lock()
         self._ping_at = 0.0
         self._ping_error: str | None = None
+        self._probe: asyncio.Task[str | None] | None = None
 
-    def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
-        return list(self.devices) if spec.gpu == GpuClass.entry else None
+    async def provision(self, spec: WorkerSpec, device: str | None) -> Worker:
+        return await self._run(self._provision, spec, device)
 
-    async def available(self, spec: WorkerSpec) -> Availability:
-        if spec.gpu in (GpuClass.mid, GpuClass.high):
-            return Availability(False, f"gpu={spec.gpu} is not served by local Docker")
-        if spec.gpu == GpuClass.entry and not self.devices:
-            return Availability(False, "gpu=entry needs LOCAL_GPU_DEVICES; this host has none")
-        if spec.region is not None and spec.region != self.region:
-            where = f"region {self.region!r}" if self.region else "no region"
-            return Availability(
-                False, f"region {spec.region!r} not served (local Docker is in {where})"
-            )
-        error = await self._engine_error()
-        if error:
-            return Availability(False, error)
-        return Availability(True)
-
-    async def provision(self, spec: WorkerSpec) -> Worker:
-        return await self._run(self._provision, spec)
-
-    async def release(self, provider_token: str, lease_id: str) -> None:
-        await self._run(self._release, provider_token, lease_id)
+    async def release(self, container_id: str, lease_id: str) -> None:
+        await self._run(self._release, container_id, lease_id)
 
     async def list_workers(self) -> Mapping[str, list[WorkerInfo]]:
         return await self._run(self._list_workers)
 
-    async def price(self, spec: WorkerSpec) -> float | None:
-        return 0.0  # the host is paid for already
+    async def error(self, fresh: bool = False) -> str | None:
+        """Why the engine cannot be used now, or None: pinged when the last answer is
+        older than a moment."""
+        if fresh or time.monotonic() - self._ping_at > _PING_TTL:
+            await self._ping(self.client.ping)
+        return self._ping_error
 
-    async def status(self) -> ProviderStatus:
-        self._ping_at = 0.0  # a fresh look, not the cached one
-        error = await self._engine_error()
-        cap = self.max_workers or None
-        capacity: dict[str, int | None] = {GpuClass.none.value: cap}
-        if self.devices:
-            capacity[GpuClass.entry.value] = min(len(self.devices), cap or len(self.devices))
-        return ProviderStatus(healthy=error is None, detail=error or "", capacity=capacity)
+    async def look(self) -> str | None:
+        """A fresh look for a fleet (`GET /v1/providers`), `_PING_TIMEOUT_S` at most."""
+        return await self._ping(self._pinger.ping)
+
+    async def health(self, wait: float) -> str | None:
+        """`error()` for a fleet, where an engine that does not answer must not slow the
+        others. A known-unreachable engine is skipped at once (looked at again in the
+        background); an engine that answered is looked at again when its answer is old,
+        waiting `wait` at most for it (then the old answer stands, or, at the very first
+        look, "has not answered yet")."""
+        if self._ping_at and time.monotonic() - self._ping_at <= _PING_TTL:
+            return self._ping_error
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._ping(self._pinger.ping))
+        if self._ping_error is not None:
+            return self._ping_error
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._probe), wait)
+        except TimeoutError:
+            if not self._ping_at:
+                return f"Docker engine at {self.where} has not answered yet"
+            return self._ping_error
+
+    def last_error(self) -> str | None:
+        """The last look's answer, without looking (None before the first)."""
+        return self._ping_error
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
         await asyncio.to_thread(self.client.close)
+        await asyncio.to_thread(self._pinger.close)
+
+    async def _ping(self, ping: Callable[[], Any]) -> str | None:
+        try:
+            await self._run(ping)
+            self._ping_error = None
+        except ProviderError as exc:
+            self._ping_error = exc.message
+        self._ping_at = time.monotonic()
+        return self._ping_error
 
     # --- blocking parts, run in threads ----------------------------------------------
 
-    def _provision(self, spec: WorkerSpec, retried: bool = False) -> Worker:
+    def _provision(self, spec: WorkerSpec, device: str | None, retried: bool = False) -> Worker:
         self._ensure_network()
         name = container_name(spec.kind, spec.lease_id)
         image = self.images[spec.kind]
@@ -130,8 +154,8 @@ class LocalDockerProvider:
             labels[LABEL_STORE] = spec.store_id
         environment = worker_env(spec)
         device_requests = None
-        if spec.resource is not None:
-            device_requests = [DeviceRequest(device_ids=[spec.resource], capabilities=[["gpu"]])]
+        if device is not None:
+            device_requests = [DeviceRequest(device_ids=[device], capabilities=[["gpu"]])]
         try:
             container = self.client.containers.create(
                 image,
@@ -154,7 +178,7 @@ class LocalDockerProvider:
             # when another replica removed a duplicate): make it again, once.
             if not retried and (isinstance(exc, NotFound) or _network_trouble(_explain(exc))):
                 self._network_ready = False
-                return self._provision(spec, retried=True)
+                return self._provision(spec, device, retried=True)
             raise ProviderError(f"Docker could not create {name}: {_explain(exc)}") from exc
         try:
             container.start()
@@ -166,14 +190,14 @@ class LocalDockerProvider:
                 # copy another replica then removed ("network … not found"). Keep one
                 # (see _ensure_network) and try once more.
                 self._network_ready = False
-                return self._provision(spec, retried=True)
+                return self._provision(spec, device, retried=True)
             raise ProviderError(f"Docker could not start {name}: {_explain(exc)}") from exc
         return Worker(
             endpoint=f"http://{name}:{self.ports[spec.kind]}", provider_token=container.id
         )
 
-    def _release(self, provider_token: str, lease_id: str) -> None:
-        targets = [provider_token] if provider_token else [
+    def _release(self, container_id: str, lease_id: str) -> None:
+        targets = [container_id] if container_id else [
             c.id for c in self.client.containers.list(
                 all=True, sparse=True, filters={"label": [f"{LABEL_LEASE}={lease_id}",
                                                           f"{LABEL_INSTANCE}={self.instance}"]}
@@ -243,31 +267,24 @@ class LocalDockerProvider:
 
     # --- helpers ---------------------------------------------------------------------
 
-    async def _engine_error(self) -> str | None:
-        """Why the engine cannot be used now, or None. Cached briefly: 100 concurrent
-        acquires cost one ping."""
-        if time.monotonic() - self._ping_at > _PING_TTL:
-            try:
-                await self._run(self.client.ping)
-                self._ping_error = None
-            except ProviderError as exc:
-                self._ping_error = exc.message
-            self._ping_at = time.monotonic()
-        return self._ping_error
-
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             return await asyncio.to_thread(fn, *args)
         except ProviderError:
             raise
         except (requests.ConnectionError, requests.Timeout) as exc:
-            self._ping_at = 0.0  # look again before trusting the engine
-            raise ProviderUnavailable(f"Docker engine unreachable at {self.where}") from exc
+            raise self._unreachable() from exc
         except DockerException as exc:
             if _is_connection_error(exc):
-                self._ping_at = 0.0
-                raise ProviderUnavailable(f"Docker engine unreachable at {self.where}") from exc
+                raise self._unreachable() from exc
             raise ProviderError(f"Docker error: {_explain(exc)}") from exc
+
+
+    def _unreachable(self) -> ProviderUnavailable:
+        """Skipped from now on, until a ping (which this makes due) finds it back."""
+        error = ProviderUnavailable(f"Docker engine unreachable at {self.where}")
+        self._ping_error, self._ping_at = error.message, 0.0
+        return error
 
 
 def _explain(exc: DockerException) -> str:
