@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from openalice_scheduler.errors import StoreUnavailable
 
@@ -58,13 +59,14 @@ class Backend(Protocol):
 
 
 async def guarded(work: Awaitable[T]) -> T:
-    """Database outages become StoreUnavailable (503), never a 500. A constraint that did
+    """Database outages become StoreUnavailable (503), never a 500: so does a pool with
+    no connection free in time (a server too slow for the load). A constraint that did
     its job (IntegrityError) is the caller's to interpret."""
     try:
         return await work
     except (IntegrityError, sqlite3.IntegrityError):
         raise
-    except (OperationalError, DBAPIError, OSError, sqlite3.DatabaseError) as exc:
+    except (OperationalError, DBAPIError, PoolTimeout, OSError, sqlite3.DatabaseError) as exc:
         log.warning("state store unavailable: %s", type(exc).__name__)
         raise StoreUnavailable(
             "the state store is unavailable; try again shortly", cause=type(exc).__name__,
