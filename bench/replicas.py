@@ -6,8 +6,14 @@ and 32 concurrent clients; p50 and p99 latency of one round trip.
                                        [--pg-host /var/run/postgresql]
                                        [--database-url postgresql://...]
 
-CPU ms/round is the CPU time (user + system) all scheduler processes spent per round
-trip, from /proc: the service's own cost, load generators and PostgreSQL not counted.
+CPU ms/round is the CPU time (user + system) the scheduler processes spent per round
+trip, from /proc/<pid>/stat: the service's own cost, load generators and PostgreSQL not
+counted. It is shown for all replicas together and for each one (its CPU over the round
+trips it served), so a reader can see what a replica on cores of its own would add.
+
+The reference, from the same run: `pgbench`'s TPC-B-like load (5 statements per
+transaction) on a scratch database of the same server, `pgbench -i` then
+`pgbench -c 32 -j 2 -T <seconds>`, with synchronous_commit on (`--no-pgbench` skips it).
 
 The same load shape as bench/throughput.py (POST /v1/lease, then DELETE it), but the
 clients are split between the replicas, each replica's share driven by a load
@@ -56,30 +62,36 @@ async def _generate(url: str, secret: str, clients: int, seconds: float) -> dict
 def load(urls: list[str], secret: str, clients: int, seconds: float,
          pids: list[int]) -> dict[str, Any]:
     """`clients` split between `urls` (one generator process each), run at once; also
-    the CPU time the scheduler processes `pids` spent per round trip."""
-    cpu_before = cpu_seconds(pids)
+    the CPU time the scheduler processes `pids` (one per url) spent per round trip,
+    together and each over the round trips it served."""
+    cpu_before = [cpu_seconds([pid]) for pid in pids]
     shares = [clients // len(urls) + (1 if i < clients % len(urls) else 0)
               for i in range(len(urls))]
     procs = [
-        subprocess.Popen([sys.executable, __file__, "--generator", url, secret, str(share),
-                          str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-        for url, share in zip(urls, shares, strict=True) if share
+        (i, subprocess.Popen([sys.executable, __file__, "--generator", url, secret,
+                              str(share), str(seconds)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True))
+        for i, (url, share) in enumerate(zip(urls, shares, strict=True)) if share
     ]
     latencies: list[float] = []
+    rounds = [0] * len(urls)
     rate = 0.0
     errors = 0
-    for proc in procs:
+    for i, proc in procs:
         out, err = proc.communicate(timeout=seconds + 120)
         if proc.returncode != 0:
             raise RuntimeError(f"load generator failed:\n{err[-3000:]}")
         result = json.loads(out.strip().splitlines()[-1])
         latencies += result["latencies"]
+        rounds[i] = len(result["latencies"])
         rate += len(result["latencies"]) / result["elapsed"]
         errors += result["errors"]
-    cpu = cpu_seconds(pids) - cpu_before
+    cpu = [cpu_seconds([pid]) - before for pid, before in zip(pids, cpu_before, strict=True)]
     return {
-        "cpu_ms": cpu * 1000 / max(1, len(latencies)),
+        "cpu_ms": sum(cpu) * 1000 / max(1, len(latencies)),
+        # Per replica: its CPU over the round trips it served (none: no clients on it).
+        "cpu_ms_each": [c * 1000 / n if n else float("nan")
+                        for c, n in zip(cpu, rounds, strict=True)],
         "rate": rate,
         "p50_ms": percentile(latencies, 50) * 1000 if latencies else float("nan"),
         "p99_ms": percentile(latencies, 99) * 1000 if latencies else float("nan"),
@@ -125,6 +137,22 @@ def replica_set(database_url: str, count: int) -> Iterator[list[Service]]:
             service.cleanup()
 
 
+def pgbench(pg_host: str, seconds: float) -> dict[str, float]:
+    """pgbench's TPC-B-like load on a scratch database, 32 clients on 2 threads,
+    synchronous_commit on: what this server does with 5 statements a transaction."""
+    env = {**os.environ, "PGHOST": pg_host, "PGOPTIONS": "-c synchronous_commit=on"}
+    with fresh_database(pg_host) as url:
+        name = url.split("?")[0].rsplit("/", 1)[1]
+        subprocess.run(["pgbench", "-i", "-q", name], check=True, capture_output=True,
+                       env=env)
+        out = subprocess.run(["pgbench", "-c", "32", "-j", "2", "-T", f"{seconds:g}", name],
+                             check=True, capture_output=True, text=True, env=env).stdout
+    tps = next(line for line in out.splitlines() if line.startswith("tps"))
+    latency = next(line for line in out.splitlines() if line.startswith("latency average"))
+    return {"tps": float(tps.split("=")[1].split()[0]),
+            "latency_ms": float(latency.split("=")[1].split()[0])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -132,6 +160,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--pg-host", default=os.environ.get("PGHOST", "/var/run/postgresql"))
     parser.add_argument("--database-url", default=None)
+    parser.add_argument("--no-pgbench", action="store_true")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
     configs = sorted({1, args.replicas})
@@ -146,21 +175,28 @@ def main() -> None:
             results[count] = {c: load(urls, services[0].secret, c, args.seconds, pids)
                               for c in levels}
 
+    reference = None if args.no_pgbench else pgbench(args.pg_host, args.seconds)
+
     print(f"acquire+release round trips on PostgreSQL, {args.seconds:g} s per level, static "
           f"provider with {STATIC_ENDPOINTS} endpoints, clients split between the replicas, "
           f"one load generator process per replica; {os.cpu_count()} CPUs")
     print(f"{'clients':>7} {'replicas':>8} {'split':>9} {'rate/s':>9} {'p50 ms':>8} "
-          f"{'p99 ms':>8} {'errors':>6} {'CPU ms/round':>12}")
+          f"{'p99 ms':>8} {'errors':>6} {'CPU ms/round':>12}  each replica")
     for clients in levels:
         for count in configs:
             r = results[count][clients]
             split = "+".join(str(s) for s in r["split"])
             print(f"{clients:>7} {count:>8} {split:>9} {r['rate']:>9.1f} {r['p50_ms']:>8.2f} "
-                  f"{r['p99_ms']:>8.2f} {r['errors']:>6} {r['cpu_ms']:>12.1f}")
+                  f"{r['p99_ms']:>8.2f} {r['errors']:>6} {r['cpu_ms']:>12.2f}  "
+                  + " / ".join(f"{c:.2f}" for c in r["cpu_ms_each"]))
         if len(configs) > 1:
             ratio = results[configs[-1]][clients]["rate"] / results[1][clients]["rate"]
             print(f"{clients:>7} {'ratio':>8} {'':>9} {ratio:>9.2f}  "
                   f"({configs[-1]} replicas / 1)")
+    if reference is not None:
+        print(f"reference, same server and run: pgbench TPC-B-like, 32 clients, -j 2, "
+              f"{args.seconds:g} s, synchronous_commit on: {reference['tps']:,.0f} tx/s "
+              f"(5 statements each), latency average {reference['latency_ms']:.2f} ms")
 
 
 if __name__ == "__main__":

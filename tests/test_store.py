@@ -95,6 +95,31 @@ async def test_exclusive_resources_are_never_shared(store: LeaseStore) -> None:
     assert await store.reserve(new_lease(), "gpu", Terms(NOW, resources=["0", "1"])) == "0"
 
 
+async def test_resources_are_exclusive_across_stores_without_a_cap(
+    tmp_path: Path,
+) -> None:
+    """Two stores on one PostgreSQL database (two replicas, two pools), no cap, 40
+    reservations at once for 8 endpoints: each endpoint is taken exactly once."""
+    with database_url("postgresql", tmp_path) as url:
+        stores = [open_store(url), open_store(url)]
+        for s in stores:
+            await s.migrate()
+        try:
+            resources = [f"http://w{i}:8080" for i in range(8)]
+            results = await asyncio.gather(
+                *(stores[i % 2].reserve(new_lease(), "static", Terms(NOW, resources=resources))
+                  for i in range(40)),
+                return_exceptions=True,
+            )
+            taken = [r for r in results if isinstance(r, str)]
+            assert sorted(taken) == sorted(resources)
+            assert all(isinstance(r, AtCapacity) for r in results if not isinstance(r, str))
+            assert (await stores[1].count_by_state()) == {"provisioning": 8}
+        finally:
+            for s in stores:
+                await s.close()
+
+
 async def test_an_expired_lease_is_claimed_exactly_once(store: LeaseStore) -> None:
     lease = new_lease(expires_in_s=1)
     await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
