@@ -11,6 +11,7 @@ import pytest
 
 from tests.engines import PrivateEngine
 from tests.harness import REPO, WORKER_IMAGE, Scheduler, docker_client
+from tests.postgres import PrivatePostgres
 from tests.runpod_emulator import RunPodEmulator
 
 
@@ -72,3 +73,13 @@ def runpod_server(request: pytest.FixtureRequest) -> Iterator[RunPodEmulator]:
 def api(request: pytest.FixtureRequest) -> str:
     """Each RunPod transport in turn."""
     return str(request.param)
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of this test's own, which it may stop and start."""
+    pg = PrivatePostgres()
+    try:
+        yield pg.init()
+    finally:
+        pg.destroy()

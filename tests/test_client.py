@@ -34,7 +34,7 @@ from openalice_scheduler.errors import (
 )
 from openalice_scheduler.models import LeaseState, ReleaseReason
 from tests.harness import SECRET, Scheduler, free_port, wait_for
-from tests.test_replicas import PrivatePostgres
+from tests.postgres import PrivatePostgres
 
 STATIC_WORKERS = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
 ENV_VALUE = "env-value-" + uuid.uuid4().hex
@@ -319,15 +319,6 @@ def test_no_capacity_is_not_retried(static: Scheduler, client: SchedulerClient,
     with pytest.raises(NoProviderAvailable):
         client.acquire("anim", owner_id="a", correlation_id="second")
     assert retry_records(caplog) == []
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PrivatePostgres]:
-    pg = PrivatePostgres()
-    try:
-        yield pg.init()
-    finally:
-        pg.destroy()
 
 
 def test_an_idempotent_acquire_is_retried_while_the_store_is_unavailable(

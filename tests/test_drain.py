@@ -42,8 +42,8 @@ from openalice_scheduler.service import LeaseService
 from openalice_scheduler.store import open_store
 from tests.dockerproxy import DockerProxy
 from tests.harness import SECRET, Scheduler, wait_for
+from tests.postgres import PrivatePostgres
 from tests.runpod_emulator import RunPodEmulator
-from tests.test_replicas import PrivatePostgres
 
 KEY = "rpk-drain-" + uuid.uuid4().hex
 START = r"^POST /v[\d.]+/containers/[^/?]+/start(\?|$)"
@@ -139,16 +139,6 @@ def on_runpod(runpod: RunPodEmulator, **env: str) -> dict[str, str]:
     return {"PROVIDERS": "runpod", "RUNPOD_API_KEY": KEY,
             "RUNPOD_API_BASE_URL": runpod.base_url, "RUNPOD_POLL_INTERVAL_SECONDS": "0.1",
             "RUNPOD_CATALOG_TTL_SECONDS": "0", **env}
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PrivatePostgres]:
-    """A PostgreSQL server of this test's own, which it may stop."""
-    pg = PrivatePostgres()
-    try:
-        yield pg.init()
-    finally:
-        pg.destroy()
 
 
 # --- waiting callers ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ import yaml
 from openalice_scheduler import package_version
 from tests.dockerproxy import DockerProxy
 from tests.harness import REPO, SECRET, Scheduler, wait_for
-from tests.test_replicas import PrivatePostgres
+from tests.postgres import PrivatePostgres
 
 DEPLOY = REPO / "deploy"
 STATIC = "renderer=http://r1.test:8080,http://r2.test:8080;anim=http://a1.test:9000"
@@ -192,15 +192,6 @@ def test_loops_record_their_last_pass(make_scheduler: Callable[..., Scheduler]) 
     reconciled = s.metric("scheduler_reconcile_last_success_timestamp_seconds")
     wait_for(lambda: s.metric("scheduler_reconcile_last_success_timestamp_seconds")
              > reconciled, 30, what="another reconciliation")
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PrivatePostgres]:
-    pg = PrivatePostgres()
-    try:
-        yield pg.init()
-    finally:
-        pg.destroy()
 
 
 def test_store_up_follows_the_database(
