@@ -19,8 +19,7 @@ from opentelemetry import trace
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openalice_scheduler.api.errors import error_response
-from openalice_scheduler.errors import SchedulerError
+from openalice_scheduler.api.errors import internal_error
 from openalice_scheduler.logs import request_id
 from openalice_scheduler.metrics import Metrics
 
@@ -79,8 +78,7 @@ class AccessLog:
             if not status:
                 # The route failed unexpectedly: answered here, as the 500 handler would
                 # answer, so that this answer too carries its request id.
-                await error_response(SchedulerError("internal error; see the scheduler's "
-                                                    "log"))(scope, receive, send_with_id)
+                await internal_error()(scope, receive, send_with_id)
             raise
         finally:
             self._record(scope, status or CALLER_LEFT, time.perf_counter() - started, rid)

@@ -69,9 +69,15 @@ def _http_error(request: Request, exc: StarletteHTTPException,
     )
 
 
+def internal_error() -> JSONResponse:
+    """The 500 answer to a failure nobody expected: never its text (it may carry a
+    secret), only where to look."""
+    return error_response(SchedulerError("internal error; see the scheduler's log"))
+
+
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error: %s", type(exc).__name__, exc_info=exc)
-    return error_response(SchedulerError("internal error; see the scheduler's log"))
+    return internal_error()
 
 
 def _allowed_methods(request: Request, routes: Sequence[BaseRoute]) -> list[str]:
