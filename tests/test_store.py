@@ -95,6 +95,22 @@ async def test_exclusive_resources_are_never_shared(store: LeaseStore) -> None:
     assert await store.reserve(new_lease(), "gpu", Terms(NOW, resources=["0", "1"])) == "0"
 
 
+async def test_a_lease_moved_to_another_provider_gives_back_what_it_held(
+    store: LeaseStore,
+) -> None:
+    """A provider failed to provision it: the same lease, reserved again elsewhere, is one
+    row on the new provider, and the device it held on the old one is free."""
+    lease = new_lease()
+    assert await store.reserve(lease, "gpu", Terms(NOW, resources=["0"])) == "0"
+    with pytest.raises(AtCapacity):
+        await store.reserve(new_lease(), "gpu", Terms(NOW, resources=["0"]))
+    await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None), moving=True)
+    moved = await store.get(lease.lease_id)
+    assert moved is not None and (moved.provider, moved.resource) == ("p", None)
+    assert await store.reserve(new_lease(), "gpu", Terms(NOW, resources=["0"])) == "0"
+    assert [r.lease_id for r in await store.live("p")] == [lease.lease_id]
+
+
 async def test_resources_are_exclusive_across_stores_without_a_cap(
     tmp_path: Path,
 ) -> None:

@@ -163,8 +163,9 @@ class LeaseService:
                 try:
                     if isinstance(provider, InstantProvider):
                         # Nothing to create: reserved and active in one transaction.
-                        return await self._assign(provider, new, spec, terms)
-                    resource = await self.store.reserve(new, provider.name, terms)
+                        return await self._assign(provider, new, spec, terms, written)
+                    resource = await self.store.reserve(new, provider.name, terms,
+                                                        moving=written)
                 except OverQuota as exc:
                     self.metrics.acquire_failures.labels("quota").inc()
                     raise QuotaExceeded(exc.message, limit=self.max_leases_per_owner) from None
@@ -258,11 +259,12 @@ class LeaseService:
         return self._acquired(provider.name, record)
 
     async def _assign(self, provider: InstantProvider, new: NewLease, spec: WorkerSpec,
-                      terms: Terms) -> LeaseRecord:
+                      terms: Terms, moving: bool) -> LeaseRecord:
         attributes = _span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with self.tracer.start_as_current_span("provision", attributes=attributes):
             started = time.perf_counter()
-            record = await self.store.reserve_active(new, provider.name, terms, provider.assign)
+            record = await self.store.reserve_active(new, provider.name, terms, provider.assign,
+                                                     moving=moving)
             self.metrics.provision_seconds.labels(provider.name).observe(
                 time.perf_counter() - started)
         return self._acquired(provider.name, record)

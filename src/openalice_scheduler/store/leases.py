@@ -76,32 +76,34 @@ class LeaseStore:
 
     # --- acquire ---------------------------------------------------------------------
 
-    async def reserve(self, lease: NewLease, provider: str, terms: Terms) -> str | None:
+    async def reserve(self, lease: NewLease, provider: str, terms: Terms, *,
+                      moving: bool = False) -> str | None:
         """Record `lease` as `provisioning` on `provider`, atomically checking `terms`
         (the provider's cap, one free exclusive resource, the owner's quota). Returns
-        the resource taken. Called again for the same lease after a failed provider, it
-        moves the lease and its reservation to `provider`.
+        the resource taken. Called again for the same lease after a failed provider
+        (`moving`: its row exists), it moves the lease and its reservation to `provider`.
 
         Raises AtCapacity, OverQuota, or DuplicateRequest when another live lease has
         the same owner_id and correlation_id."""
-        record = await self._reserve(lease, provider, terms, None)
+        record = await self._reserve(lease, provider, terms, None, moving)
         return record.resource
 
     async def reserve_active(
         self, lease: NewLease, provider: str, terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]],
+        assign: Callable[[str | None], tuple[str, str]], *, moving: bool = False,
     ) -> LeaseRecord:
         """`reserve` for a worker that already exists (static endpoints): `assign(resource)`
         names its (endpoint, provider_token), and the lease is recorded `active` in the
         same transaction."""
-        return await self._reserve(lease, provider, terms, assign)
+        return await self._reserve(lease, provider, terms, assign, moving)
 
     async def _reserve(
         self, lease: NewLease, provider: str, terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]] | None,
+        assign: Callable[[str | None], tuple[str, str]] | None, moving: bool,
     ) -> LeaseRecord:
         try:
-            return await self.backend.write(self._reserve_tx, lease, provider, terms, assign)
+            return await self.backend.write(self._reserve_tx, lease, provider, terms, assign,
+                                            moving)
         except IntegrityError as exc:
             # Another replica won the race for this (owner_id, correlation_id).
             existing = await self.find_request(lease.owner_id, lease.correlation_id)
@@ -111,7 +113,7 @@ class LeaseStore:
 
     def _reserve_tx(
         self, conn: Connection, lease: NewLease, provider: str, terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]] | None,
+        assign: Callable[[str | None], tuple[str, str]] | None, moving: bool,
     ) -> LeaseRecord:
         # Serialised per owner (quota, idempotency), then per provider (cap, devices).
         if lease.owner_id:
@@ -150,10 +152,10 @@ class LeaseStore:
         if assign is not None:
             values["state"] = LeaseState.active.value
             values["endpoint"], values["provider_token"] = assign(resource)
-        # Moved from a provider that failed to provision it, or new.
-        moved = _transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
-        if moved is not None:
-            return moved
+        if moving:  # from a provider that failed to provision it
+            moved = _transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
+            if moved is not None:
+                return moved
         row = conn.execute(_INSERT, {
             "lease_id": lease.lease_id, "kind": lease.kind, "gpu": lease.gpu,
             "owner_id": lease.owner_id, "correlation_id": lease.correlation_id,
