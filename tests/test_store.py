@@ -52,7 +52,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore
 
 
 async def test_migrations_build_exactly_the_schema_the_code_uses(store: LeaseStore) -> None:
-    diff = await store.backend.read(
+    diff = await store.backend.schema(
         lambda conn: compare_metadata(MigrationContext.configure(conn), metadata)
     )
     assert diff == []
@@ -471,25 +471,30 @@ async def test_a_pool_with_no_connection_to_lend_is_unavailable_not_an_error(
     tmp_path: Path,
 ) -> None:
     """A burst bigger than the PostgreSQL pool waited past the pool's timeout and was
-    answered 500 (sqlalchemy.exc.TimeoutError was not a store outage to `guarded`); it is
-    503 `store_unavailable`, which callers retry. A real pool, its one connection held."""
+    answered 500 (the pool's timeout was not a store outage to `guarded`); it is 503
+    `store_unavailable`, which callers retry. A real pool of one connection, held by a
+    transaction that waits on a lock another session holds."""
+    import asyncpg
     from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.engine import make_url
 
-    from openalice_scheduler.store.backend import guarded
+    from openalice_scheduler.store.postgres import PostgresBackend
 
     with database_url("postgresql", tmp_path) as url:
-        engine = create_async_engine(url.replace("postgresql://", "postgresql+asyncpg://", 1),
-                                     pool_size=1, max_overflow=0, pool_timeout=0.2)
+        backend = PostgresBackend(make_url(url), pool_max=1, pool_wait_s=0.2)
+        other = await asyncpg.connect(url)
         try:
-            async with engine.connect() as held:
-                await held.execute(text("SELECT 1"))
-
-                async def another() -> None:
-                    async with engine.connect() as conn:
-                        await conn.execute(text("SELECT 1"))
-
-                with pytest.raises(StoreUnavailable):
-                    await guarded(another())
+            await other.execute("SELECT pg_advisory_lock(7)")
+            holding = asyncio.create_task(backend.write(
+                lambda conn: conn.execute(text("SELECT pg_advisory_xact_lock(7)"))))
+            await asyncio.sleep(0.5)  # it has the pool's one connection, and waits
+            assert not holding.done()
+            with pytest.raises(StoreUnavailable):
+                await backend.read(lambda conn: conn.execute(text("SELECT 1")).scalar())
+            await other.execute("SELECT pg_advisory_unlock(7)")
+            await asyncio.wait_for(holding, 10)
+            # Lent again once free.
+            assert await backend.read(lambda conn: conn.execute(text("SELECT 1")).scalar()) == 1
         finally:
-            await engine.dispose()
+            await other.close()
+            await backend.close()

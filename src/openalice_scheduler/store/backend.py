@@ -1,8 +1,11 @@
 """What the lease logic needs of a database, one implementation per dialect
 (store/sqlite.py, store/postgres.py), chosen once by `store.open_store`.
 
-A transaction is one plain function over a SQLAlchemy `Connection`, run whole by
-`write` or `read`; the lease logic never asks which database it is on."""
+A transaction is one plain function over a connection, run whole by `write` or `read`:
+SQLAlchemy's `Connection` on SQLite; on PostgreSQL a `PgTx` (store/pg_tx.py), which
+runs the same Core statements on asyncpg with the part of `Connection`'s API the store
+uses (`execute`, `begin_nested`). The lease logic never asks which database it is on.
+Schema work (Alembic) gets SQLAlchemy's own connection on both, from `schema`."""
 
 from __future__ import annotations
 
@@ -41,6 +44,10 @@ class Backend(Protocol):
         """Run `fn(conn, *args)` in a read-only transaction (one consistent snapshot)."""
         ...
 
+    async def schema(self, fn: Callable[..., T], *args: Any) -> T:
+        """`write`, with a SQLAlchemy `Connection` as `conn` (migrations, schema checks)."""
+        ...
+
     def lock(self, conn: Connection, key: str) -> None:
         """Serialise the transactions of every replica that take `key`, until the end
         of this transaction."""
@@ -58,15 +65,18 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-async def guarded(work: Awaitable[T]) -> T:
+async def guarded(work: Awaitable[T], also: tuple[type[BaseException], ...] = ()) -> T:
     """Database outages become StoreUnavailable (503), never a 500. So does a store too
     busy to lend a connection in time (the pool's timeout: under a burst bigger than the
-    pool). A constraint that did its job (IntegrityError) is the caller's to interpret."""
+    pool). A constraint that did its job (IntegrityError) is the caller's to interpret.
+    `also`: a backend's own driver errors, for statements it runs on the driver."""
+    unavailable: tuple[type[BaseException], ...] = (
+        OperationalError, DBAPIError, PoolTimeout, OSError, sqlite3.DatabaseError, *also)
     try:
         return await work
     except (IntegrityError, sqlite3.IntegrityError):
         raise
-    except (OperationalError, DBAPIError, PoolTimeout, OSError, sqlite3.DatabaseError) as exc:
+    except unavailable as exc:
         log.warning("state store unavailable: %s", type(exc).__name__)
         raise StoreUnavailable(
             "the state store is unavailable; try again shortly", cause=type(exc).__name__,

@@ -63,7 +63,7 @@ class LeaseStore:
 
     async def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision; then `store_id` is known."""
-        await self.backend.write(self._upgrade)
+        await self.backend.schema(self._upgrade)
         self.store_id = await self.backend.read(
             lambda conn: conn.execute(select(store_identity.c.store_id)).scalar_one()
         )

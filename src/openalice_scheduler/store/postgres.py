@@ -1,7 +1,8 @@
-"""PostgreSQL: several replicas on one database, through SQLAlchemy's async engine on
-asyncpg. Transactions that must not interleave across replicas take advisory locks;
-freed capacity is announced with NOTIFY and heard with LISTEN. At start-up,
-`wait_until_reachable` waits for a server that is not up yet."""
+"""PostgreSQL: several replicas on one database. The store's transactions run on an
+asyncpg pool of connections (store/pg_tx.py); schema work (Alembic) runs through
+SQLAlchemy's async engine. Transactions that must not interleave across replicas take
+advisory locks; freed capacity is announced with NOTIFY and heard with LISTEN. At
+start-up, `wait_until_reachable` waits for a server that is not up yet."""
 
 from __future__ import annotations
 
@@ -15,14 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import event, text
+import asyncpg
+from sqlalchemy import text
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import DBAPIError, DisconnectionError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from openalice_scheduler.errors import StartupError
 from openalice_scheduler.store.backend import guarded
+from openalice_scheduler.store.pg_tx import PgTx, run_in_greenlet
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -31,6 +34,17 @@ T = TypeVar("T")
 CAPACITY_CHANNEL = "openalice_capacity"
 # One start-up connection attempt waits at most this long (a host that drops packets).
 CONNECT_TIMEOUT_S = 10.0
+# Connections kept open for transactions, and how long a transaction waits for one
+# before it fails (503): a burst larger than the pool queues, a stuck server does not
+# hold callers forever.
+POOL_MIN, POOL_MAX = 2, 30
+POOL_WAIT_S = 30.0
+# What asyncpg raises when the server is gone or refuses: the store is unavailable (503),
+# as SQLAlchemy's engine reported every asyncpg error (DBAPIError). InternalClientError
+# comes when the server ended the connection after the transaction's last statement:
+# its COMMIT was never sent (asyncpg refuses to start it), so nothing was committed.
+DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+                 TimeoutError)
 
 
 class PostgresBackend:
@@ -38,23 +52,31 @@ class PostgresBackend:
     exclusive = False
     path: Path | None = None
 
-    def __init__(self, url: URL) -> None:
+    def __init__(self, url: URL, *, pool_max: int = POOL_MAX,
+                 pool_wait_s: float = POOL_WAIT_S) -> None:
         self.url = url
-        self.engine: AsyncEngine = create_async_engine(
-            url.set(drivername="postgresql+asyncpg"), pool_size=10, max_overflow=20,
-        )
-        # A pooled connection the server closed (a restart) is replaced at checkout, as
-        # `pool_pre_ping` would, but from what asyncpg already knows: its socket was
-        # closed. pre_ping asked the server each time (BEGIN, `;`, ROLLBACK: three round
-        # trips per transaction, a third of the lease path's). A connection that died
-        # unseen fails its transaction (503) and SQLAlchemy then discards the whole pool.
-        event.listen(self.engine.sync_engine, "checkout", _closed_by_server)
+        self.pool_max, self.pool_wait_s = pool_max, pool_wait_s
+        self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        # Made by the first transaction (it needs the event loop). asyncpg replaces a
+        # pooled connection the server closed (a restart) when it is next acquired; one
+        # that died unseen fails its transaction (503) and is replaced then.
+        self._pool: asyncpg.Pool | None = None
+        self._pool_made = asyncio.Lock()
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        return await guarded(self._write(fn, args))
+        return await guarded(self._run(fn, args, readonly=False), also=DRIVER_ERRORS)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        return await guarded(self._read(fn, args))
+        return await guarded(self._run(fn, args, readonly=True), also=DRIVER_ERRORS)
+
+    async def schema(self, fn: Callable[..., T], *args: Any) -> T:
+        # Alembic needs SQLAlchemy's own connection; rare, so no pool is kept for it.
+        engine = create_async_engine(url_for_sqlalchemy(self.url), poolclass=NullPool)
+        try:
+            async with engine.begin() as conn:
+                return await guarded(conn.run_sync(fn, *args))
+        finally:
+            await engine.dispose()
 
     def lock(self, conn: Connection, key: str) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_id(key)})
@@ -64,12 +86,9 @@ class PostgresBackend:
 
     async def listen_freed(self, callback: Callable[[], None]) -> None:
         """LISTEN until cancelled, connecting again after an outage."""
-        import asyncpg
-
-        dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
         while True:
             try:
-                conn = await asyncpg.connect(dsn)
+                conn = await asyncpg.connect(self._dsn)
             except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
                 log.debug("LISTEN: cannot connect (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(1.0)
@@ -88,15 +107,29 @@ class PostgresBackend:
             await asyncio.sleep(0.5)
 
     async def close(self) -> None:
-        await self.engine.dispose()
+        if self._pool is not None:
+            await self._pool.close()
 
-    async def _write(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        async with self.engine.begin() as conn:
-            return await conn.run_sync(fn, *args)
+    async def _run(self, fn: Callable[..., T], args: tuple[Any, ...], readonly: bool) -> T:
+        pool = self._pool or await self._make_pool()
+        async with pool.acquire(timeout=self.pool_wait_s) as conn:
+            # A read sees one snapshot; a write sees what committed before each statement
+            # (READ COMMITTED, as SQLAlchemy's engine ran them), its guarded updates and
+            # advisory locks doing the serialising.
+            isolation = "repeatable_read" if readonly else None
+            async with conn.transaction(isolation=isolation, readonly=readonly):
+                return await run_in_greenlet(fn, PgTx(conn), *args)
 
-    async def _read(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        async with self.engine.connect() as conn:
-            return await conn.run_sync(fn, *args)
+    async def _make_pool(self) -> asyncpg.Pool:
+        async with self._pool_made:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(
+                    self._dsn, min_size=min(POOL_MIN, self.pool_max), max_size=self.pool_max,
+                    # Statements are prepared once per connection and kept (asyncpg's
+                    # cache), so each transaction only binds and executes.
+                    statement_cache_size=256,
+                )
+            return self._pool
 
 
 async def wait_until_reachable(url: URL, timeout: float) -> None:
@@ -110,7 +143,7 @@ async def wait_until_reachable(url: URL, timeout: float) -> None:
     where = _where(url)
     # The store's own driver and URL handling, without a pool: nothing is kept open.
     engine = create_async_engine(
-        url.set(drivername="postgresql+asyncpg"), poolclass=NullPool,
+        url_for_sqlalchemy(url), poolclass=NullPool,
         connect_args={"timeout": min(CONNECT_TIMEOUT_S, max(1.0, timeout))},
     )
 
@@ -147,8 +180,6 @@ async def wait_until_reachable(url: URL, timeout: float) -> None:
 
 def _unreachable(exc: BaseException) -> bool:
     """Whether waiting may help: no server answered, or it said it is starting up."""
-    import asyncpg
-
     exc = _driver_error(exc)
     if isinstance(exc, ssl.SSLError):  # an OSError too, but a definite answer
         return False
@@ -191,9 +222,8 @@ def _where(url: URL) -> str:
     return f"{host}:{port}"
 
 
-def _closed_by_server(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-    if dbapi_connection.driver_connection.is_closed():
-        raise DisconnectionError("the server closed this connection")
+def url_for_sqlalchemy(url: URL) -> URL:
+    return url.set(drivername="postgresql+asyncpg")
 
 
 def _lock_id(key: str) -> int:

@@ -89,6 +89,9 @@ class SqliteBackend:
         loop = asyncio.get_running_loop()
         return await guarded(loop.run_in_executor(self._readers, self._read, fn, args))
 
+    async def schema(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self.write(fn, *args)  # its transactions have SQLAlchemy's Connection
+
     def lock(self, conn: Connection, key: str) -> None:
         """Nothing to do: one writer runs every transaction, one at a time."""
 
