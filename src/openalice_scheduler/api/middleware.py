@@ -127,10 +127,8 @@ class BodyLimit:
         if length is None and b"transfer-encoding" not in headers or length == b"0":
             await self.app(scope, receive, send)  # no body
             return
-        too_large = BodyTooLarge(f"request body is larger than {self.limit} bytes",
-                                 limit=self.limit)
         if length is not None and length.isdigit() and int(length) > self.limit:
-            await _refuse(too_large, scope, receive, send)
+            await _refuse(self._too_large(), scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -143,7 +141,7 @@ class BodyLimit:
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > self.limit:
-                        await _refuse(too_large, scope, receive, send)
+                        await _refuse(self._too_large(), scope, receive, send)
                         return
                     chunks.append(chunk)
                     if not message.get("more_body", False):
@@ -153,6 +151,9 @@ class BodyLimit:
             await _refuse(error, scope, receive, send, close=True)
             return
         await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    def _too_large(self) -> BodyTooLarge:
+        return BodyTooLarge(f"request body is larger than {self.limit} bytes", limit=self.limit)
 
 
 async def _refuse(error: SchedulerError, scope: Scope, receive: Receive, send: Send, *,

@@ -317,10 +317,7 @@ class LeaseStore:
             return None
 
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = conn.execute(select(leases).where(
-                leases.c.owner_id == owner_id, leases.c.correlation_id == correlation_id,
-                leases.c.state.in_(_HELD),
-            )).first()
+            row = conn.execute(_REQUEST, {"b_owner": owner_id, "b_corr": correlation_id}).first()
             return record_of(row) if row else None
 
         return await self.backend.read(_tx)
@@ -447,6 +444,9 @@ _GET = select(leases).where(leases.c.lease_id == bindparam("b_id"))
 _TWIN = select(leases.c.lease_id).where(
     leases.c.owner_id == bindparam("b_owner"), leases.c.correlation_id == bindparam("b_corr"),
     _state_in(_HELD), _OTHERS)
+_REQUEST = select(leases).where(
+    leases.c.owner_id == bindparam("b_owner"), leases.c.correlation_id == bindparam("b_corr"),
+    _state_in(_HELD))
 _HELD_BY_OWNER = select(func.count()).select_from(leases).where(
     leases.c.owner_id == bindparam("b_owner"), _state_in(_HELD), _OTHERS)
 _LIVE_HERE = (leases.c.provider == bindparam("b_provider"), _state_in(_LIVE), _OTHERS)

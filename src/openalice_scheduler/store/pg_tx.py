@@ -103,8 +103,11 @@ class PgTx:
 
     def execute(self, statement: ClauseElement, params: Mapping[str, Any] | None = None) -> Rows:
         compiled, sql, names, returns_rows = _compile(statement, tuple(params or ()))
-        values = compiled.construct_params(params) if names else {}
-        args = [values[name] for name in names]
+        if params is not None and all(name in params for name in names):
+            args = [params[name] for name in names]  # the lease path: all bound by name
+        else:  # values of the statement's own, or column defaults: SQLAlchemy's to add
+            values = compiled.construct_params(params)
+            args = [values[name] for name in names]
         try:
             if returns_rows:
                 rows = wait_for(self.connection.fetch(sql, *args))

@@ -32,6 +32,9 @@ T = TypeVar("T")
 
 # The channel on which replicas announce freed capacity to each other's waiters.
 CAPACITY_CHANNEL = "openalice_capacity"
+# Built once, like the lease path's statements: compiled and prepared once (pg_tx.py).
+_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+_NOTIFY = text(f"NOTIFY {CAPACITY_CHANNEL}")
 # One start-up connection attempt waits at most this long (a host that drops packets).
 CONNECT_TIMEOUT_S = 10.0
 # Connections kept open for transactions, and how long a transaction waits for one
@@ -79,10 +82,10 @@ class PostgresBackend:
             await engine.dispose()
 
     def lock(self, conn: Connection, key: str) -> None:
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_id(key)})
+        conn.execute(_LOCK, {"key": _lock_id(key)})
 
     def announce_freed(self, conn: Connection) -> None:
-        conn.execute(text(f"NOTIFY {CAPACITY_CHANNEL}"))  # delivered on commit
+        conn.execute(_NOTIFY)  # delivered on commit
 
     async def listen_freed(self, callback: Callable[[], None]) -> None:
         """LISTEN until cancelled, connecting again after an outage."""
