@@ -50,6 +50,13 @@ def worker_env(spec: WorkerSpec, extra: Mapping[str, str] | None = None) -> dict
 class Worker:
     endpoint: str
     provider_token: str
+    # Where the scheduler itself reaches the worker for its readiness probe (probe.py),
+    # when that is not the endpoint: a Docker endpoint's name resolves only inside
+    # DOCKER_NETWORK, the container's address on it is reachable from the host too.
+    probe_url: str | None = None
+    # The worker is behind an HTTP proxy that accepts connections whether or not the
+    # worker listens (RunPod's): a TCP connect proves nothing, an HTTP answer does.
+    behind_proxy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
