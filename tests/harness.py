@@ -50,7 +50,7 @@ class Scheduler:
         # nothing else answers for an emulated pod.
         if engine != SHARED_ENGINE or "DOCKER_HOSTS" in env:
             env.setdefault("LOCAL_DOCKER_READY_TIMEOUT_SECONDS", "0")
-        if "RUNPOD_PROXY_URL" not in env:
+        if "RUNPOD_API_BASE_URL" in env and "RUNPOD_PROXY_URL" not in env:
             env.setdefault("RUNPOD_READY_TIMEOUT_SECONDS", "0")
         self.instance = env.pop("SCHEDULER_INSTANCE", f"t-{uuid.uuid4().hex[:10]}")
         self.port = free_port()
