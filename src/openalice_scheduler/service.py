@@ -236,11 +236,9 @@ class LeaseService:
         attributes = span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with self.tracer.start_as_current_span("provision", attributes=attributes) as span:
             started = time.perf_counter()
-            token = ""  # the worker's, once made
             try:
                 worker = await asyncio.wait_for(provider.provision(spec),
                                                 timeout=self.provision_timeout)
-                token = worker.provider_token
                 self.metrics.provision_seconds.labels(provider.name).observe(
                     time.perf_counter() - started)
                 # Still `provisioning` while probed: a crash now is resolved as any other.
@@ -251,7 +249,7 @@ class LeaseService:
                 span.set_status(Status(StatusCode.ERROR, message))
                 log.warning("lease %s: %s failed to provision: %s",
                             lease_ref(spec), provider.name, message)
-                await self._clean_half_made(provider, spec.lease_id, token)
+                await self._clean_half_made(provider, spec.lease_id)  # a worker not ready too
                 if isinstance(exc, ProviderOutOfCapacity):
                     raise
                 return message
