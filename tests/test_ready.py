@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+import docker
 import httpx
 import pytest
 
@@ -170,8 +172,8 @@ def test_the_worker_image_is_rebuilt_when_its_entry_script_changed() -> None:
     image = f"openalice-ready-test:{uuid.uuid4().hex[:8]}"
     client = docker_client()
     # An image of the same name from before the entry script changed (no label).
-    subprocess.run(["docker", "import", "-", image], input=_empty_tar(), check=True,
-                   capture_output=True)
+    stale = subprocess.run(["docker", "import", "-", image], input=_empty_tar(), check=True,
+                           capture_output=True).stdout.decode().strip()
     script = str(REPO / "scripts" / "build-worker-image.sh")
     try:
         first = subprocess.run([script, image], capture_output=True, text=True, check=True)
@@ -184,7 +186,9 @@ def test_the_worker_image_is_rebuilt_when_its_entry_script_changed() -> None:
         out = client.containers.run(image, ["/bin/busybox", "cat", "/entry.sh"], remove=True)
         assert b"READY_DELAY_SECONDS" in out
     finally:
-        client.images.remove(image, force=True)
+        for name in (image, stale):  # the stale one is left untagged by the rebuild
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.images.remove(name, force=True)
 
 
 def _empty_tar() -> bytes:
