@@ -3,9 +3,10 @@
 # imported as an image whose default command serves HTTP on $PORT (default 8080) and
 # answers with the lease it belongs to. Its health path ($READY_PATH, default /healthz)
 # answers 200 only $READY_DELAY_SECONDS (default 0) after start, or never with
-# READY_DELAY_SECONDS=never: a worker that is slow, or never, ready (README, Worker
-# readiness). Idempotent: an existing image is kept unless it was built from another
-# entry script (label openalice.worker.entry, the script's hash) or --rebuild is given.
+# READY_DELAY_SECONDS=never: a worker that is slow, or never, ready (README, Workers
+# ready when handed out). Idempotent: an existing image is kept unless it was built
+# from another entry script (label openalice.worker.entry, the script's hash) or
+# --rebuild is given.
 #   scripts/build-worker-image.sh [IMAGE] [--rebuild]
 set -euo pipefail
 image="${1:-openalice-demo-worker:latest}"

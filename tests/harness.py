@@ -45,7 +45,7 @@ class Scheduler:
             env.setdefault("DOCKER_HOST", engine)
         # The tests' private engines run in network namespaces of their own (engines.py):
         # their containers' addresses cannot be reached from here, so their workers are
-        # not probed (README, Worker readiness: "on a fleet host"). Nor are the RunPod
+        # not probed (README, Workers ready when handed out). Nor are the RunPod
         # emulator's pods, unless a test points RUNPOD_PROXY_URL at the emulator's proxy:
         # nothing else answers for an emulated pod.
         if engine != SHARED_ENGINE or "DOCKER_HOSTS" in env:

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
 
     renderer_ready_path: str | None = Field(
         None, pattern=r"^(/.*)?$", description="HTTP path a renderer worker answers 2xx on once "
-        "ready; unset = a TCP connect to its port (README, Worker readiness).",
+        "ready; unset = a TCP connect to its port (README, Workers ready).",
     )
     anim_ready_path: str | None = Field(
         None, pattern=r"^(/.*)?$", description="As RENDERER_READY_PATH, for anim workers."

@@ -1,5 +1,5 @@
-"""Readiness probes: a new worker is handed out only once it answers (README, Worker
-readiness). A container that started, or a pod RunPod calls RUNNING, may still be
+"""Readiness probes: a new worker is handed out only once it answers (README, Workers
+ready when handed out). A container that started, or a pod RunPod calls RUNNING, may still be
 pulling its image or starting its process for minutes.
 
 Per worker kind, the probe is an HTTP GET of RENDERER_READY_PATH / ANIM_READY_PATH
