@@ -43,13 +43,8 @@ class Scheduler:
         self.engine = engine
         if engine != SHARED_ENGINE:
             env.setdefault("DOCKER_HOST", engine)
-        # The tests' private engines run in network namespaces of their own (engines.py):
-        # their containers' addresses cannot be reached from here, so their workers are
-        # not probed (README, Workers ready when handed out). Nor are the RunPod
-        # emulator's pods, unless a test points RUNPOD_PROXY_URL at the emulator's proxy:
-        # nothing else answers for an emulated pod.
-        if engine != SHARED_ENGINE or "DOCKER_HOSTS" in env:
-            env.setdefault("LOCAL_DOCKER_READY_TIMEOUT_SECONDS", "0")
+        # The RunPod emulator's pods are not probed unless a test points RUNPOD_PROXY_URL
+        # at the emulator's proxy: nothing else answers for an emulated pod.
         if "RUNPOD_API_BASE_URL" in env and "RUNPOD_PROXY_URL" not in env:
             env.setdefault("RUNPOD_READY_TIMEOUT_SECONDS", "0")
         self.instance = env.pop("SCHEDULER_INSTANCE", f"t-{uuid.uuid4().hex[:10]}")

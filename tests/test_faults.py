@@ -242,9 +242,7 @@ def test_kill_9_mid_release_the_worker_is_still_destroyed(
 def test_docker_engine_stopped_and_restarted(
     private_engine: PrivateEngine, make_scheduler: Callable[..., Scheduler]
 ) -> None:
-    # Its containers are in the engine's own network namespace: not probed (harness.py).
-    s = make_scheduler(DOCKER_HOST=private_engine.url, SWEEP_INTERVAL_SECONDS="1",
-                       LOCAL_DOCKER_READY_TIMEOUT_SECONDS="0")
+    s = make_scheduler(DOCKER_HOST=private_engine.url, SWEEP_INTERVAL_SECONDS="1")
     keep = s.lease(kind="anim", correlation_id="keep")
     lease = s.lease(kind="renderer", correlation_id="to-release")
     assert lease_ids_of(private_engine.containers(s.instance)) == sorted(
@@ -253,7 +251,8 @@ def test_docker_engine_stopped_and_restarted(
 
     # Stop the engine the way an operator would: SIGTERM to the pid in its pid file.
     engine = Engine.capture(private_engine.running_pid(), private_engine.sock,
-                            private_engine.root / "dockerd.log", own_netns=True)
+                            private_engine.root / "dockerd.log", own_netns=True,
+                            route=private_engine.route)  # its workers stay reachable
     assert engine.argv == private_engine.engine.argv  # type: ignore[union-attr]
     assert engine.env == private_engine.engine.env  # type: ignore[union-attr]
     try:
