@@ -69,7 +69,7 @@ class Processes:
     def start(self) -> None:
         self.emulator = subprocess.Popen(
             [PYTHON, "-m", "tests.runpod_emulator", "--port", "0", "--api-key", self.key,
-             "--provision-delay", str(self.args.delay)],
+             "--provision-delay", str(self.args.delay), "--pods-answer-after", "0"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         assert self.emulator.stdout is not None
@@ -88,6 +88,8 @@ class Processes:
             "RUNPOD_API": self.args.api,
             "RUNPOD_API_KEY": self.key,
             "RUNPOD_API_BASE_URL": self.runpod_url,
+            # Pods are probed at their proxy URL, which the emulator answers once RUNNING.
+            "RUNPOD_PROXY_URL": self.runpod_url + "/_proxy/{pod_id}-{port}",
             "RUNPOD_POLL_INTERVAL_SECONDS": str(self.args.poll),
             "RUST_LOG": "warn",
             "PYTHONUNBUFFERED": "1",

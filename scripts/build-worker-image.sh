@@ -1,16 +1,46 @@
 #!/usr/bin/env bash
 # Build the demo worker image locally, without a registry: Debian's static busybox,
 # imported as an image whose default command serves HTTP on $PORT (default 8080) and
-# answers with the lease it belongs to. Idempotent: an existing image is kept unless
+# answers with the lease it belongs to. Its health path ($READY_PATH, default /healthz)
+# answers 200 only $READY_DELAY_SECONDS (default 0) after start, or never with
+# READY_DELAY_SECONDS=never: a worker that is slow, or never, ready (README, Workers
+# ready when handed out). Idempotent: an existing image is kept unless it was built
+# from another entry script (label openalice.worker.entry, the script's hash) or
 # --rebuild is given.
 #   scripts/build-worker-image.sh [IMAGE] [--rebuild]
 set -euo pipefail
 image="${1:-openalice-demo-worker:latest}"
 say() { printf '[build-worker-image] %s\n' "$*" >&2; }
 
-if [ "${2:-}" != --rebuild ] && docker image inspect "$image" >/dev/null 2>&1; then
-  say "$image already present"
-  exit 0
+entry=$(cat <<'SH'
+#!/bin/sh
+# Demo worker: tell who we are, then serve HTTP until stopped; the health path answers
+# once READY_DELAY_SECONDS have passed (never, with "never").
+/bin/busybox mkdir -p /www
+printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s"}\n' \
+  "$WORKER_KIND" "$LEASE_ID" "$LEASE_EXPIRES_AT" > /www/index.html
+health="/www${READY_PATH:-/healthz}"
+delay="${READY_DELAY_SECONDS:-0}"
+if [ "$delay" = 0 ]; then
+  echo ok > "$health"
+elif [ "$delay" != never ]; then
+  ( /bin/busybox sleep "$delay" && echo ok > "$health" ) &
+fi
+exec /bin/busybox httpd -f -p "${PORT:-8080}" -h /www
+SH
+)
+hash=$(printf '%s' "$entry" | sha256sum | cut -c1-16)
+
+if [ "${2:-}" != --rebuild ]; then
+  have=$(docker image inspect -f '{{ index .Config.Labels "openalice.worker.entry" }}' \
+    "$image" 2>/dev/null || true)
+  if [ "$have" = "$hash" ]; then
+    say "$image already present"
+    exit 0
+  fi
+  if docker image inspect "$image" >/dev/null 2>&1; then
+    say "$image was built from another entry script: rebuilding"
+  fi
 fi
 
 work=$(mktemp -d)
@@ -25,15 +55,9 @@ else
     && dpkg -x busybox-static_*.deb pkg && cp pkg/bin/busybox rootfs/bin/busybox )
 fi
 ln -s busybox "$work/rootfs/bin/sh"
-cat > "$work/rootfs/entry.sh" <<'SH'
-#!/bin/sh
-# Demo worker: tell who we are, then serve HTTP until stopped.
-/bin/busybox mkdir -p /www
-printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s"}\n' \
-  "$WORKER_KIND" "$LEASE_ID" "$LEASE_EXPIRES_AT" > /www/index.html
-exec /bin/busybox httpd -f -p "${PORT:-8080}" -h /www
-SH
+printf '%s\n' "$entry" > "$work/rootfs/entry.sh"
 chmod +x "$work/rootfs/entry.sh"
 tar -C "$work/rootfs" -c . | docker import \
-  --change 'CMD ["/bin/sh", "/entry.sh"]' --change 'EXPOSE 8080' - "$image" >/dev/null
+  --change 'CMD ["/bin/sh", "/entry.sh"]' --change 'EXPOSE 8080' \
+  --change "LABEL openalice.worker.entry=$hash" - "$image" >/dev/null
 say "built $image"

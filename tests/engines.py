@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,24 +29,70 @@ exit 0
 """
 
 
+_CHOSEN: set[int] = set()
+
+
+class Route:
+    """The way from the host's network namespace to the bridge networks of an engine in
+    a namespace of its own, as to a routed host of a fleet: a veth pair between the
+    namespaces, forwarding in the engine's, and on the host a route to `pool` (the
+    engine's --default-address-pool) through it. Made again at each start of the engine,
+    whose namespace is new each time; gone with the namespace."""
+
+    def __init__(self, second_octet: int) -> None:
+        self.pool = f"10.{second_octet}.0.0/16"
+        self.host_end, self.engine_end = f"10.{second_octet}.255.1", f"10.{second_octet}.255.2"
+        self.names = (f"oa{second_octet}h", f"oa{second_octet}n")
+
+    @classmethod
+    def unused(cls) -> Route:
+        """A Route whose pool no route of the host's overlaps yet."""
+        taken = subprocess.run(["ip", "route", "show"], capture_output=True, text=True,
+                               check=True).stdout
+        for octet in random.sample(range(200, 250), 50):
+            if f"10.{octet}." not in taken and octet not in _CHOSEN:
+                _CHOSEN.add(octet)  # another engine of this process may not be started yet
+                return cls(octet)
+        raise AssertionError("no free 10.2xx.0.0/16 for a private engine's networks")
+
+    def connect(self, pid: int) -> None:
+        host, inner = self.names
+        inside = ["nsenter", "-t", str(pid), "-n"]
+        subprocess.run(["ip", "link", "del", host], capture_output=True, check=False)
+        for command in (
+            ["ip", "link", "add", host, "type", "veth", "peer", "name", inner],
+            ["ip", "link", "set", inner, "netns", str(pid)],
+            ["ip", "addr", "add", f"{self.host_end}/30", "dev", host],
+            ["ip", "link", "set", host, "up"],
+            [*inside, "ip", "addr", "add", f"{self.engine_end}/30", "dev", inner],
+            [*inside, "ip", "link", "set", inner, "up"],
+            [*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+            ["ip", "route", "replace", self.pool, "via", self.engine_end, "dev", host],
+        ):
+            subprocess.run(command, capture_output=True, check=True)
+
+
 class Engine:
     """A dockerd process: stopped with SIGTERM, started again with the very argv and
     environment it had (read from /proc), in a session of its own like `setsid dockerd`.
-    With `own_netns`, it is started in a fresh network namespace (`unshare --net`)."""
+    With `own_netns`, it is started in a fresh network namespace (`unshare --net`),
+    reachable from the host's through `route` when given."""
 
     def __init__(self, argv: list[str], env: dict[str, str], sock: str, log: Path,
-                 own_netns: bool = False) -> None:
+                 own_netns: bool = False, route: Route | None = None) -> None:
         self.argv, self.env, self.sock, self.log = argv, env, sock, log
         self.own_netns = own_netns
+        self.route = route
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid: int | None = None
 
     @classmethod
-    def capture(cls, pid: int, sock: str, log: Path, own_netns: bool = False) -> Engine:
+    def capture(cls, pid: int, sock: str, log: Path, own_netns: bool = False,
+                route: Route | None = None) -> Engine:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
-        engine = cls([a.decode() for a in argv if a], env, sock, log, own_netns)
+        engine = cls([a.decode() for a in argv if a], env, sock, log, own_netns, route)
         engine.pid = pid
         return engine
 
@@ -82,6 +129,8 @@ class Engine:
         except AssertionError as exc:
             tail = self.log.read_text(errors="replace")[-3000:]
             raise AssertionError(f"{exc}; dockerd log ends:\n{tail}") from None
+        if self.route is not None:
+            self.route.connect(self.pid)
 
     def stop(self, timeout: float = 90) -> None:
         """SIGTERM and wait until it has exited and its socket no longer answers.
@@ -111,8 +160,10 @@ class PrivateEngine:
     The namespace matters: a second dockerd in the host's namespace deletes the shared
     engine's `docker0` (with `--bridge=none`, or when it restarts with
     `--default-address-pool`). In its own namespace its `docker0` and the bridge
-    networks the scheduler creates (DOCKER_NETWORK) are its own, from the default
-    address pools, with no collision with the shared engine's.
+    networks the scheduler creates (DOCKER_NETWORK) are its own, from an address pool
+    of its own (10.2xx.0.0/16), with no collision with the shared engine's; a Route
+    makes them reachable from the host, as a fleet's routed hosts are, so that the
+    scheduler probes its workers there (README, Workers ready when handed out).
 
     With `gpu_shim`, a no-op `nvidia-container-runtime-hook` of its own is first on its
     PATH, so it accepts GPU device requests whatever the shared engine was started
@@ -124,6 +175,7 @@ class PrivateEngine:
         self.pidfile = self.root / "docker.pid"
         self.url = f"unix://{self.sock}"
         self.gpu_shim = gpu_shim
+        self.route = Route.unused()
         self.engine: Engine | None = None
         self._client: docker.DockerClient | None = None
 
@@ -135,6 +187,8 @@ class PrivateEngine:
             "--pidfile", str(self.pidfile),
             "-H", self.url,
             "--iptables=false", "--ip-forward=false",
+            # Its networks from a pool of its own, routed from the host (Route).
+            "--default-address-pool", f"base={self.route.pool},size=24",
         ]
         env = dict(os.environ)
         if self.gpu_shim:
@@ -144,7 +198,8 @@ class PrivateEngine:
             hook.write_text(_NO_OP_HOOK)
             hook.chmod(0o755)
             env["PATH"] = f"{shim_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
-        self.engine = Engine(argv, env, self.sock, self.root / "dockerd.log", own_netns=True)
+        self.engine = Engine(argv, env, self.sock, self.root / "dockerd.log", own_netns=True,
+                             route=self.route)
         self.engine.start()
         # The worker image, copied from the shared engine: no registry is needed.
         image = b"".join(docker_client().images.get(WORKER_IMAGE).save(named=True))

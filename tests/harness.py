@@ -43,6 +43,10 @@ class Scheduler:
         self.engine = engine
         if engine != SHARED_ENGINE:
             env.setdefault("DOCKER_HOST", engine)
+        # The RunPod emulator's pods are not probed unless a test points RUNPOD_PROXY_URL
+        # at the emulator's proxy: nothing else answers for an emulated pod.
+        if "RUNPOD_API_BASE_URL" in env and "RUNPOD_PROXY_URL" not in env:
+            env.setdefault("RUNPOD_READY_TIMEOUT_SECONDS", "0")
         self.instance = env.pop("SCHEDULER_INSTANCE", f"t-{uuid.uuid4().hex[:10]}")
         self.port = free_port()
         self.env = {

@@ -251,7 +251,8 @@ def test_docker_engine_stopped_and_restarted(
 
     # Stop the engine the way an operator would: SIGTERM to the pid in its pid file.
     engine = Engine.capture(private_engine.running_pid(), private_engine.sock,
-                            private_engine.root / "dockerd.log", own_netns=True)
+                            private_engine.root / "dockerd.log", own_netns=True,
+                            route=private_engine.route)  # its workers stay reachable
     assert engine.argv == private_engine.engine.argv  # type: ignore[union-attr]
     assert engine.env == private_engine.engine.env  # type: ignore[union-attr]
     try:

@@ -701,6 +701,27 @@ def test_http_control_sets_faults_and_resets(runpod: RunPodEmulator, client: htt
     assert state["pods"] == [] and state["calls"] == [] and state["faults"]["fail_next"] == []
 
 
+def test_a_pods_proxy_url_answers_only_once_switched_on(
+    runpod: RunPodEmulator, client: httpx.Client
+) -> None:
+    pod_id = create(client)["id"]
+    url = runpod.proxy_url.format(pod_id=pod_id, port=8080)
+    assert client.get(url + "/healthz").status_code == 502  # nothing listens by default
+
+    assert client.post("/_emulator/faults", json={"pods_answer_after": 1000}).json()[
+        "pods_answer_after"] == 1000
+    assert client.get(url + "/healthz").status_code == 502  # not yet
+
+    client.post("/_emulator/faults", json={"pods_answer_after": 0})
+    answer = client.get(url + "/healthz")
+    assert answer.status_code == 200
+    assert answer.json() == {"pod_id": pod_id, "port": 8080, "path": "/healthz"}
+    # Only the pod's declared HTTP port, and only a pod that exists, answers.
+    assert client.get(runpod.proxy_url.format(pod_id=pod_id, port=9999)).status_code == 502
+    assert client.get(runpod.proxy_url.format(pod_id="nosuchpod", port=8080)).status_code == 502
+    assert runpod.proxy_hits(pod_id) == 4
+
+
 @pytest.mark.parametrize(
     "settings",
     [

@@ -64,6 +64,18 @@ class Settings(BaseSettings):
         "one engine of DOCKER_HOST.",
     )
 
+    renderer_ready_path: str | None = Field(
+        None, pattern=r"^(/.*)?$", description="HTTP path a renderer worker answers 2xx on once "
+        "ready; unset = a TCP connect to its port (README, Workers ready).",
+    )
+    anim_ready_path: str | None = Field(
+        None, pattern=r"^(/.*)?$", description="As RENDERER_READY_PATH, for anim workers."
+    )
+    local_docker_ready_timeout_seconds: float = Field(
+        60.0, ge=0, description="How long a new container has to pass its readiness probe; "
+        "0 = not probed (handed out once started).",
+    )
+
     sweep_interval_seconds: float = Field(30.0, gt=0, le=3600)
     reconcile_interval_seconds: float = Field(60.0, gt=0, le=86400)
     provision_timeout_seconds: float = Field(600.0, gt=0)
@@ -95,6 +107,15 @@ class Settings(BaseSettings):
     runpod_request_timeout_seconds: float = Field(30.0, gt=0)
     runpod_poll_interval_seconds: float = Field(2.0, gt=0)
     runpod_catalog_ttl_seconds: float = Field(30.0, ge=0)
+    runpod_ready_timeout_seconds: float = Field(
+        900.0, ge=0, description="How long a RUNNING pod has to pass its readiness probe "
+        "(images pull for minutes); 0 = not probed.",
+    )
+    runpod_proxy_url: str = Field(
+        "https://{pod_id}-{port}.proxy.runpod.net", pattern=r"^https?://",
+        description="A pod's endpoint, where it is also probed: {pod_id} and {port} are "
+        "filled in.",
+    )
 
     otel_exporter_otlp_endpoint: str | None = None
     otel_service_name: str = "openalice-scheduler"
@@ -160,6 +181,15 @@ class Settings(BaseSettings):
                              "(http:// and https:// also work)")
         return value
 
+    @field_validator("runpod_proxy_url")
+    @classmethod
+    def _proxy_template(cls, value: str) -> str:
+        try:
+            value.format(pod_id="p", port=1)
+        except (KeyError, IndexError, ValueError):
+            raise ValueError("may only use the placeholders {pod_id} and {port}") from None
+        return value
+
     @field_validator("providers")
     @classmethod
     def _providers_not_empty(cls, value: str) -> str:
@@ -206,6 +236,12 @@ class Settings(BaseSettings):
     def worker_images(self) -> dict[str, str]:
         """Image per worker kind (RENDERER_IMAGE, ANIM_IMAGE)."""
         return {"renderer": self.renderer_image, "anim": self.anim_image}
+
+    @property
+    def ready_paths(self) -> dict[str, str | None]:
+        """Readiness path per worker kind (RENDERER_READY_PATH, ANIM_READY_PATH)."""
+        return {"renderer": self.renderer_ready_path or None,
+                "anim": self.anim_ready_path or None}
 
     @property
     def worker_ports(self) -> dict[str, int]:

@@ -17,6 +17,7 @@ from openalice_scheduler.loops import Alarm, Heartbeat, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.policy import build_policy
 from openalice_scheduler.providers import Provider
+from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.readiness import ReadinessCheck
 from openalice_scheduler.service import Clock, LeaseService
 from openalice_scheduler.store import LeaseStore, to_us
@@ -41,12 +42,13 @@ def lifespan(
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=PROVIDER_THREADS, thread_name_prefix="provider")
         )
+        probe = ReadyProbe.from_settings(settings, metrics.ready_seconds)
         try:
             await store.migrate()
             alarm = Alarm(lambda: to_us(clock()))
             service = LeaseService(
                 store, providers, build_policy(settings.policy), metrics, tracing.tracer,
-                provision_timeout=settings.provision_timeout_seconds,
+                provision_timeout=settings.provision_timeout_seconds, probe=probe,
                 max_leases_per_owner=settings.max_leases_per_owner, clock=clock,
                 on_due=alarm.due,
             )
@@ -55,7 +57,9 @@ def lifespan(
             heartbeat = Heartbeat(service, beat)
             reconciler = Reconciler(
                 service, tracing.tracer, settings.reconcile_interval_seconds,
-                settings.provision_timeout_seconds, replica_timeout=3 * beat + 1,
+                # A provision may go on while its worker is probed.
+                settings.provision_timeout_seconds + probe.longest,
+                replica_timeout=3 * beat + 1,
                 heartbeat=heartbeat,  # a store outage is not the other replicas' death
             )
             await heartbeat.run_once()
@@ -83,6 +87,7 @@ def lifespan(
         finally:
             for provider in providers:
                 await provider.close()
+            await probe.close()
             await store.close()
             tracing.shutdown()
 

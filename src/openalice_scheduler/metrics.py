@@ -65,6 +65,12 @@ class Metrics:
             ["provider"], registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
         )
+        self.ready_seconds = Histogram(
+            "scheduler_ready_seconds", "Time from the start of a provision to the worker "
+            "passing its readiness probe (probed workers only).",
+            ["provider"], registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900),
+        )
         self.release_failures = Counter(
             "scheduler_release_failures", "Release attempts a provider did not confirm.",
             ["provider"], registry=r,

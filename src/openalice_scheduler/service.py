@@ -35,6 +35,7 @@ from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseRequest, LeaseState, ReleaseReason
 from openalice_scheduler.policy import Policy
 from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec, reservation_terms
+from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.store import (
     AtCapacity,
     DuplicateRequest,
@@ -46,6 +47,7 @@ from openalice_scheduler.store import (
     to_us,
 )
 from openalice_scheduler.store.leases import Check
+from openalice_scheduler.tracing import span_attributes
 from openalice_scheduler.waiting import CapacityQueue, retry_after
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class LeaseService:
         tracer: Tracer,
         *,
         provision_timeout: float = 600.0,
+        probe: ReadyProbe | None = None,
         max_leases_per_owner: int = 0,
         clock: Clock = utcnow,
         on_due: Callable[[int], None] = lambda _at: None,
@@ -84,6 +87,7 @@ class LeaseService:
         self.metrics = metrics
         self.tracer = tracer
         self.provision_timeout = provision_timeout
+        self.probe = probe or ReadyProbe({}, {})  # none given: workers are not probed
         self.max_leases_per_owner = max_leases_per_owner
         self.clock = clock
         # Called with the moment (µs) something new becomes due (the sweeper's alarm).
@@ -206,7 +210,7 @@ class LeaseService:
     async def _twin(self, lease_id: str) -> LeaseRecord | None:
         """The lease another acquire of the same request is making, once active; None
         when that acquire failed (this one then tries on its own)."""
-        deadline = time.monotonic() + self.provision_timeout + 5
+        deadline = time.monotonic() + self.provision_timeout + self.probe.longest + 5
         while time.monotonic() < deadline:
             record = await self.store.get(lease_id)
             if record is None or record.state not in (
@@ -229,26 +233,28 @@ class LeaseService:
     async def _provision(self, provider: Provider, spec: WorkerSpec) -> LeaseRecord | str:
         """The lease on `provider`, or why it failed (after cleaning up). Out of capacity
         (ProviderOutOfCapacity) is raised, after cleaning up too: it is no failure."""
-        attributes = _span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
+        attributes = span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with self.tracer.start_as_current_span("provision", attributes=attributes) as span:
             started = time.perf_counter()
             try:
                 worker = await asyncio.wait_for(provider.provision(spec),
                                                 timeout=self.provision_timeout)
+                self.metrics.provision_seconds.labels(provider.name).observe(
+                    time.perf_counter() - started)
+                # Still `provisioning` while probed: a crash now is resolved as any other.
+                await self.probe.wait(provider.name, spec, worker, since=started)
             except (ProviderError, TimeoutError) as exc:
                 message = (exc.message if isinstance(exc, ProviderError)
                            else f"no worker after {self.provision_timeout:g} s")
                 span.set_status(Status(StatusCode.ERROR, message))
                 log.warning("lease %s: %s failed to provision: %s",
                             lease_ref(spec), provider.name, message)
-                await self._clean_half_made(provider, spec.lease_id)
+                await self._clean_half_made(provider, spec.lease_id)  # a worker not ready too
                 if isinstance(exc, ProviderOutOfCapacity):
                     raise
                 return message
-            self.metrics.provision_seconds.labels(provider.name).observe(
-                time.perf_counter() - started)
-        # The TTL counts from the request: the worker was told LEASE_EXPIRES_AT before it
-        # started, and lease and worker must agree on it.
+        # The TTL counts from the request, time to ready included: the worker was told
+        # LEASE_EXPIRES_AT before it started, and lease and worker must agree on it.
         record = await self.store.activate(spec.lease_id, endpoint=worker.endpoint,
                                            provider_token=worker.provider_token,
                                            now=self.now_us())
@@ -260,7 +266,7 @@ class LeaseService:
 
     async def _assign(self, provider: InstantProvider, new: NewLease, spec: WorkerSpec,
                       terms: Terms, moving: bool) -> LeaseRecord:
-        attributes = _span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
+        attributes = span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with self.tracer.start_as_current_span("provision", attributes=attributes):
             started = time.perf_counter()
             record = await self.store.reserve_active(new, provider.name, terms, provider.assign,
@@ -364,7 +370,7 @@ class LeaseService:
     async def destroy(self, record: LeaseRecord) -> str | None:
         """Destroy a claimed `releasing` lease's worker and record the outcome. Returns
         None when done, or why the provider could not confirm (a retry is scheduled)."""
-        attributes = _span_attributes(
+        attributes = span_attributes(
             record.lease_id, record.provider, record.kind, record.correlation_id
         )
         with self.tracer.start_as_current_span("release", attributes=attributes) as span:
@@ -490,9 +496,3 @@ def _check_owner(record: LeaseRecord, owner: str | None) -> None:
 
 def _backoff(attempts: int) -> float:
     return float(min(RETRY_BACKOFF_CAP_S, 2 ** (attempts - 1)))  # 1, 2, 4 ... 30 s
-
-
-def _span_attributes(lease_id: str, provider: str, kind: str,
-                     correlation_id: str | None) -> dict[str, str]:
-    attributes = {"lease_id": lease_id, "provider": provider, "kind": str(kind)}
-    return attributes | ({"correlation_id": correlation_id} if correlation_id else {})

@@ -22,6 +22,13 @@ log = logging.getLogger(__name__)
 service_version = package_version
 
 
+def span_attributes(lease_id: str, provider: str, kind: str,
+                    correlation_id: str | None) -> dict[str, str]:
+    """The attributes of a lease's provision and release spans (SPEC.md, Tracing)."""
+    attributes = {"lease_id": lease_id, "provider": provider, "kind": str(kind)}
+    return attributes | ({"correlation_id": correlation_id} if correlation_id else {})
+
+
 class Tracing:
     def __init__(self, settings: Settings) -> None:
         self._provider = None

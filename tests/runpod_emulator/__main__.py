@@ -26,6 +26,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         help="seconds from create to RUNNING (default 0)",
     )
+    parser.add_argument(
+        "--pods-answer-after",
+        type=float,
+        default=None,
+        help="seconds after RUNNING from which a pod's proxy URL (<base URL>/_proxy/"
+        "{pod_id}-{port}) answers 200 (default: never, 502)",
+    )
     return parser.parse_args(argv)
 
 
@@ -39,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     with RunPodEmulator(args.api_key, port=args.port, provision_delay=args.provision_delay) as emu:
+        emu.pods_answer_after = args.pods_answer_after
         print(emu.base_url, flush=True)
         while not stop.wait(0.5):
             pass

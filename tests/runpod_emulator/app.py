@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
-from . import control, graphql, rest
+from . import control, graphql, proxy, rest
 from .openapi import OpenApiSchemas
 from .pipeline import Context, problem
 from .state import EmulatorState
@@ -41,7 +41,7 @@ def _methods_for(request: Request) -> set[str]:
 
 def build_app(state: EmulatorState, api_key: str, schemas: OpenApiSchemas) -> Starlette:
     app = Starlette(
-        routes=[*rest.ROUTES, *graphql.ROUTES, *control.ROUTES],
+        routes=[*rest.ROUTES, *graphql.ROUTES, *control.ROUTES, *proxy.ROUTES],
         exception_handlers={HTTPException: _http_error},
     )
     app.state.ctx = Context(state=state, api_key=api_key, schemas=schemas)

@@ -30,6 +30,7 @@ FAULTS_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "provision_delay": _SECONDS,
+        "pods_answer_after": {"type": ["number", "null"], "minimum": 0},
         "no_capacity": {"type": "object", "additionalProperties": {"type": "boolean"}},
         "no_capacity_at_create": {
             "type": "object",
@@ -94,6 +95,8 @@ def apply_fault_config(state: EmulatorState, config: dict[str, Any]) -> None:
     """Apply a validated `/_emulator/faults` body through the same methods tests call."""
     if "provision_delay" in config:
         state.provision_delay = config["provision_delay"]
+    if "pods_answer_after" in config:
+        state.pods_answer_after = config["pods_answer_after"]
     for gpu_id, enabled in config.get("no_capacity", {}).items():
         state.set_no_capacity(gpu_id, enabled)
     for gpu_id, enabled in config.get("no_capacity_at_create", {}).items():

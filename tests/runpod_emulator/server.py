@@ -60,6 +60,12 @@ class RunPodEmulator(EmulatorState):
         return f"http://{LOOPBACK}:{self.port}"
 
     @property
+    def proxy_url(self) -> str:
+        """The template of a pod's proxy URL here (the scheduler's RUNPOD_PROXY_URL):
+        see `pods_answer_after` and proxy.py."""
+        return f"{self.base_url}/_proxy/{{pod_id}}-{{port}}"
+
+    @property
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
 

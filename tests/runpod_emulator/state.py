@@ -226,6 +226,10 @@ class EmulatorState:
     def _clear(self) -> None:
         with self._lock:
             self._provision_delay = self._initial_provision_delay
+            # Seconds after RUNNING from which a pod's proxy URL answers; None: never
+            # (nothing listens on an emulated pod's ports).
+            self._answer_after: float | None = None
+            self._proxy_hits: dict[str, int] = {}
             self._pods: dict[str, Pod] = {}
             self._vanished: list[str] = []
             self._calls: dict[int, Call] = {}
@@ -260,6 +264,38 @@ class EmulatorState:
             raise ValueError("provision_delay must be >= 0")
         with self._lock:
             self._provision_delay = float(seconds)
+
+    @property
+    def pods_answer_after(self) -> float | None:
+        """Seconds after a pod turns RUNNING from which its proxy URL (`proxy_url`)
+        answers 200, as a worker that takes that long to listen; None (the default): it
+        never answers (502, RunPod's proxy with nothing behind it)."""
+        with self._lock:
+            return self._answer_after
+
+    @pods_answer_after.setter
+    def pods_answer_after(self, seconds: float | None) -> None:
+        if seconds is not None and seconds < 0:
+            raise ValueError("pods_answer_after must be >= 0 or None")
+        with self._lock:
+            self._answer_after = None if seconds is None else float(seconds)
+
+    def proxy_answers(self, pod_id: str, port: int) -> bool:
+        """Whether the pod's proxy URL for `port` answers now; counts the request."""
+        with self._lock:
+            self._proxy_hits[pod_id] = self._proxy_hits.get(pod_id, 0) + 1
+            pod = self._pods.get(pod_id)
+            if pod is None or self._answer_after is None:
+                return False
+            pod = self._observe(pod)
+            declared = f"{port}/http" in pod.ports  # the proxy serves HTTP ports only
+            return (declared and pod.status == "RUNNING" and pod.started_mono is not None
+                    and time.monotonic() - pod.started_mono >= self._answer_after)
+
+    def proxy_hits(self, pod_id: str) -> int:
+        """Requests a pod's proxy URL has had."""
+        with self._lock:
+            return self._proxy_hits.get(pod_id, 0)
 
     def set_no_capacity(self, compute_id: str, enabled: bool = True) -> None:
         """Creates of this GPU type (or CPU flavor) fail for capacity; the catalog shows NONE."""
@@ -506,6 +542,7 @@ class EmulatorState:
         with self._lock:
             return {
                 "provision_delay": self._provision_delay,
+                "pods_answer_after": self._answer_after,
                 "no_capacity": sorted(self._no_capacity),
                 "no_capacity_at_create": sorted(self._no_capacity_at_create),
                 "stock": dict(self._stock),

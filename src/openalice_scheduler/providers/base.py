@@ -50,6 +50,13 @@ def worker_env(spec: WorkerSpec, extra: Mapping[str, str] | None = None) -> dict
 class Worker:
     endpoint: str
     provider_token: str
+    # Where the scheduler itself reaches the worker for its readiness probe (probe.py),
+    # when that is not the endpoint: a Docker endpoint's name resolves only inside
+    # DOCKER_NETWORK, the container's address on it is reachable from the host too.
+    probe_url: str | None = None
+    # The worker is behind an HTTP proxy that accepts connections whether or not the
+    # worker listens (RunPod's): a TCP connect proves nothing, an HTTP answer does.
+    behind_proxy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +110,9 @@ class Provider(Protocol):
     - `available(spec)` is cheap and says whether this provider could serve the request
       at all right now (kind, GPU class, region, backend reachable); when not, `reason`
       says why in words a caller understands. Capacity caps are checked by the store.
-    - `provision(spec)` creates the worker and returns once it is reachable. On failure it
+    - `provision(spec)` creates the worker and returns once it runs (container started,
+      pod RUNNING), saying in the Worker where the scheduler can probe it; the service
+      then waits until it is ready (probe.py) before the lease is answered. On failure it
       raises ProviderError and leaves nothing behind that it knows of; the service still
       calls `release("", lease_id)` afterwards, to catch what a timeout half-made.
     - `release(token, lease_id)` destroys the worker with that token or, when the token

@@ -192,9 +192,23 @@ class DockerEngine:
                 self._network_ready = False
                 return self._provision(spec, device, retried=True)
             raise ProviderError(f"Docker could not start {name}: {_explain(exc)}") from exc
-        return Worker(
-            endpoint=f"http://{name}:{self.ports[spec.kind]}", provider_token=container.id
-        )
+        port = self.ports[spec.kind]
+        return Worker(endpoint=f"http://{name}:{port}", provider_token=container.id,
+                      probe_url=self._address(container, port))
+
+    def _address(self, container: Any, port: int) -> str | None:
+        """`http://IP:port` of the container on DOCKER_NETWORK, for its readiness probe:
+        reachable from the engine's host, and from a container on that network, where the
+        name of the endpoint may not resolve. None when the engine did not say."""
+        try:
+            container.reload()
+        except DockerException as exc:
+            log.warning("could not inspect %s for its address: %s", container.name,
+                        _explain(exc))
+            return None
+        networks = container.attrs.get("NetworkSettings", {}).get("Networks") or {}
+        address = (networks.get(self.network) or {}).get("IPAddress")
+        return f"http://{address}:{port}" if address else None
 
     def _release(self, container_id: str, lease_id: str) -> None:
         targets = [container_id] if container_id else [

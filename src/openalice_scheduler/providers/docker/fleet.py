@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ class DockerFleetProvider:
         assert spec.resource is not None, "placed by the store"
         host, device = parse_key(spec.resource)
         worker = await self.engines[host].provision(spec, device)
-        return Worker(endpoint=worker.endpoint, provider_token=f"{host}/{worker.provider_token}")
+        return replace(worker, provider_token=f"{host}/{worker.provider_token}")
 
     async def release(self, provider_token: str, lease_id: str) -> None:
         if provider_token:

@@ -103,6 +103,7 @@ class RunPodProvider:
                           WorkerKind.anim: settings.runpod_anim_template}
         self.images = settings.worker_images
         self.ports = settings.worker_ports
+        self.proxy_url = settings.runpod_proxy_url
         self.gpu_types = {c: settings.runpod_gpu_types(c.value)
                           for c in (GpuClass.entry, GpuClass.mid, GpuClass.high)}
         self._key_rejected_at: float | None = None
@@ -156,7 +157,9 @@ class RunPodProvider:
                     all_capacity = all_capacity and exc.no_capacity
                     continue
                 raise self._provider_error(exc) from exc
-            return Worker(endpoint=await self._wait_running(pod, spec), provider_token=pod.id)
+            # RunPod's proxy answers for the pod whether or not it listens (behind_proxy).
+            return Worker(endpoint=await self._wait_running(pod, spec), provider_token=pod.id,
+                          behind_proxy=True)
         self._catalog = None  # stock moved under us: look again next time
         if all_capacity:
             raise ProviderOutOfCapacity(
@@ -381,7 +384,7 @@ class RunPodProvider:
                 # The service's clean-up (by name) and the reconciler try again.
                 log.warning("could not terminate dead pod %s yet: %s", pod.id, exc.detail)
             raise ProviderError(f"RunPod pod {pod.id} ended as {current.status} while starting")
-        return f"https://{pod.id}-{self.ports[spec.kind]}.proxy.runpod.net"
+        return self.proxy_url.format(pod_id=pod.id, port=self.ports[spec.kind])
 
     async def _watch_starting(self) -> None:
         """One loop for all starting pods. Each pod has its own next look: soon after its
