@@ -169,13 +169,19 @@ class PrivateEngine:
     PATH, so it accepts GPU device requests whatever the shared engine was started
     with (tests only: never on a real GPU host)."""
 
-    def __init__(self, gpu_shim: bool = False) -> None:
+    def __init__(self, gpu_shim: bool = False, tls: bool = False) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="oa-eng-", dir="/tmp"))
         self.sock = str(self.root / "docker.sock")  # unix socket paths: 107 bytes at most
         self.pidfile = self.root / "docker.pid"
         self.url = f"unix://{self.sock}"
         self.gpu_shim = gpu_shim
         self.route = Route.unused()
+        # With `tls`, it also listens on TCP with TLS, verifying its callers, as a remote
+        # engine does (`dockerd --tlsverify`): at `tcp_url`, through the route, with the
+        # client's files (ca.pem, cert.pem, key.pem) in `tls_dir`.
+        self.tls = tls
+        self.tcp_url = f"tcp://{self.route.engine_end}:{TLS_PORT}"
+        self.tls_dir = self.root / "client-tls"
         self.engine: Engine | None = None
         self._client: docker.DockerClient | None = None
 
@@ -190,6 +196,15 @@ class PrivateEngine:
             # Its networks from a pool of its own, routed from the host (Route).
             "--default-address-pool", f"base={self.route.pool},size=24",
         ]
+        if self.tls:
+            server = make_tls_files(self.root / "tls", self.route.engine_end)
+            argv += ["-H", f"tcp://0.0.0.0:{TLS_PORT}", "--tlsverify",
+                     "--tlscacert", str(server / "ca.pem"),
+                     "--tlscert", str(server / "server-cert.pem"),
+                     "--tlskey", str(server / "server-key.pem")]
+            self.tls_dir.mkdir()
+            for name in ("ca.pem", "cert.pem", "key.pem"):
+                shutil.copy(server / name, self.tls_dir / name)
         env = dict(os.environ)
         if self.gpu_shim:
             shim_dir = self.root / "gpu-shim"
@@ -248,3 +263,34 @@ class PrivateEngine:
         for target in sorted(targets, key=len, reverse=True):
             subprocess.run(["umount", "-l", target], check=False, capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+# The port of a TLS engine's TCP listener (Docker's own convention for TLS).
+TLS_PORT = 2376
+
+
+def make_tls_files(where: Path, address: str) -> Path:
+    """A certificate authority of its own, a server certificate for `address` and a
+    client certificate, as Docker's "Protect the Docker daemon socket" page makes them
+    with openssl: ca.pem, server-cert.pem, server-key.pem, cert.pem, key.pem in `where`."""
+    where.mkdir(parents=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-keyout", "ca-key.pem", "-out", "ca.pem", "-subj", "/CN=openalice test CA")
+    for name, subject, usage in (
+        ("server", f"/CN={address}",
+         f"subjectAltName=IP:{address}\nextendedKeyUsage=serverAuth"),
+        ("client", "/CN=openalice scheduler", "extendedKeyUsage=clientAuth"),
+    ):
+        (where / f"{name}.ext").write_text(usage + "\n")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-key.pem",
+                "-out", f"{name}.csr", "-subj", subject)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+                "-CAcreateserial", "-days", "2", "-out", f"{name}-cert.pem",
+                "-extfile", f"{name}.ext")
+    (where / "client-cert.pem").rename(where / "cert.pem")
+    (where / "client-key.pem").rename(where / "key.pem")
+    return where

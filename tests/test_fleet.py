@@ -16,7 +16,7 @@ import pytest
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers import configuration_problems
 from openalice_scheduler.providers.docker.hosts import HostConfig, parse_hosts
-from tests.engines import PrivateEngine
+from tests.engines import PrivateEngine, make_tls_files
 from tests.harness import (
     INSTANCE_LABEL,
     SECRET,
@@ -28,6 +28,7 @@ from tests.harness import (
 )
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
+SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's ca-certificates
 MakeFleet = Callable[..., Scheduler]  # (DOCKER_HOSTS, **env)
 
 
@@ -196,6 +197,53 @@ def test_a_region_picks_the_hosts_of_that_region(make_fleet: MakeFleet) -> None:
     unknown = s.acquire(kind="renderer", region="ap")
     assert unknown.status_code == 503, unknown.text
     assert "'eu', 'us'" in unknown.json()["reasons"]["local-docker"]
+
+
+@pytest.fixture(scope="module")
+def tls_engine() -> Iterator[PrivateEngine]:
+    """An engine reached over TCP with TLS, verifying its callers (`dockerd --tlsverify`),
+    as a remote GPU host is."""
+    engine = PrivateEngine(tls=True)
+    try:
+        yield engine.start()
+    finally:
+        engine.destroy()
+
+
+def test_a_tls_engine_is_a_fleet_host_and_both_ends_are_verified(
+    make_scheduler: Callable[..., Scheduler], tls_engine: PrivateEngine, tmp_path: Path
+) -> None:
+    """`name=tcp://host:2376 tls=DIR`: the worker is made on that engine over TLS, handed
+    out once it answers there, and destroyed on release. Client files from another
+    certificate authority are refused by the engine (and the engine's certificate by the
+    scheduler): the host is unhealthy, no worker is made, the caller is told why."""
+    # A CA bundle in the environment, as many hosts and images have, must not stand in
+    # for the engine's own CA.
+    good = make_scheduler(DOCKER_HOSTS=f"tls1={tls_engine.tcp_url} tls={tls_engine.tls_dir} "
+                                       "max=2", REQUESTS_CA_BUNDLE=SYSTEM_CA_BUNDLE)
+    try:
+        lease = good.lease(kind="renderer")
+        assert lease["host"] == "tls1"
+        assert on_engine(tls_engine, good) == [lease["lease_id"]]
+        [container] = tls_engine.containers(good.instance)
+        assert container.status == "running"
+        view = fleet_view(good)
+        assert [(h["name"], h["healthy"]) for h in view["hosts"]] == [("tls1", True)]
+        assert good.release(lease["lease_id"]).status_code == 204
+        assert on_engine(tls_engine, good) == []
+    finally:
+        remove_instance(good.instance, good.env["DOCKER_NETWORK"], tls_engine.url)
+
+    strangers = make_tls_files(tmp_path / "other-ca", tls_engine.route.engine_end)
+    bad = make_scheduler(DOCKER_HOSTS=f"tls1={tls_engine.tcp_url} tls={strangers}")
+    answer = bad.acquire(kind="renderer")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"] == "no_provider_available"
+    assert "tls1: TLS with the Docker engine at" in answer.json()["message"], answer.text
+    [host] = fleet_view(bad)["hosts"]
+    assert host["healthy"] is False
+    assert "TLS" in host["detail"], host
+    assert tls_engine.containers(bad.instance) == []
 
 
 def test_a_bad_docker_hosts_is_refused_at_start_naming_each_problem(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import threading
 import time
 import uuid
@@ -73,6 +74,13 @@ class DockerEngine:
             base_url=where, version=DOCKER_API_VERSION, timeout=_PING_TIMEOUT_S,
             tls=tls or False, use_ssh_client=ssh,
         )
+        if tls is not None:
+            # The engine's certificates are checked against its own CA (tls=), never a
+            # bundle from the environment: requests lets REQUESTS_CA_BUNDLE (or
+            # CURL_CA_BUNDLE) replace a session's CA (psf/requests#3829), and every
+            # connection to the engine then failed verification.
+            for session in (self.client.api, self._pinger):
+                session.trust_env = False
         self._network_ready = False
         self._network_lock = threading.Lock()
         self._ping_at = 0.0
@@ -287,16 +295,18 @@ class DockerEngine:
         except ProviderError:
             raise
         except (requests.ConnectionError, requests.Timeout) as exc:
-            raise self._unreachable() from exc
+            raise self._unreachable(exc) from exc
         except DockerException as exc:
             if _is_connection_error(exc):
-                raise self._unreachable() from exc
+                raise self._unreachable(exc) from exc
             raise ProviderError(f"Docker error: {_explain(exc)}") from exc
 
-
-    def _unreachable(self) -> ProviderUnavailable:
+    def _unreachable(self, exc: BaseException) -> ProviderUnavailable:
         """Skipped from now on, until a ping (which this makes due) finds it back."""
-        error = ProviderUnavailable(f"Docker engine unreachable at {self.where}")
+        tls = _tls_failure(exc)
+        error = ProviderUnavailable(
+            f"TLS with the Docker engine at {self.where} failed: {tls}" if tls
+            else f"Docker engine unreachable at {self.where}")
         self._ping_error, self._ping_at = error.message, 0.0
         return error
 
@@ -305,6 +315,17 @@ def _explain(exc: DockerException) -> str:
     if isinstance(exc, APIError):
         return str(exc.explanation or exc)[:500]
     return str(exc)[:500]
+
+
+def _tls_failure(exc: BaseException) -> str | None:
+    """OpenSSL's reason when the connection failed in its TLS handshake (a certificate
+    one end does not trust), as the operator must fix it, not wait for it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return str(seen.reason or seen.strerror or seen)[:200].replace("_", " ").lower()
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _is_connection_error(exc: BaseException) -> bool:
