@@ -4,6 +4,7 @@ one scheduler placing workers on both."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from tests.harness import (
     remove_instance,
     wait_for,
 )
+from tests.sshd import PrivateSshd
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's ca-certificates
@@ -244,6 +246,36 @@ def test_a_tls_engine_is_a_fleet_host_and_both_ends_are_verified(
     assert host["healthy"] is False
     assert "TLS" in host["detail"], host
     assert tls_engine.containers(bad.instance) == []
+
+
+@pytest.fixture(scope="module")
+def ssh_host(gpu_engine: PrivateEngine) -> Iterator[PrivateSshd]:
+    """The session's `gpu_engine`, reached through an SSH server as a remote host is."""
+    server = PrivateSshd(docker_host=gpu_engine.url)
+    try:
+        yield server.start()
+    finally:
+        server.destroy()
+
+
+def test_an_ssh_engine_is_a_fleet_host(
+    make_scheduler: Callable[..., Scheduler], ssh_host: PrivateSshd, gpu_engine: PrivateEngine
+) -> None:
+    """`name=ssh://user@host`: the scheduler's `ssh` (its keys, its known_hosts) runs
+    `docker system dial-stdio` on the host, and the worker is made, handed out once it
+    answers, and destroyed there."""
+    s = make_scheduler(DOCKER_HOSTS=f"ssh1={ssh_host.url} max=2",
+                       PATH=f"{ssh_host.client_bin}:{os.environ['PATH']}")
+    try:
+        lease = s.lease(kind="anim")
+        assert lease["host"] == "ssh1"
+        assert on_engine(gpu_engine, s) == [lease["lease_id"]], ssh_host.log()[-2000:]
+        assert [(h["name"], h["healthy"]) for h in fleet_view(s)["hosts"]] == [("ssh1", True)]
+        assert s.release(lease["lease_id"]).status_code == 204
+        assert on_engine(gpu_engine, s) == []
+        assert f"Accepted publickey for {ssh_host.user}" in ssh_host.log()  # through sshd
+    finally:
+        remove_instance(s.instance, s.env["DOCKER_NETWORK"], gpu_engine.url)
 
 
 def test_a_bad_docker_hosts_is_refused_at_start_naming_each_problem(
