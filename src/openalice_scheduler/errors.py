@@ -101,6 +101,23 @@ class ProvisionFailed(SchedulerError):
     status = 502
 
 
+def no_lease(what: str, reasons: dict[str, str], failures: dict[str, str],
+             at_capacity: bool) -> ProvisionFailed | NoProviderAvailable:
+    """Why an acquire of `what` (`kind=… gpu=…`) got no lease: 502 when a provider
+    failed to provision, else 503, naming each provider's reason."""
+    if failures:
+        return ProvisionFailed(
+            f"every candidate provider failed to provision {what}: "
+            + "; ".join(f"{name}: {why}" for name, why in failures.items()),
+            failures=failures, reasons=reasons,
+        )
+    return NoProviderAvailable(
+        f"no provider can serve {what}: "
+        + "; ".join(f"{name}: {why}" for name, why in reasons.items()),
+        reasons=reasons, at_capacity=at_capacity,
+    )
+
+
 class ReleaseFailed(SchedulerError):
     code = "release_failed"
     status = 502

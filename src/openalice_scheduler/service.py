@@ -28,6 +28,7 @@ from openalice_scheduler.errors import (
     ProvisionFailed,
     QuotaExceeded,
     ReleaseFailed,
+    no_lease,
 )
 from openalice_scheduler.ids import is_lease_id, new_lease_id
 from openalice_scheduler.logs import lease_ref
@@ -299,16 +300,7 @@ class LeaseService:
             what += f" region={request.region}"
         if failures:
             self.metrics.acquire_failures.labels("provision_failed").inc()
-            return ProvisionFailed(
-                f"every candidate provider failed to provision {what}: "
-                + "; ".join(f"{name}: {why}" for name, why in failures.items()),
-                failures=failures, reasons=reasons,
-            )
-        return NoProviderAvailable(
-            f"no provider can serve {what}: "
-            + "; ".join(f"{name}: {why}" for name, why in reasons.items()),
-            reasons=reasons, at_capacity=at_capacity,
-        )
+        return no_lease(what, reasons, failures, at_capacity)
 
     # --- release ---------------------------------------------------------------------
 
@@ -338,12 +330,11 @@ class LeaseService:
                 lease_id=lease_id, provider=error[0],
             )
 
-    async def _release(self, lease_id: str, check: Check | None) -> tuple[str, str] | None:
+    async def _release(self, lease_id: str, check: Check | None,
+                       reason: ReleaseReason = ReleaseReason.explicit) -> tuple[str, str] | None:
         """Claim the lease and destroy its worker; (provider, why) when it could not."""
         claimed = await self.store.claim_release(
-            lease_id, ReleaseReason.explicit, now=self.now_us(), check=check,
-            at_once=self.instant,
-        )
+            lease_id, reason, now=self.now_us(), check=check, at_once=self.instant)
         if claimed is None:
             raise LeaseNotFound(f"lease {lease_id} is already released")
         if claimed.state == LeaseState.released:  # nothing to destroy
@@ -355,11 +346,25 @@ class LeaseService:
     async def release_due(self, limit: int = 100) -> int:
         """Release every lease whose time has come: expired ones, and releases whose
         retry is due. Returns how many were claimed."""
+        await self._settle_unsure()
         now = self.now_us()
         claimed = await self.store.claim_expired(now=now, limit=limit)
         claimed += await self.store.claim_retries(now=now, limit=limit)
         await asyncio.gather(*(self._destroy_due(record) for record in claimed))
         return len(claimed)
+
+    async def _settle_unsure(self) -> None:
+        """A lease whose acquire answered 503 (the store's answer lost) but was committed
+        all the same is released: its caller was told no. One an idempotent retry finds
+        again (owner_id and correlation_id) is left to that retry, and to its TTL."""
+        for lease_id in list(self.store.unsure):
+            record = await self.store.get(lease_id)  # store still down: next time
+            self.store.unsure.discard(lease_id)
+            if (record is not None and record.state == LeaseState.active
+                    and not (record.owner_id and record.correlation_id)):
+                log.warning("lease %s: recorded although its acquire answered 503; "
+                            "releasing it", lease_ref(record))
+                await self._release(lease_id, None, ReleaseReason.failed)
 
     async def _destroy_due(self, record: LeaseRecord) -> None:
         async with self._releases:

@@ -20,6 +20,7 @@ from sqlalchemy import bindparam, func, literal_column, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from openalice_scheduler.errors import StoreUnavailable
 from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.listing import ListingEncoder
@@ -55,6 +56,10 @@ class LeaseStore:
         self.replicas = Replicas(backend, self.replica_id)
         # The store's own id (schema.store_identity), known once migrated.
         self.store_id: str | None = None
+        # Leases whose reserve or activation failed with the store unavailable (their
+        # acquire answered 503): committed all the same when the connection was lost
+        # during COMMIT. The service settles them once the store answers again.
+        self.unsure: set[str] = set()
         self._listing = ListingEncoder()
 
     @property
@@ -104,6 +109,9 @@ class LeaseStore:
         try:
             return await self.backend.write(self._reserve_tx, lease, provider, terms, assign,
                                             moving)
+        except StoreUnavailable:
+            self.unsure.add(lease.lease_id)
+            raise
         except IntegrityError as exc:
             # Another replica won the race for this (owner_id, correlation_id).
             existing = await self.find_request(lease.owner_id, lease.correlation_id)
@@ -170,10 +178,14 @@ class LeaseStore:
     ) -> LeaseRecord | None:
         """provisioning → active. None when the lease is no longer provisioning (a
         reconciler resolved it meanwhile): the caller must destroy its worker."""
-        return await self._transition(
-            lease_id, (LeaseState.provisioning,), state=LeaseState.active.value,
-            endpoint=endpoint, provider_token=provider_token, updated_at=now,
-        )
+        try:
+            return await self._transition(
+                lease_id, (LeaseState.provisioning,), state=LeaseState.active.value,
+                endpoint=endpoint, provider_token=provider_token, updated_at=now,
+            )
+        except StoreUnavailable:
+            self.unsure.add(lease_id)
+            raise
 
     async def fail(self, lease_id: str, *, error: str, now: int) -> LeaseRecord | None:
         """provisioning → failed (its worker, if any, is destroyed by the caller)."""
