@@ -17,11 +17,15 @@ import httpx
 
 from openalice_scheduler.store import LeaseRecord, format_us
 
+# A worker image without the hand-off: the path is not there (404), or the server knows
+# no POST there (405; 501 from busybox httpd outside /cgi-bin).
+NO_HANDOFF = frozenset({404, 405, 501})
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     ok: bool
-    # The worker answered 404: its image has no hand-off, it cannot be used warm.
+    # The worker's image has no hand-off (NO_HANDOFF): it cannot be used warm.
     unsupported: bool = False
     # What went wrong, in words fit for a log (status code or error type).
     problem: str = ""
@@ -53,7 +57,7 @@ class HandOff:
             return Outcome(False, problem=f"POST {url}: {type(exc).__name__}")
         if response.is_success:
             return Outcome(True)
-        return Outcome(False, unsupported=response.status_code == 404,
+        return Outcome(False, unsupported=response.status_code in NO_HANDOFF,
                        problem=f"POST {url}: {response.status_code}")
 
     async def close(self) -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 
@@ -45,6 +45,9 @@ from openalice_scheduler.store import (
     to_us,
 )
 from openalice_scheduler.tracing import span_attributes
+
+if TYPE_CHECKING:
+    from openalice_scheduler.pool import WarmPool
 from openalice_scheduler.waiting import CapacityQueue, retry_after
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,7 @@ class LeaseService(Releasing):
         # Leases this process is provisioning right now: the reconciler leaves them be.
         self.in_flight: set[str] = set()
         self._releases = asyncio.Semaphore(MAX_PARALLEL_RELEASES)
+        self.pool: WarmPool | None = None  # WARM_POOL's idle workers (lifespan sets it)
 
     def now_us(self) -> int:
         return to_us(self.clock())
@@ -146,6 +150,9 @@ class LeaseService(Releasing):
         written = False  # this lease's row exists (a provider was tried)
         self.in_flight.add(lease_id)
         try:
+            warm = await self._take_warm(request)
+            if warm is not None:
+                return self._acquired(warm.provider, warm)
             order = await self.policy.order(self.providers, spec)
             log.debug("lease %s (%s, gpu=%s, correlation_id=%s): trying %s", lease_ref(spec),
                       spec.kind, spec.gpu, spec.correlation_id, ", ".join(p.name for p in order))
@@ -160,11 +167,9 @@ class LeaseService(Releasing):
                     if isinstance(provider, InstantProvider):
                         # Nothing to create: reserved and active in one transaction.
                         return await self._assign(provider, new, spec, terms, written)
-                    resource = await self.store.reserve(new, provider.name, terms,
-                                                        moving=written)
+                    resource = await self._reserve(provider.name, new, terms, written)
                 except OverQuota as exc:
-                    self.metrics.acquire_failures.labels("quota").inc()
-                    raise QuotaExceeded(exc.message, limit=self.max_leases_per_owner) from None
+                    raise self._over_quota(exc) from None
                 except DuplicateRequest as exc:
                     # The same request raced us here: its lease is the answer.
                     twin = await self._twin(exc.lease_id)
@@ -194,6 +199,36 @@ class LeaseService(Releasing):
             await self.store.fail(lease_id, error=error, now=self.now_us())
             self.capacity_freed()
         raise self._no_lease(request, reasons, failures, at_capacity)
+
+    async def _take_warm(self, request: LeaseRequest) -> LeaseRecord | None:
+        """A ready worker of the pool, when it has one for `request` (else None: cold).
+        The quota and a twin request are checked as for a cold reserve."""
+        if self.pool is None:
+            return None
+        try:
+            return await self.pool.take(request)
+        except OverQuota as exc:
+            raise self._over_quota(exc) from None
+        except DuplicateRequest as exc:
+            return await self._twin(exc.lease_id)  # None: it failed, this one goes cold
+
+    def _over_quota(self, exc: OverQuota) -> QuotaExceeded:
+        self.metrics.acquire_failures.labels("quota").inc()
+        return QuotaExceeded(exc.message, limit=self.max_leases_per_owner)
+
+    async def _reserve(self, provider: str, new: NewLease, terms: Terms,
+                       moving: bool) -> str | None:
+        """store.reserve; at capacity where idle pool workers hold the room, one of them
+        is destroyed and the reservation tried once more (pools never cost a caller)."""
+        try:
+            return await self.store.reserve(new, provider, terms, moving=moving)
+        except OverQuota:
+            raise
+        except AtCapacity:
+            if self.pool is None or not await self.pool.make_room(provider, new.gpu):
+                raise
+        return await self.store.reserve(new, provider, replace(terms, now=self.now_us()),
+                                        moving=moving)
 
     async def _replay(self, request: LeaseRequest) -> LeaseRecord | None:
         existing = await self.store.find_request(request.owner_id, request.correlation_id)
@@ -359,6 +394,8 @@ class LeaseService(Releasing):
         if renewed is None:
             raise LeaseNotFound(f"lease {lease_id} ended while renewing")
         log.info("lease %s renewed until %s", lease_ref(renewed), renewed.wire()["expires_at"])
+        if renewed.probe_url and self.pool is not None:  # a warm lease: its worker learns
+            await self.pool.hand_on(renewed)
         return renewed
 
     # --- reads -----------------------------------------------------------------------
@@ -376,8 +413,9 @@ class LeaseService(Releasing):
     async def provider_view(self) -> list[dict[str, Any]]:
         """Per provider: health, capacity and use (`GET /v1/providers`)."""
         held = await self.store.count_held()
+        idle = [] if self.pool is None else await self.pool.store.counts()
         statuses = await asyncio.gather(*(p.status() for p in self.providers))
-        return [provider_view(provider, status, held)
+        return [provider_view(provider, status, held, idle)
                 for provider, status in zip(self.providers, statuses, strict=True)]
 
     async def list_active_json(self) -> bytes:
