@@ -85,20 +85,21 @@ class PoolStore:
         None when no idle worker is left."""
         def _tx(conn: Connection) -> LeaseRecord | None:
             self.store.owner_checks(conn, lease, quota)
-            # SKIP LOCKED: concurrent claims on PostgreSQL take different rows instead of
-            # queueing on one (SQLite has one writer and no such clause).
-            for lease_id in conn.execute(_OLDEST_IDLE, {"b_kind": lease.kind,
-                                                        "b_gpu": lease.gpu}).scalars():
-                row = conn.execute(_CLAIM, {
-                    "b_id": lease_id, "v_owner_id": lease.owner_id,
-                    "v_correlation_id": lease.correlation_id,
-                    "v_ttl_seconds": lease.ttl_seconds, "v_created_at": lease.created_at,
-                    "v_expires_at": lease.expires_at, "v_updated_at": lease.created_at,
-                    "v_replica_id": self.store.replica_id,
-                }).first()
-                if row is not None:
-                    return record_of(row)
-            return None
+            # One row, locked, SKIP LOCKED: concurrent claims on PostgreSQL each lock a
+            # different idle row instead of queueing on one (SQLite has one writer and
+            # no such clause). The guarded update still refuses a row no longer idle.
+            lease_id = conn.execute(_OLDEST_IDLE, {"b_kind": lease.kind,
+                                                   "b_gpu": lease.gpu}).scalar()
+            if lease_id is None:
+                return None
+            row = conn.execute(_CLAIM, {
+                "b_id": lease_id, "v_owner_id": lease.owner_id,
+                "v_correlation_id": lease.correlation_id,
+                "v_ttl_seconds": lease.ttl_seconds, "v_created_at": lease.created_at,
+                "v_expires_at": lease.expires_at, "v_updated_at": lease.created_at,
+                "v_replica_id": self.store.replica_id,
+            }).first()
+            return record_of(row) if row is not None else None
 
         try:
             return await self.backend.write(_tx)
@@ -148,7 +149,7 @@ _COUNT_POOL = select(func.count()).select_from(leases).where(_IN_POOL, *_THIS_PO
 # A pool worker serves only requests without a region: it was made for none.
 _OLDEST_IDLE = (select(leases.c.lease_id)
                 .where(_IS_IDLE, *_THIS_POOL, leases.c.region.is_(None))
-                .order_by(leases.c.updated_at).limit(4)
+                .order_by(leases.c.updated_at).limit(1)
                 .with_for_update(skip_locked=True))
 _CLAIM = (update(leases)
           .where(leases.c.lease_id == bindparam("b_id"), _IS_IDLE)
