@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -279,7 +280,5 @@ def test_a_bad_warm_pool_stops_start_up(make_scheduler: Make, value: str, proble
 
 
 def _quietly(call: Callable[..., Any], **body: Any) -> None:
-    try:
+    with contextlib.suppress(httpx.HTTPError):  # the scheduler was killed under it
         call(**body)
-    except httpx.HTTPError:
-        pass  # the scheduler was killed under it
