@@ -7,7 +7,8 @@
 # ready when handed out). It answers the warm-pool hand-off at /cgi-bin/lease (busybox
 # httpd runs CGI only there: set WARM_HANDOFF_PATH=/cgi-bin/lease for this image) and
 # then shows the lease handed off, env included, under "handoff" at GET / (README, Warm
-# pools). Idempotent: an existing image is kept unless it was built
+# pools); while /tmp/handoff-hold exists, a hand-off waits (the tests hold one between
+# the scheduler's claim and its answer). Idempotent: an existing image is kept unless it was built
 # from another entry script (label openalice.worker.entry, the script's hash) or
 # --rebuild is given.
 #   scripts/build-worker-image.sh [IMAGE] [--rebuild]
@@ -29,6 +30,7 @@ printf 'WORKER_KIND=%s\nLEASE_ID=%s\n' "$WORKER_KIND" "$LEASE_ID" > /tmp/worker.
 /bin/busybox cat > /www/cgi-bin/lease <<'CGI'
 #!/bin/sh
 . /tmp/worker.env
+while [ -e /tmp/handoff-hold ]; do /bin/busybox sleep 0.1; done
 body=$(/bin/busybox head -c "${CONTENT_LENGTH:-0}")
 case "$body" in *'"env"'*) printf '%s' "$body" > /tmp/handoff.json ;; esac
 expires=$(printf '%s' "$body" | /bin/busybox sed -n 's/.*"expires_at" *: *"\([^"]*\)".*/\1/p')

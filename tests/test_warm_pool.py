@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
@@ -164,11 +165,11 @@ def test_kill_9_with_idle_and_claimed_pool_workers_leaks_nothing(make_scheduler:
                            RECONCILE_INTERVAL_SECONDS="1", **POOL_ENV)
     wait_idle(sched, 3)
     engine = docker_client()
-    # Frozen workers accept the hand-off's connection but never answer it: the acquire
-    # stays between its claim and its hand-off, as a crash would find it.
+    # The demo worker holds a hand-off while /tmp/handoff-hold exists: the acquire stays
+    # between its claim and its hand-off, as a crash would find it.
     pool = {c.id: c for c in sched.containers()}
     for container in pool.values():
-        container.pause()
+        container.exec_run(["/bin/busybox", "touch", "/tmp/handoff-hold"])
     caller = threading.Thread(target=lambda: _quietly(sched.acquire, kind="renderer",
                                                       owner_id="bob"))
     caller.start()
@@ -180,7 +181,8 @@ def test_kill_9_with_idle_and_claimed_pool_workers_leaks_nothing(make_scheduler:
     sched.kill()
     caller.join(70)
     for container in pool.values():
-        container.unpause()
+        with contextlib.suppress(docker.errors.APIError):
+            container.exec_run(["/bin/busybox", "rm", "-f", "/tmp/handoff-hold"])
 
     sched.start()
     # The claimed worker is destroyed, never handed out; its lease failed.

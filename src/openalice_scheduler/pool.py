@@ -43,6 +43,9 @@ REFILL_INTERVAL_S = 2.0
 # After a pool's provision failed, it is tried again after this long, doubling.
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
+# How often each idle worker's probe is tried again: one that stopped answering is
+# replaced before an acquire is handed it.
+CHECK_EVERY_S = 10.0
 
 Key = tuple[str, str]  # (kind, gpu)
 
@@ -64,6 +67,7 @@ class WarmPool(LoopService):
         self.disabled: set[str] = set()
         self._retry_at: dict[Key, float] = {}
         self._backoff: dict[Key, float] = {}
+        self._checked_at = 0.0
         for kind, gpu in self.targets:
             idle_gauge.labels(kind, gpu).set(0)
 
@@ -89,12 +93,24 @@ class WarmPool(LoopService):
         now = self.service.now_us()
         kept: dict[Key, int] = {}
         recycled = 0
+        alive: list[LeaseRecord] = []
         for record in await self.store.idle():
             key = (record.kind, record.gpu)
             target = 0 if record.kind in self.disabled else self.targets.get(key, 0)
             kept[key] = kept.get(key, 0) + 1
             if record.expires_at <= now or kept[key] > target:
                 recycled += await self._recycle(record.lease_id)
+            else:
+                alive.append(record)
+        if time.monotonic() - self._checked_at >= CHECK_EVERY_S:
+            self._checked_at = time.monotonic()
+            problems = await asyncio.gather(*(
+                self.service.probe.check(r.kind, r.probe_url or r.endpoint) for r in alive))
+            for record, problem in zip(alive, problems, strict=True):
+                if problem is not None:
+                    log.warning("pool worker %s stopped answering (%s); replaced",
+                                lease_ref(record), problem)
+                    recycled += await self._recycle(record.lease_id)
         return recycled
 
     async def _recycle(self, lease_id: str) -> int:
