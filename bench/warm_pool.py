@@ -12,22 +12,30 @@ One scheduler with WARM_POOL=renderer/none=<pool> (the demo worker's hand-off at
 Latency is each acquire's, request sent to answer read (httpx, one connection each, over
 loopback). Goal: warm p50 <= 20 ms and p99 <= 100 ms.
 
-    .venv/bin/python bench/warm_pool.py [--rounds 5] [--callers 16] [--pool 16]
+With --runpod SECONDS, the same on RunPod: the emulator (`python -m tests.runpod_emulator`)
+with that provisioning delay (seconds to RUNNING), its pods answering at their proxy URL
+(readiness and hand-off) at once when RUNNING, polled every 0.2 s.
+
+    .venv/bin/python bench/warm_pool.py [--rounds 5] [--callers 16] [--pool 16] [--runpod 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Service, summary  # noqa: E402
+from _common import PYTHON, REPO, Service, summary  # noqa: E402
 
 GOAL_P50_S, GOAL_P99_S = 0.020, 0.100
 
@@ -80,20 +88,52 @@ async def release(service: Service, lease_ids: list[str]) -> None:
         raise RuntimeError(f"releases answered {bad}")
 
 
+@contextlib.contextmanager
+def docker_service(pool: int) -> Iterator[Service]:
+    with Service("warm", WARM_POOL=f"renderer/none={pool}",
+                 WARM_HANDOFF_PATH="/cgi-bin/lease", RENDERER_READY_PATH="/healthz",
+                 ANIM_READY_PATH="/healthz").start() as service:
+        yield service
+
+
+@contextlib.contextmanager
+def runpod_service(pool: int, delay: float) -> Iterator[Service]:
+    key = "bench-key-" + uuid.uuid4().hex
+    emulator = subprocess.Popen(
+        [PYTHON, "-m", "tests.runpod_emulator", "--port", "0", "--api-key", key,
+         "--provision-delay", str(delay), "--pods-answer-after", "0"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert emulator.stdout is not None
+        url = emulator.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError("the RunPod emulator did not start")
+        with Service("warmrp", PROVIDERS="runpod", RUNPOD_API_KEY=key,
+                     RUNPOD_API_BASE_URL=url, RUNPOD_PROXY_URL=url + "/_proxy/{pod_id}-{port}",
+                     RUNPOD_POLL_INTERVAL_SECONDS="0.2",
+                     WARM_POOL=f"renderer/none={pool}").start() as service:
+            yield service
+    finally:
+        emulator.terminate()
+        emulator.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--callers", type=int, default=16)
     parser.add_argument("--pool", type=int, default=16)
+    parser.add_argument("--runpod", type=float, default=None, metavar="SECONDS",
+                        help="on the RunPod emulator with this provisioning delay")
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} CPUs)")
     warm: list[float] = []
     cold: list[float] = []
     refills: list[float] = []
-    with Service("warm", WARM_POOL=f"renderer/none={args.pool}",
-                 WARM_HANDOFF_PATH="/cgi-bin/lease", RENDERER_READY_PATH="/healthz",
-                 ANIM_READY_PATH="/healthz").start() as service:
+    where = (docker_service(args.pool) if args.runpod is None
+             else runpod_service(args.pool, args.runpod))
+    with where as service:
         wait_full(service, args.pool)
         for round_ in range(args.rounds):
             wait_full(service, args.pool)
@@ -109,7 +149,8 @@ def main() -> None:
                   f"cold p50 {summary(took_cold)['p50'] * 1e3:.1f} ms, "
                   f"refill {refill:.2f} s", flush=True)
     w, c = summary(warm), summary(cold)
-    print(f"\n{args.callers} concurrent callers, pool of {args.pool}, {args.rounds} rounds")
+    on = "Docker" if args.runpod is None else f"RunPod emulator, {args.runpod:g} s to RUNNING"
+    print(f"\n{on}: {args.callers} concurrent callers, pool of {args.pool}, {args.rounds} rounds")
     print(f"{'':6} {'n':>4} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
     for name, s in (("warm", w), ("cold", c)):
         print(f"{name:6} {s['n']:>4} {s['p50'] * 1e3:>9.1f} {s['p99'] * 1e3:>9.1f} "

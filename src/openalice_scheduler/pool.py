@@ -218,6 +218,7 @@ class WarmPool(LoopService):
         ), service.max_leases_per_owner)
         if claimed is None:
             return None
+        self.idle_gauge.labels(kind, gpu).dec()  # the next pass sets it from the store
         self.wake()  # refill at once
         service.in_flight.add(claimed.lease_id)
         try:
