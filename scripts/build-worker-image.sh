@@ -29,14 +29,15 @@ printf 'WORKER_KIND=%s\nLEASE_ID=%s\n' "$WORKER_KIND" "$LEASE_ID" > /tmp/worker.
 /bin/busybox mkdir -p /www/cgi-bin
 /bin/busybox cat > /www/cgi-bin/lease <<'CGI'
 #!/bin/sh
+# Shell builtins only (no process started): the hand-off is on the acquire's path.
 . /tmp/worker.env
 while [ -e /tmp/handoff-hold ]; do /bin/busybox sleep 0.1; done
-body=$(/bin/busybox head -c "${CONTENT_LENGTH:-0}")
+IFS= read -r -n "${CONTENT_LENGTH:-0}" body
 case "$body" in *'"env"'*) printf '%s' "$body" > /tmp/handoff.json ;; esac
-expires=$(printf '%s' "$body" | /bin/busybox sed -n 's/.*"expires_at" *: *"\([^"]*\)".*/\1/p')
+rest=${body#*'"expires_at":"'}
+IFS= read -r handoff < /tmp/handoff.json
 printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s","handoff":%s}\n' \
-  "$WORKER_KIND" "$LEASE_ID" "$expires" "$(/bin/busybox cat /tmp/handoff.json)" > /tmp/index.new
-/bin/busybox mv /tmp/index.new /www/index.html
+  "$WORKER_KIND" "$LEASE_ID" "${rest%%'"'*}" "$handoff" > /www/index.html
 printf 'Content-Type: application/json\r\n\r\n{"ok":true}\n'
 CGI
 /bin/busybox chmod +x /www/cgi-bin/lease

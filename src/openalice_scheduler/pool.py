@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REFILL_INTERVAL_S = 2.0
+REFILL_AFTER_TAKE_S = 0.1
 # After a pool's provision failed, it is tried again after this long, doubling.
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
@@ -219,7 +220,9 @@ class WarmPool(LoopService):
         if claimed is None:
             return None
         self.idle_gauge.labels(kind, gpu).dec()  # the next pass sets it from the store
-        self.wake()  # refill at once
+        # Refill in the background, just after this burst of takes rather than inside it:
+        # the pool's provisions would compete with the hand-offs for this process's CPU.
+        asyncio.get_running_loop().call_later(REFILL_AFTER_TAKE_S, self.wake)
         service.in_flight.add(claimed.lease_id)
         try:
             outcome = await self.handoff.send(claimed, request.env)
