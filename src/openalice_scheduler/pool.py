@@ -64,7 +64,7 @@ class WarmPool(LoopService):
         self.handoff = handoff
         self.max_idle_us = int(max_idle_seconds * 1e6)
         self.idle_gauge = idle_gauge
-        # Kinds whose workers answered the hand-off 404: not used warm (one warning).
+        # Kinds whose workers have no hand-off (404, handoff.NO_HANDOFF): not used warm.
         self.disabled: set[str] = set()
         self._retry_at: dict[Key, float] = {}
         self._backoff: dict[Key, float] = {}
