@@ -17,6 +17,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Gauge
 
 from openalice_scheduler.errors import ProviderError
@@ -33,6 +34,7 @@ from openalice_scheduler.providers import (
 )
 from openalice_scheduler.store import AtCapacity, LeaseRecord, NewLease, to_us
 from openalice_scheduler.store.pool import PoolStore
+from openalice_scheduler.tracing import span_attributes
 
 if TYPE_CHECKING:
     from openalice_scheduler.service import LeaseService
@@ -225,7 +227,12 @@ class WarmPool(LoopService):
         asyncio.get_running_loop().call_later(REFILL_AFTER_TAKE_S, self.wake)
         service.in_flight.add(claimed.lease_id)
         try:
-            outcome = await self.handoff.send(claimed, request.env)
+            attributes = span_attributes(claimed.lease_id, claimed.provider, claimed.kind,
+                                         claimed.correlation_id)  # never the env
+            with service.tracer.start_as_current_span("handoff", attributes=attributes) as span:
+                outcome = await self.handoff.send(claimed, request.env)
+                if not outcome.ok:
+                    span.set_status(Status(StatusCode.ERROR, outcome.problem))
             if outcome.ok:
                 record = await service.store.activate(
                     claimed.lease_id, endpoint=claimed.endpoint,
