@@ -4,7 +4,11 @@
 # answers with the lease it belongs to. Its health path ($READY_PATH, default /healthz)
 # answers 200 only $READY_DELAY_SECONDS (default 0) after start, or never with
 # READY_DELAY_SECONDS=never: a worker that is slow, or never, ready (README, Workers
-# ready when handed out). Idempotent: an existing image is kept unless it was built
+# ready when handed out). It answers the warm-pool hand-off at /cgi-bin/lease (busybox
+# httpd runs CGI only there: set WARM_HANDOFF_PATH=/cgi-bin/lease for this image) and
+# then shows the lease handed off, env included, under "handoff" at GET / (README, Warm
+# pools); while /tmp/handoff-hold exists, a hand-off waits (the tests hold one between
+# the scheduler's claim and its answer). Idempotent: an existing image is kept unless it was built
 # from another entry script (label openalice.worker.entry, the script's hash) or
 # --rebuild is given.
 #   scripts/build-worker-image.sh [IMAGE] [--rebuild]
@@ -19,6 +23,24 @@ entry=$(cat <<'SH'
 /bin/busybox mkdir -p /www
 printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s"}\n' \
   "$WORKER_KIND" "$LEASE_ID" "$LEASE_EXPIRES_AT" > /www/index.html
+# The warm-pool hand-off: the POSTed lease (its env kept from the first one, a renewal's
+# hand-on has none) and the latest expiry, shown at GET /.
+printf 'WORKER_KIND=%s\nLEASE_ID=%s\n' "$WORKER_KIND" "$LEASE_ID" > /tmp/worker.env
+/bin/busybox mkdir -p /www/cgi-bin
+/bin/busybox cat > /www/cgi-bin/lease <<'CGI'
+#!/bin/sh
+# Shell builtins only (no process started): the hand-off is on the acquire's path.
+. /tmp/worker.env
+while [ -e /tmp/handoff-hold ]; do /bin/busybox sleep 0.1; done
+IFS= read -r -n "${CONTENT_LENGTH:-0}" body
+case "$body" in *'"env"'*) printf '%s' "$body" > /tmp/handoff.json ;; esac
+rest=${body#*'"expires_at":"'}
+IFS= read -r handoff < /tmp/handoff.json
+printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s","handoff":%s}\n' \
+  "$WORKER_KIND" "$LEASE_ID" "${rest%%'"'*}" "$handoff" > /www/index.html
+printf 'Content-Type: application/json\r\n\r\n{"ok":true}\n'
+CGI
+/bin/busybox chmod +x /www/cgi-bin/lease
 health="/www${READY_PATH:-/healthz}"
 delay="${READY_DELAY_SECONDS:-0}"
 if [ "$delay" = 0 ]; then

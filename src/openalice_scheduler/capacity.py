@@ -8,15 +8,22 @@ from typing import Any
 
 from openalice_scheduler.models import GpuClass
 from openalice_scheduler.providers import Provider, ProviderStatus
+from openalice_scheduler.store.pool import PoolCount
 
 _GPU_ORDER = [g.value for g in GpuClass]
 
 
 def provider_view(
     provider: Provider, status: ProviderStatus,
-    held: Sequence[tuple[str, str, str, str | None, int]],
+    held: Sequence[tuple[str, str, str, str | None, int]], pooled: Sequence[PoolCount] = (),
 ) -> dict[str, Any]:
-    """`held`: (provider, kind, gpu, owner, count) of the live leases of every provider."""
+    """`held`: (provider, kind, gpu, owner, count) of the live leases of every provider;
+    `pooled`: warm-pool workers by state, whose idle ones are shown apart."""
+    idle: dict[str, dict[str, int]] = {}
+    for pool_count in pooled:
+        if pool_count.provider == provider.name and pool_count.state == "idle":
+            per_kind = idle.setdefault(pool_count.kind, {})
+            per_kind[pool_count.gpu] = per_kind.get(pool_count.gpu, 0) + pool_count.count
     by_gpu: dict[str, int] = {}
     by_kind: dict[str, dict[str, int]] = {}
     for name, kind, gpu, _owner, count in held:
@@ -42,6 +49,7 @@ def provider_view(
             )
             for kind in sorted(kinds)
         },
+        "idle": idle,
         **hosts,
     }
 

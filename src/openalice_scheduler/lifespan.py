@@ -13,9 +13,11 @@ from typing import Any
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import SchedulerError
+from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.loops import Alarm, Heartbeat, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.policy import build_policy
+from openalice_scheduler.pool import WarmPool
 from openalice_scheduler.providers import Provider
 from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.readiness import ReadinessCheck
@@ -55,6 +57,13 @@ def lifespan(
             sweeper = Sweeper(service, alarm, tracing.tracer, settings.sweep_interval_seconds)
             beat = min(5.0, settings.reconcile_interval_seconds / 2)
             heartbeat = Heartbeat(service, beat)
+            # Always there: with WARM_POOL unset it only recycles what an earlier run left.
+            service.pool = pool = WarmPool(
+                service, settings.warm_pool_targets,
+                HandOff(settings.warm_handoff_path, settings.warm_handoff_timeout_seconds),
+                max_idle_seconds=settings.warm_pool_max_idle_seconds,
+                idle_gauge=metrics.pool_idle,
+            )
             reconciler = Reconciler(
                 service, tracing.tracer, settings.reconcile_interval_seconds,
                 # A provision may go on while its worker is probed.
@@ -73,6 +82,7 @@ def lifespan(
             # when that one failed.
             reconciler.start(first_wait=settings.reconcile_interval_seconds if reconciled else 0)
             heartbeat.start()
+            pool.start()  # after reconciliation: what a crash left is resolved first
             # Waiters here hear of capacity freed on other replicas too.
             listener = asyncio.create_task(store.listen_capacity(service.capacity_freed))
             log.info("openalice-scheduler %s serving: providers=%s, store=%s",
@@ -82,7 +92,7 @@ def lifespan(
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
-            for loop in (sweeper, reconciler, heartbeat):
+            for loop in (pool, sweeper, reconciler, heartbeat):
                 await loop.stop()
         finally:
             for provider in providers:

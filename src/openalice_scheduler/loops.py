@@ -20,6 +20,8 @@ from openalice_scheduler.service import LeaseService
 log = logging.getLogger(__name__)
 _MIN_WAIT_S = 0.005
 RECONCILE_LOCK = "reconcile"
+# States whose worker is made and recorded: an active lease, an idle pool worker.
+_MADE = (LeaseState.active, LeaseState.idle)
 
 
 class LoopService:
@@ -205,7 +207,9 @@ class Reconciler(LoopService):
         counts = {"failed": 0, "orphans": 0, "lost": 0}
 
         for record in live.values():
-            if record.state != LeaseState.provisioning or record.lease_id in service.in_flight:
+            # `warming`: a pool worker's provision, resolved alike.
+            if (record.state not in (LeaseState.provisioning, LeaseState.warming)
+                    or record.lease_id in service.in_flight):
                 continue
             # A provision whose replica stopped (crashed, killed) will never finish.
             crashed = (record.replica_id != store.replica_id and alive is not None
@@ -240,7 +244,7 @@ class Reconciler(LoopService):
                 if ended is not None and ended.updated_at >= listed_at:
                     continue
                 extra = infos  # no live lease: every worker is an orphan
-            elif owner.state == LeaseState.active and owner.provider_token:
+            elif owner.state in _MADE and owner.provider_token:
                 # Names are not unique on some backends: keep only the recorded worker.
                 extra = [i for i in infos if i.provider_token != owner.provider_token]
             else:
@@ -256,7 +260,7 @@ class Reconciler(LoopService):
         for record in live.values():
             vanished = record.lease_id not in workers
             if (
-                record.state == LeaseState.active
+                record.state in _MADE
                 and vanished
                 and record.updated_at < listed_at
                 and await service.mark_lost(provider, record)

@@ -75,6 +75,10 @@ class Metrics:
             "scheduler_release_failures", "Release attempts a provider did not confirm.",
             ["provider"], registry=r,
         )
+        self.pool_idle = Gauge(
+            "scheduler_pool_idle", "Idle, ready warm-pool workers (WARM_POOL).",
+            ["kind", "gpu"], registry=r,
+        )
         self.releasing = Gauge(
             "scheduler_leases_releasing", "Releases still being retried.", registry=r
         )

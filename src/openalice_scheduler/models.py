@@ -57,9 +57,14 @@ class LeaseState(StrEnum):
     releasing = "releasing"
     released = "released"
     failed = "failed"
+    # A warm-pool worker, owned by nobody (README, Warm pools): being made, then ready.
+    warming = "warming"
+    idle = "idle"
 
 
-LIVE_STATES = (LeaseState.provisioning, LeaseState.active, LeaseState.releasing)
+# States that hold a worker: they count against caps and exclusive devices.
+LIVE_STATES = (LeaseState.provisioning, LeaseState.active, LeaseState.releasing,
+               LeaseState.warming, LeaseState.idle)
 
 
 class ReleaseReason(StrEnum):
@@ -68,6 +73,9 @@ class ReleaseReason(StrEnum):
     orphan = "orphan"
     lost = "lost"
     failed = "failed"
+    # An idle warm-pool worker destroyed unused: idle too long, surplus, dead, or its
+    # room needed by a cold acquire.
+    recycled = "recycled"
 
 
 # Caller-given identifiers (owner_id, correlation_id, region): printable ASCII, no spaces
@@ -190,6 +198,10 @@ class ProviderView(BaseModel):
     )
     hosts: list[HostView] | None = Field(
         None, description="local-docker with DOCKER_HOSTS: each engine, in declared order")
+    idle: dict[WorkerKind, dict[GpuClass, int]] = Field(
+        default_factory=dict,
+        description="Idle warm-pool workers (WARM_POOL) per kind and GPU class; they are "
+        "counted in `in_use` too, as every cap counts them")
 
 
 class FieldError(BaseModel):

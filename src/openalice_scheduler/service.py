@@ -13,21 +13,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 from openalice_scheduler.capacity import provider_view
 from openalice_scheduler.errors import (
-    Forbidden,
-    LeaseConflict,
     LeaseNotFound,
     NoProviderAvailable,
     ProviderError,
     ProviderOutOfCapacity,
     ProvisionFailed,
     QuotaExceeded,
-    ReleaseFailed,
     no_lease,
 )
 from openalice_scheduler.ids import is_lease_id, new_lease_id
@@ -37,6 +34,7 @@ from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseRequest, LeaseState
 from openalice_scheduler.policy import Policy
 from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec, reservation_terms
 from openalice_scheduler.providers.probe import ReadyProbe
+from openalice_scheduler.releasing import Releasing, check_owner
 from openalice_scheduler.store import (
     AtCapacity,
     DuplicateRequest,
@@ -47,14 +45,15 @@ from openalice_scheduler.store import (
     Terms,
     to_us,
 )
-from openalice_scheduler.store.leases import Check
 from openalice_scheduler.tracing import span_attributes
+
+if TYPE_CHECKING:
+    from openalice_scheduler.pool import WarmPool
 from openalice_scheduler.waiting import CapacityQueue, retry_after
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-RETRY_BACKOFF_CAP_S = 30.0
 MAX_PARALLEL_RELEASES = 16  # worker destructions the sweeper runs at once
 # How often an idempotent replay looks whether its twin's provision finished.
 TWIN_POLL_S = 0.05
@@ -64,7 +63,7 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class LeaseService:
+class LeaseService(Releasing):
     def __init__(
         self,
         store: LeaseStore,
@@ -97,13 +96,10 @@ class LeaseService:
         # Leases this process is provisioning right now: the reconciler leaves them be.
         self.in_flight: set[str] = set()
         self._releases = asyncio.Semaphore(MAX_PARALLEL_RELEASES)
+        self.pool: WarmPool | None = None  # WARM_POOL's idle workers (lifespan sets it)
 
     def now_us(self) -> int:
         return to_us(self.clock())
-
-    def capacity_freed(self) -> None:
-        """A lease stopped holding capacity: the first acquire waiting for some tries."""
-        self.queue.freed()
 
     def drain(self) -> None:
         """Shutting down (drain.py): every acquire from now on, and each one waiting in
@@ -155,6 +151,9 @@ class LeaseService:
         written = False  # this lease's row exists (a provider was tried)
         self.in_flight.add(lease_id)
         try:
+            warm = await self._take_warm(request)
+            if warm is not None:
+                return self._acquired(warm.provider, warm)
             order = await self.policy.order(self.providers, spec)
             log.debug("lease %s (%s, gpu=%s, correlation_id=%s): trying %s", lease_ref(spec),
                       spec.kind, spec.gpu, spec.correlation_id, ", ".join(p.name for p in order))
@@ -169,11 +168,9 @@ class LeaseService:
                     if isinstance(provider, InstantProvider):
                         # Nothing to create: reserved and active in one transaction.
                         return await self._assign(provider, new, spec, terms, written)
-                    resource = await self.store.reserve(new, provider.name, terms,
-                                                        moving=written)
+                    resource = await self._reserve(provider.name, new, terms, written)
                 except OverQuota as exc:
-                    self.metrics.acquire_failures.labels("quota").inc()
-                    raise QuotaExceeded(exc.message, limit=self.max_leases_per_owner) from None
+                    raise self._over_quota(exc) from None
                 except DuplicateRequest as exc:
                     # The same request raced us here: its lease is the answer.
                     twin = await self._twin(exc.lease_id)
@@ -203,6 +200,36 @@ class LeaseService:
             await self.store.fail(lease_id, error=error, now=self.now_us())
             self.capacity_freed()
         raise self._no_lease(request, reasons, failures, at_capacity)
+
+    async def _take_warm(self, request: LeaseRequest) -> LeaseRecord | None:
+        """A ready worker of the pool, when it has one for `request` (else None: cold).
+        The quota and a twin request are checked as for a cold reserve."""
+        if self.pool is None:
+            return None
+        try:
+            return await self.pool.take(request)
+        except OverQuota as exc:
+            raise self._over_quota(exc) from None
+        except DuplicateRequest as exc:
+            return await self._twin(exc.lease_id)  # None: it failed, this one goes cold
+
+    def _over_quota(self, exc: OverQuota) -> QuotaExceeded:
+        self.metrics.acquire_failures.labels("quota").inc()
+        return QuotaExceeded(exc.message, limit=self.max_leases_per_owner)
+
+    async def _reserve(self, provider: str, new: NewLease, terms: Terms,
+                       moving: bool) -> str | None:
+        """store.reserve; at capacity where idle pool workers hold the room, one of them
+        is destroyed and the reservation tried once more (pools never cost a caller)."""
+        try:
+            return await self.store.reserve(new, provider, terms, moving=moving)
+        except OverQuota:
+            raise
+        except AtCapacity:
+            if self.pool is None or not await self.pool.make_room(provider, new.gpu):
+                raise
+        return await self.store.reserve(new, provider, replace(terms, now=self.now_us()),
+                                        moving=moving)
 
     async def _replay(self, request: LeaseRequest) -> LeaseRecord | None:
         existing = await self.store.find_request(request.owner_id, request.correlation_id)
@@ -302,113 +329,6 @@ class LeaseService:
             self.metrics.acquire_failures.labels("provision_failed").inc()
         return no_lease(what, reasons, failures, at_capacity)
 
-    # --- release ---------------------------------------------------------------------
-
-    async def release(self, lease_id: str, owner: str | None) -> None:
-        """Release a lease the caller holds: its worker is destroyed before this returns
-        (ReleaseFailed when the provider could not confirm: it is retried)."""
-        if not is_lease_id(lease_id):
-            raise LeaseNotFound(f"no lease {lease_id[:64]!r}")
-
-        def check(record: LeaseRecord | None) -> None:
-            # Runs in the claiming transaction: what it checks cannot change meanwhile.
-            if record is None:
-                raise LeaseNotFound(f"no lease {lease_id!r}")
-            if record.state in (LeaseState.released, LeaseState.failed):
-                raise LeaseNotFound(f"lease {lease_id} is already released")
-            _check_owner(record, owner)
-            if record.state == LeaseState.provisioning:
-                raise LeaseConflict(
-                    f"lease {lease_id} is still provisioning; release it once acquired"
-                )
-
-        error = await self._release(lease_id, check)
-        if error is not None:
-            raise ReleaseFailed(
-                f"{error[0]} could not destroy the worker of lease {lease_id}: {error[1]}; "
-                "the lease stays releasing and the scheduler keeps retrying",
-                lease_id=lease_id, provider=error[0],
-            )
-
-    async def _release(self, lease_id: str, check: Check | None,
-                       reason: ReleaseReason = ReleaseReason.explicit) -> tuple[str, str] | None:
-        """Claim the lease and destroy its worker; (provider, why) when it could not."""
-        claimed = await self.store.claim_release(
-            lease_id, reason, now=self.now_us(), check=check, at_once=self.instant)
-        if claimed is None:
-            raise LeaseNotFound(f"lease {lease_id} is already released")
-        if claimed.state == LeaseState.released:  # nothing to destroy
-            self._released(claimed)
-            return None
-        error = await self.destroy(claimed)
-        return None if error is None else (claimed.provider, error)
-
-    async def release_due(self, limit: int = 100) -> int:
-        """Release every lease whose time has come: expired ones, and releases whose
-        retry is due. Returns how many were claimed."""
-        await self._settle_unsure()
-        now = self.now_us()
-        claimed = await self.store.claim_expired(now=now, limit=limit)
-        claimed += await self.store.claim_retries(now=now, limit=limit)
-        await asyncio.gather(*(self._destroy_due(record) for record in claimed))
-        return len(claimed)
-
-    async def _settle_unsure(self) -> None:
-        """A lease whose acquire answered 503 (the store's answer lost) but was committed
-        all the same is released: its caller was told no. One an idempotent retry finds
-        again (owner_id and correlation_id) is left to that retry, and to its TTL."""
-        for lease_id in list(self.store.unsure):
-            record = await self.store.get(lease_id)  # store still down: next time
-            self.store.unsure.discard(lease_id)
-            if (record is not None and record.state == LeaseState.active
-                    and not (record.owner_id and record.correlation_id)):
-                log.warning("lease %s: recorded although its acquire answered 503; "
-                            "releasing it", lease_ref(record))
-                await self._release(lease_id, None, ReleaseReason.failed)
-
-    async def _destroy_due(self, record: LeaseRecord) -> None:
-        async with self._releases:
-            if record.release_reason == ReleaseReason.expired.value and not record.release_attempts:
-                log.info("lease %s expired; releasing", lease_ref(record))
-            await self.destroy(record)
-
-    async def destroy(self, record: LeaseRecord) -> str | None:
-        """Destroy a claimed `releasing` lease's worker and record the outcome. Returns
-        None when done, or why the provider could not confirm (a retry is scheduled)."""
-        attributes = span_attributes(
-            record.lease_id, record.provider, record.kind, record.correlation_id
-        )
-        with self.tracer.start_as_current_span("release", attributes=attributes) as span:
-            provider = self.by_name.get(record.provider)
-            try:
-                if provider is None:
-                    raise ProviderError(f"provider {record.provider!r} is not configured")
-                await provider.release(record.provider_token, record.lease_id)
-            except ProviderError as exc:
-                span.set_status(Status(StatusCode.ERROR, exc.message))
-                attempts = record.release_attempts + 1
-                retry_at = self.now_us() + int(_backoff(attempts) * 1e6)
-                await self.store.release_attempt_failed(
-                    record.lease_id, error=exc.message, retry_at=retry_at, now=self.now_us()
-                )
-                self.metrics.release_failures.labels(record.provider).inc()
-                self.on_due(retry_at)
-                log.warning("lease %s: release attempt %d on %s failed: %s",
-                            lease_ref(record), attempts, record.provider, exc.message)
-                return exc.message
-        done = await self.store.finish_release(record.lease_id, now=self.now_us())
-        if done is None:
-            self.capacity_freed()
-        else:
-            self._released(done)
-        return None
-
-    def _released(self, record: LeaseRecord) -> None:
-        self.capacity_freed()
-        reason = record.release_reason or ReleaseReason.explicit.value
-        self.metrics.released.labels(record.provider, reason).inc()
-        log.info("lease %s released (%s)", lease_ref(record), reason)
-
     # --- reconciliation: what the reconciler found, resolved ----------------------------
 
     async def recover_after_restart(self) -> None:
@@ -460,12 +380,14 @@ class LeaseService:
         if record.state != LeaseState.active or record.expires_at <= now:
             state = "expired" if record.state == LeaseState.active else record.state
             raise LeaseNotFound(f"lease {lease_id} is {state}; only an active lease renews")
-        _check_owner(record, owner)
+        check_owner(record, owner)
         ttl = min(ttl_seconds or record.ttl_seconds, MAX_TTL_SECONDS)
         renewed = await self.store.renew(lease_id, expires_at=now + ttl * 1_000_000, now=now)
         if renewed is None:
             raise LeaseNotFound(f"lease {lease_id} ended while renewing")
         log.info("lease %s renewed until %s", lease_ref(renewed), renewed.wire()["expires_at"])
+        if renewed.probe_url and self.pool is not None:  # a warm lease: its worker learns
+            await self.pool.hand_on(renewed)
         return renewed
 
     # --- reads -----------------------------------------------------------------------
@@ -483,21 +405,11 @@ class LeaseService:
     async def provider_view(self) -> list[dict[str, Any]]:
         """Per provider: health, capacity and use (`GET /v1/providers`)."""
         held = await self.store.count_held()
+        idle = [] if self.pool is None else await self.pool.store.counts()
         statuses = await asyncio.gather(*(p.status() for p in self.providers))
-        return [provider_view(provider, status, held)
+        return [provider_view(provider, status, held, idle)
                 for provider, status in zip(self.providers, statuses, strict=True)]
 
     async def list_active_json(self) -> bytes:
         """The active leases as a JSON array of `Lease` (cheap for 10,000 leases)."""
         return await self.store.list_json((LeaseState.active,))
-
-
-def _check_owner(record: LeaseRecord, owner: str | None) -> None:
-    if record.owner_id is not None and owner != record.owner_id:
-        if owner is None:
-            raise Forbidden(f"lease {record.lease_id} has an owner; send X-Lease-Owner")
-        raise Forbidden(f"X-Lease-Owner does not match the owner of lease {record.lease_id}")
-
-
-def _backoff(attempts: int) -> float:
-    return float(min(RETRY_BACKOFF_CAP_S, 2 ** (attempts - 1)))  # 1, 2, 4 ... 30 s

@@ -2,7 +2,8 @@
 `https://<pod_id>-<port>.proxy.runpod.net`; here at `<base_url>/_proxy/<pod_id>-<port>`
 (`RunPodEmulator.proxy_url`, the scheduler's RUNPOD_PROXY_URL in tests). It answers 200
 once the pod has been RUNNING for `pods_answer_after` seconds, and 502 before, or always
-when that switch is off: RunPod's proxy answers 502 while nothing listens behind it."""
+when that switch is off: RunPod's proxy answers 502 while nothing listens behind it.
+A POST (a warm-pool hand-off) is answered alike: the pod's worker takes it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,6 @@ async def proxied(request: Request) -> Response:
 
 
 ROUTES: list[Route] = [
-    Route("/_proxy/{target}", proxied, methods=["GET", "HEAD"]),
-    Route("/_proxy/{target}/{path:path}", proxied, methods=["GET", "HEAD"]),
+    Route("/_proxy/{target}", proxied, methods=["GET", "HEAD", "POST"]),
+    Route("/_proxy/{target}/{path:path}", proxied, methods=["GET", "HEAD", "POST"]),
 ]

@@ -93,6 +93,11 @@ class ReadyProbe:
         log.info("lease %s: worker on %s ready %.2f s after provisioning began",
                  lease_ref(spec), provider, took)
 
+    async def check(self, kind: str, url: str) -> str | None:
+        """One attempt of `kind`'s probe at `url`: None when the worker answers as ready,
+        else what was seen (an idle warm-pool worker's periodic check, pool.py)."""
+        return await self._attempt(url, self.paths.get(kind), False, ATTEMPT_TIMEOUT_S)
+
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()

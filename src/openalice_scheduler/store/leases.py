@@ -107,7 +107,7 @@ class LeaseStore:
         assign: Callable[[str | None], tuple[str, str]] | None, moving: bool,
     ) -> LeaseRecord:
         try:
-            return await self.backend.write(self._reserve_tx, lease, provider, terms, assign,
+            return await self.backend.write(self.reserve_tx, lease, provider, terms, assign,
                                             moving)
         except StoreUnavailable:
             self.unsure.add(lease.lease_id)
@@ -119,24 +119,15 @@ class LeaseStore:
                 raise
             raise DuplicateRequest(existing.lease_id) from exc
 
-    def _reserve_tx(
+    def reserve_tx(
         self, conn: Connection, lease: NewLease, provider: str, terms: Terms,
         assign: Callable[[str | None], tuple[str, str]] | None, moving: bool,
+        state: LeaseState = LeaseState.provisioning,
     ) -> LeaseRecord:
         # Serialised per owner (quota, idempotency), then per provider (cap, devices).
-        if lease.owner_id:
-            self.backend.lock(conn, f"owner:{lease.owner_id}")
+        self.owner_checks(conn, lease, terms.owner_quota)
         self.backend.lock(conn, f"provider:{provider}")
-        mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id, "b_provider": provider}
-        if lease.owner_id and lease.correlation_id:
-            twin = conn.execute(_TWIN, {**mine, "b_corr": lease.correlation_id}).scalar()
-            if twin is not None:
-                raise DuplicateRequest(twin)
-        if lease.owner_id and terms.owner_quota:
-            held = conn.execute(_HELD_BY_OWNER, mine).scalar_one()
-            if held >= terms.owner_quota:
-                raise OverQuota(f"owner {lease.owner_id!r} holds {held} leases; "
-                                f"MAX_LEASES_PER_OWNER is {terms.owner_quota}")
+        mine = {"b_id": lease.lease_id, "b_provider": provider}
         if terms.max_live:
             count = conn.execute(_COUNT_LIVE, mine).scalar_one()
             if count >= terms.max_live:
@@ -152,7 +143,7 @@ class LeaseStore:
                 raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} "
                                  "are leased")
         values: dict[str, Any] = {
-            "provider": provider, "state": LeaseState.provisioning.value,
+            "provider": provider, "state": state.value,
             "resource": resource, "host": host, "updated_at": terms.now,
             "replica_id": self.replica_id,
             "endpoint": "", "provider_token": "",
@@ -173,6 +164,24 @@ class LeaseStore:
         }).one()
         return record_of(row)
 
+    def owner_checks(self, conn: Connection, lease: NewLease, quota: int) -> None:
+        """In a lease's reserving transaction (cold, or a warm worker's claim): takes the
+        owner's lock, then refuses a second lease for the same request (DuplicateRequest)
+        and an owner over `quota` (OverQuota)."""
+        if not lease.owner_id:
+            return
+        self.backend.lock(conn, f"owner:{lease.owner_id}")
+        mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id}
+        if lease.correlation_id:
+            twin = conn.execute(_TWIN, {**mine, "b_corr": lease.correlation_id}).scalar()
+            if twin is not None:
+                raise DuplicateRequest(twin)
+        if quota:
+            held = conn.execute(_HELD_BY_OWNER, mine).scalar_one()
+            if held >= quota:
+                raise OverQuota(f"owner {lease.owner_id!r} holds {held} leases; "
+                                f"MAX_LEASES_PER_OWNER is {quota}")
+
     async def activate(
         self, lease_id: str, *, endpoint: str, provider_token: str, now: int
     ) -> LeaseRecord | None:
@@ -188,9 +197,9 @@ class LeaseStore:
             raise
 
     async def fail(self, lease_id: str, *, error: str, now: int) -> LeaseRecord | None:
-        """provisioning → failed (its worker, if any, is destroyed by the caller)."""
+        """provisioning|warming → failed (its worker, if any, is destroyed by the caller)."""
         return await self._transition(
-            lease_id, (LeaseState.provisioning,), frees=True,
+            lease_id, (LeaseState.provisioning, LeaseState.warming), frees=True,
             state=LeaseState.failed.value, release_reason=ReleaseReason.failed.value,
             released_at=now, last_error=error[:2000], updated_at=now,
         )
@@ -294,8 +303,9 @@ class LeaseStore:
         return await self.backend.write(_tx)
 
     async def mark_lost(self, lease_id: str, *, now: int) -> LeaseRecord | None:
-        """active → released (reason `lost`): its worker vanished on its own."""
-        return await self._transition(lease_id, (LeaseState.active,), frees=True,
+        """active|idle → released (reason `lost`): its worker vanished on its own."""
+        return await self._transition(lease_id, (LeaseState.active, LeaseState.idle),
+                                      frees=True,
                                       **_released(now, ReleaseReason.lost))
 
     async def renew(self, lease_id: str, *, expires_at: int, now: int) -> LeaseRecord | None:

@@ -56,6 +56,8 @@ class LeaseRecord:
     revision: int = 0
     # The engine of a local-docker fleet holding the worker (DOCKER_HOSTS), else None.
     host: str | None = None
+    # A warm-pool worker's address for its hand-off (README, Warm pools), else None.
+    probe_url: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""

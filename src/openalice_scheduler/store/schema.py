@@ -44,6 +44,9 @@ leases = Table(
     Column("revision", BigInteger, nullable=False, server_default=text("0")),
     # The engine of a local-docker fleet holding the worker (migration 0006).
     Column("host", String(64)),
+    # Where the scheduler reaches the worker (providers.Worker.probe_url), kept for a
+    # warm-pool worker: its hand-off and hand-ons go there (migration 0007).
+    Column("probe_url", String(512)),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),

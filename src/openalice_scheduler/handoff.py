@@ -1,0 +1,65 @@
+"""The hand-off call (README, Warm pools): a pool worker started before its lease
+existed learns the lease from `POST <worker><WARM_HANDOFF_PATH>`, JSON
+`{"lease_id", "expires_at", "kind", "env"}`, and must answer 2xx. A renewal is handed on
+the same way without `env` (the worker learns its new expiry).
+
+The body carries the caller's env values: they are sent to the worker and nowhere
+else. What this module reports (and so what is logged) names status codes and error
+types only, never the body."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from openalice_scheduler.store import LeaseRecord, format_us
+
+# A worker image without the hand-off: the path is not there (404), or the server knows
+# no POST there (405; 501 from busybox httpd outside /cgi-bin).
+NO_HANDOFF = frozenset({404, 405, 501})
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ok: bool
+    # The worker's image has no hand-off (NO_HANDOFF): it cannot be used warm.
+    unsupported: bool = False
+    # What went wrong, in words fit for a log (status code or error type).
+    problem: str = ""
+
+
+class HandOff:
+    """POSTs leases to pool workers; one HTTP client for every call."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._client: httpx.AsyncClient | None = None
+
+    async def send(self, record: LeaseRecord, env: Mapping[str, str] | None) -> Outcome:
+        """Hand `record` to its worker (`env` None: a renewal's hand-on, no env)."""
+        body: dict[str, object] = {"lease_id": record.lease_id,
+                                   "expires_at": format_us(record.expires_at),
+                                   "kind": record.kind}
+        if env is not None:
+            body["env"] = dict(env)
+        url = (record.probe_url or record.endpoint).rstrip("/") + self.path
+        if self._client is None:
+            self._client = httpx.AsyncClient(follow_redirects=False)
+        try:
+            response = await self._client.post(
+                url, content=json.dumps(body, separators=(",", ":")).encode(),
+                headers={"Content-Type": "application/json"}, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            return Outcome(False, problem=f"POST {url}: {type(exc).__name__}")
+        if response.is_success:
+            return Outcome(True)
+        return Outcome(False, unsupported=response.status_code in NO_HANDOFF,
+                       problem=f"POST {url}: {response.status_code}")
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()

@@ -1,0 +1,172 @@
+"""The release half of the lease lifecycle: claim `releasing` → destroy → record
+`released`, or keep `releasing` with a retry time when the provider could not confirm.
+A part of LeaseService (service.py), kept in a module of its own; its rules are the
+service's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from opentelemetry.trace import Status, StatusCode, Tracer
+
+from openalice_scheduler.errors import (
+    Forbidden,
+    LeaseConflict,
+    LeaseNotFound,
+    ProviderError,
+    ReleaseFailed,
+)
+from openalice_scheduler.ids import is_lease_id
+from openalice_scheduler.logs import lease_ref
+from openalice_scheduler.metrics import Metrics
+from openalice_scheduler.models import LeaseState, ReleaseReason
+from openalice_scheduler.providers import Provider
+from openalice_scheduler.store import LeaseRecord, LeaseStore
+from openalice_scheduler.store.leases import Check
+from openalice_scheduler.tracing import span_attributes
+from openalice_scheduler.waiting import CapacityQueue
+
+log = logging.getLogger(__name__)
+
+RETRY_BACKOFF_CAP_S = 30.0
+
+
+class Releasing:
+    """Release, expiry and destruction of leases; LeaseService sets what is declared
+    here."""
+
+    store: LeaseStore
+    by_name: dict[str, Provider]
+    instant: Sequence[str]
+    metrics: Metrics
+    tracer: Tracer
+    queue: CapacityQueue
+    on_due: Callable[[int], None]
+    _releases: asyncio.Semaphore
+
+    def now_us(self) -> int:
+        raise NotImplementedError
+
+    def capacity_freed(self) -> None:
+        """A lease stopped holding capacity: the first acquire waiting for some tries."""
+        self.queue.freed()
+
+    # --- release ---------------------------------------------------------------------
+
+    async def release(self, lease_id: str, owner: str | None) -> None:
+        """Release a lease the caller holds: its worker is destroyed before this returns
+        (ReleaseFailed when the provider could not confirm: it is retried)."""
+        if not is_lease_id(lease_id):
+            raise LeaseNotFound(f"no lease {lease_id[:64]!r}")
+
+        def check(record: LeaseRecord | None) -> None:
+            # Runs in the claiming transaction: what it checks cannot change meanwhile.
+            if record is None:
+                raise LeaseNotFound(f"no lease {lease_id!r}")
+            if record.state in (LeaseState.released, LeaseState.failed):
+                raise LeaseNotFound(f"lease {lease_id} is already released")
+            check_owner(record, owner)
+            if record.state == LeaseState.provisioning:
+                raise LeaseConflict(
+                    f"lease {lease_id} is still provisioning; release it once acquired"
+                )
+
+        error = await self._release(lease_id, check)
+        if error is not None:
+            raise ReleaseFailed(
+                f"{error[0]} could not destroy the worker of lease {lease_id}: {error[1]}; "
+                "the lease stays releasing and the scheduler keeps retrying",
+                lease_id=lease_id, provider=error[0],
+            )
+
+    async def _release(self, lease_id: str, check: Check | None,
+                       reason: ReleaseReason = ReleaseReason.explicit) -> tuple[str, str] | None:
+        """Claim the lease and destroy its worker; (provider, why) when it could not."""
+        claimed = await self.store.claim_release(
+            lease_id, reason, now=self.now_us(), check=check, at_once=self.instant)
+        if claimed is None:
+            raise LeaseNotFound(f"lease {lease_id} is already released")
+        if claimed.state == LeaseState.released:  # nothing to destroy
+            self._released(claimed)
+            return None
+        error = await self.destroy(claimed)
+        return None if error is None else (claimed.provider, error)
+
+    async def release_due(self, limit: int = 100) -> int:
+        """Release every lease whose time has come: expired ones, and releases whose
+        retry is due. Returns how many were claimed."""
+        await self._settle_unsure()
+        now = self.now_us()
+        claimed = await self.store.claim_expired(now=now, limit=limit)
+        claimed += await self.store.claim_retries(now=now, limit=limit)
+        await asyncio.gather(*(self._destroy_due(record) for record in claimed))
+        return len(claimed)
+
+    async def _settle_unsure(self) -> None:
+        """A lease whose acquire answered 503 (the store's answer lost) but was committed
+        all the same is released: its caller was told no. One an idempotent retry finds
+        again (owner_id and correlation_id) is left to that retry, and to its TTL."""
+        for lease_id in list(self.store.unsure):
+            record = await self.store.get(lease_id)  # store still down: next time
+            self.store.unsure.discard(lease_id)
+            if (record is not None and record.state == LeaseState.active
+                    and not (record.owner_id and record.correlation_id)):
+                log.warning("lease %s: recorded although its acquire answered 503; "
+                            "releasing it", lease_ref(record))
+                await self._release(lease_id, None, ReleaseReason.failed)
+
+    async def _destroy_due(self, record: LeaseRecord) -> None:
+        async with self._releases:
+            if record.release_reason == ReleaseReason.expired.value and not record.release_attempts:
+                log.info("lease %s expired; releasing", lease_ref(record))
+            await self.destroy(record)
+
+    async def destroy(self, record: LeaseRecord) -> str | None:
+        """Destroy a claimed `releasing` lease's worker and record the outcome. Returns
+        None when done, or why the provider could not confirm (a retry is scheduled)."""
+        attributes = span_attributes(
+            record.lease_id, record.provider, record.kind, record.correlation_id
+        )
+        with self.tracer.start_as_current_span("release", attributes=attributes) as span:
+            provider = self.by_name.get(record.provider)
+            try:
+                if provider is None:
+                    raise ProviderError(f"provider {record.provider!r} is not configured")
+                await provider.release(record.provider_token, record.lease_id)
+            except ProviderError as exc:
+                span.set_status(Status(StatusCode.ERROR, exc.message))
+                attempts = record.release_attempts + 1
+                retry_at = self.now_us() + int(_backoff(attempts) * 1e6)
+                await self.store.release_attempt_failed(
+                    record.lease_id, error=exc.message, retry_at=retry_at, now=self.now_us()
+                )
+                self.metrics.release_failures.labels(record.provider).inc()
+                self.on_due(retry_at)
+                log.warning("lease %s: release attempt %d on %s failed: %s",
+                            lease_ref(record), attempts, record.provider, exc.message)
+                return exc.message
+        done = await self.store.finish_release(record.lease_id, now=self.now_us())
+        if done is None:
+            self.capacity_freed()
+        else:
+            self._released(done)
+        return None
+
+    def _released(self, record: LeaseRecord) -> None:
+        self.capacity_freed()
+        reason = record.release_reason or ReleaseReason.explicit.value
+        self.metrics.released.labels(record.provider, reason).inc()
+        log.info("lease %s released (%s)", lease_ref(record), reason)
+
+
+def check_owner(record: LeaseRecord, owner: str | None) -> None:
+    if record.owner_id is not None and owner != record.owner_id:
+        if owner is None:
+            raise Forbidden(f"lease {record.lease_id} has an owner; send X-Lease-Owner")
+        raise Forbidden(f"X-Lease-Owner does not match the owner of lease {record.lease_id}")
+
+
+def _backoff(attempts: int) -> float:
+    return float(min(RETRY_BACKOFF_CAP_S, 2 ** (attempts - 1)))  # 1, 2, 4 ... 30 s
