@@ -28,7 +28,8 @@ from openalice_scheduler.store.leases import Check
 from openalice_scheduler.tracing import span_attributes
 from openalice_scheduler.waiting import CapacityQueue
 
-log = logging.getLogger(__name__)
+# A part of LeaseService: its lines are the service's (operators filter by logger name).
+log = logging.getLogger("openalice_scheduler.service")
 
 RETRY_BACKOFF_CAP_S = 30.0
 
