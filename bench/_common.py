@@ -185,6 +185,28 @@ async def drive(
     return latencies, errors, elapsed
 
 
+async def in_process_rate(
+    one_round: Callable[[], Awaitable[None]], clients: int, seconds: float,
+) -> tuple[float, float]:
+    """`clients` callers in this process, each running `one_round` back to back for
+    `seconds` (after one second of warm-up with 3): (round trips per second, CPU ms of
+    this process per round trip)."""
+    rounds = 0
+
+    async def caller(until: float) -> None:
+        nonlocal rounds
+        while time.monotonic() < until:
+            await one_round()
+            rounds += 1
+
+    await asyncio.gather(*(caller(time.monotonic() + 1) for _ in range(3)))
+    rounds = 0
+    cpu, started = time.process_time(), time.monotonic()
+    await asyncio.gather(*(caller(started + seconds) for _ in range(clients)))
+    cpu, elapsed = time.process_time() - cpu, time.monotonic() - started
+    return rounds / elapsed, cpu * 1000 / max(1, rounds)
+
+
 class Service:
     """One scheduler process, started as `python -m openalice_scheduler serve`."""
 

@@ -49,6 +49,7 @@ from _common import (  # noqa: E402
     drive,
     ensure_src_on_path,
     free_port,
+    in_process_rate,
     lease_round,
 )
 from replicas import fresh_database, load, pgbench, replica_set  # noqa: E402
@@ -136,38 +137,31 @@ async def sql_round_trips(url: str, clients: int, seconds: float) -> dict[str, f
 
     ensure_src_on_path()
     from openalice_scheduler.store import open_store
+    from openalice_scheduler.store.postgres import POOL_MAX, POOL_MIN
 
     store = open_store(url)
     await store.migrate()  # the store's own tables and indexes
     await store.close()
-    # The store's pool size (store/postgres.py: pool_size=10, max_overflow=20).
-    pool = await asyncpg.create_pool(url, min_size=10, max_size=30)
-    rounds = 0
+    # The store's own pool bounds (store/postgres.py).
+    pool = await asyncpg.create_pool(url, min_size=POOL_MIN, max_size=POOL_MAX)
 
-    async def caller(until: float) -> None:
-        nonlocal rounds
-        while time.monotonic() < until:
-            lease_id, now = str(uuid.uuid4()), time.time_ns() // 1000
-            async with pool.acquire() as conn, conn.transaction():
-                await conn.execute(_LOCK, 42)
-                taken = {r[0] for r in await conn.fetch(_TAKEN, "static", lease_id)}
-                endpoint = next(e for e in ENDPOINTS if e not in taken)
-                await conn.fetchrow(_INSERT, lease_id, endpoint, now, now + 600_000_000)
-            async with pool.acquire() as conn, conn.transaction():
-                await conn.fetchrow(_GET, lease_id)
-                await conn.fetchrow(_RELEASE, lease_id, now)
-                await conn.execute("NOTIFY openalice_capacity")
-            rounds += 1
+    async def one_round() -> None:
+        lease_id, now = str(uuid.uuid4()), time.time_ns() // 1000
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(_LOCK, 42)
+            taken = {r[0] for r in await conn.fetch(_TAKEN, "static", lease_id)}
+            endpoint = next(e for e in ENDPOINTS if e not in taken)
+            await conn.fetchrow(_INSERT, lease_id, endpoint, now, now + 600_000_000)
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.fetchrow(_GET, lease_id)
+            await conn.fetchrow(_RELEASE, lease_id, now)
+            await conn.execute("NOTIFY openalice_capacity")
 
     try:
-        await asyncio.gather(*(caller(time.monotonic() + 1) for _ in range(3)))  # warm up
-        rounds = 0
-        cpu, started = time.process_time(), time.monotonic()
-        await asyncio.gather(*(caller(started + seconds) for _ in range(clients)))
-        cpu, elapsed = time.process_time() - cpu, time.monotonic() - started
+        rate, cpu_ms = await in_process_rate(one_round, clients, seconds)
     finally:
         await pool.close()
-    return {"rate": rounds / elapsed, "cpu_ms": cpu * 1000 / max(1, rounds), "errors": 0}
+    return {"rate": rate, "cpu_ms": cpu_ms, "errors": 0}
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ by --seconds.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import in_process_rate  # noqa: E402
 from replicas import STATIC_ENDPOINTS, fresh_database  # noqa: E402
 
 from openalice_scheduler.ids import new_lease_id  # noqa: E402
@@ -34,31 +34,22 @@ async def run(url: str, clients: int, seconds: float) -> tuple[float, float]:
     """(round trips per second, CPU ms per round trip) with `clients` callers."""
     store = open_store(url)
     await store.migrate()
-    rounds = 0
 
-    async def caller(until: float) -> None:
-        nonlocal rounds
-        while time.monotonic() < until:
-            now = time.time_ns() // 1000
-            lease = NewLease(lease_id=new_lease_id(), kind="renderer", gpu="none",
-                             owner_id=None, correlation_id=None, region=None,
-                             ttl_seconds=60, created_at=now, expires_at=now + 60_000_000)
-            terms = Terms(now=now, resources=ENDPOINTS, resource_label="static endpoints")
-            await store.reserve_active(lease, "static", terms, lambda r: (r, r))
-            done = await store.claim_release(lease.lease_id, ReleaseReason.explicit,
-                                             now=now, at_once=("static",))
-            assert done is not None and done.state == "released"
-            rounds += 1
+    async def one_round() -> None:
+        now = time.time_ns() // 1000
+        lease = NewLease(lease_id=new_lease_id(), kind="renderer", gpu="none",
+                         owner_id=None, correlation_id=None, region=None,
+                         ttl_seconds=60, created_at=now, expires_at=now + 60_000_000)
+        terms = Terms(now=now, resources=ENDPOINTS, resource_label="static endpoints")
+        await store.reserve_active(lease, "static", terms, lambda r: (r, r))
+        done = await store.claim_release(lease.lease_id, ReleaseReason.explicit,
+                                         now=now, at_once=("static",))
+        assert done is not None and done.state == "released"
 
     try:
-        await asyncio.gather(*(caller(time.monotonic() + 1) for _ in range(3)))  # warm up
-        rounds = 0
-        cpu, started = time.process_time(), time.monotonic()
-        await asyncio.gather(*(caller(started + seconds) for _ in range(clients)))
-        cpu, elapsed = time.process_time() - cpu, time.monotonic() - started
+        return await in_process_rate(one_round, clients, seconds)
     finally:
         await store.close()
-    return rounds / elapsed, cpu * 1000 / max(1, rounds)
 
 
 def main() -> None:
