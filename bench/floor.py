@@ -86,10 +86,8 @@ def serve_bare(port: int) -> None:
     from openalice_scheduler import server
 
     server.tune_gc()
-    uvicorn.run(bare_app(), host="127.0.0.1", port=port, log_config=None, access_log=False,
-                proxy_headers=False, http=os.environ.get("HTTP_PARSER", "h11"),
-                h11_max_incomplete_event_size=server.MAX_INCOMPLETE_HEADERS,
-                timeout_keep_alive=server.KEEP_ALIVE_S)
+    uvicorn.run(bare_app(), host="127.0.0.1", port=port,
+                **server.http_options(os.environ.get("HTTP_PARSER", "h11")))
 
 
 def bare_round_trips(clients: int, seconds: float) -> dict[str, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from openalice_scheduler.config import Settings
@@ -60,16 +60,23 @@ def serve(settings: Settings) -> None:
         drain,
         host=settings.scheduler_host,
         port=settings.scheduler_port,
-        log_config=None,
-        access_log=False,
-        # Client addresses are not used: no X-Forwarded-* parsing per request.
-        proxy_headers=False,
         timeout_graceful_shutdown=FLUSH_S,
-        http=settings.http_parser,
-        h11_max_incomplete_event_size=MAX_INCOMPLETE_HEADERS,
-        timeout_keep_alive=KEEP_ALIVE_S,
+        **http_options(settings.http_parser),
     )
     drain.run(uvicorn.Server(config))
+
+
+def http_options(parser: str) -> dict[str, Any]:
+    """How uvicorn serves HTTP for the service (bench/floor.py serves with it too)."""
+    return {
+        "log_config": None,
+        "access_log": False,
+        # Client addresses are not used: no X-Forwarded-* parsing per request.
+        "proxy_headers": False,
+        "http": parser,
+        "h11_max_incomplete_event_size": MAX_INCOMPLETE_HEADERS,
+        "timeout_keep_alive": KEEP_ALIVE_S,
+    }
 
 
 def tune_gc() -> None:
