@@ -1,5 +1,6 @@
 """Fixtures: a real Docker engine, the demo worker image, an engine that accepts GPU
-device requests, schedulers as processes, and the RunPod emulator."""
+device requests, schedulers as processes, a migrated store on each database, and the
+RunPod emulator."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from openalice_scheduler.store import open_store
 from tests.engines import PrivateEngine
-from tests.harness import REPO, WORKER_IMAGE, Scheduler, docker_client
+from tests.harness import REPO, WORKER_IMAGE, Scheduler, database_url, docker_client
 from tests.postgres import PrivatePostgres
 from tests.runpod_emulator import RunPodEmulator
 
@@ -33,11 +35,8 @@ def gpu_engine(docker_engine: None) -> Iterator[PrivateEngine]:
     tests whose workers get GPU device requests (`make_scheduler(engine=gpu_engine.url)`).
     The shared engine may have been started without one (by scripts/serve-demo, say)
     and is left as it is. Started once, by the first test that asks for it."""
-    engine = PrivateEngine(gpu_shim=True)
-    try:
-        yield engine.start()
-    finally:
-        engine.destroy()
+    with PrivateEngine(gpu_shim=True) as engine:
+        yield engine
 
 
 @pytest.fixture
@@ -83,3 +82,13 @@ def private_pg() -> Iterator[PrivatePostgres]:
         yield pg.init()
     finally:
         pg.destroy()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A fresh, migrated LeaseStore, once on SQLite and once on PostgreSQL."""
+    with database_url(request.param, tmp_path) as url:
+        s = open_store(url)
+        await s.migrate()
+        yield s
+        await s.close()

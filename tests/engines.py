@@ -241,6 +241,17 @@ class PrivateEngine:
                 self.engine.proc.wait(30)  # reap the first process, stopped meanwhile
         self.engine = engine
 
+    def __enter__(self) -> PrivateEngine:
+        """Started; destroyed again when it could not start."""
+        try:
+            return self.start()
+        except BaseException:
+            self.destroy()
+            raise
+
+    def __exit__(self, *_exc: object) -> None:
+        self.destroy()
+
     def destroy(self) -> None:
         if self.engine is not None:
             with contextlib.suppress(Exception):

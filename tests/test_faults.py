@@ -109,11 +109,8 @@ def private_engine() -> Iterator[PrivateEngine]:
     """A Docker engine for this test alone: stopping the shared engine
     (/var/run/docker.pid) would stop every container of every other test running on
     this machine at the same time."""
-    engine = PrivateEngine()
-    try:
-        yield engine.start()
-    finally:
-        engine.destroy()
+    with PrivateEngine() as engine:
+        yield engine
 
 
 # --- kill -9 mid-provision ---------------------------------------------------------------

@@ -38,11 +38,8 @@ MakeFleet = Callable[..., Scheduler]  # (DOCKER_HOSTS, **env)
 def second_engine(gpu_engine: PrivateEngine) -> Iterator[PrivateEngine]:
     """A second GPU-shimmed engine beside the session's `gpu_engine`; this module's own,
     so that a test may stop it."""
-    engine = PrivateEngine(gpu_shim=True)
-    try:
-        yield engine.start()
-    finally:
-        engine.destroy()
+    with PrivateEngine(gpu_shim=True) as engine:
+        yield engine
 
 
 @pytest.fixture
@@ -205,11 +202,8 @@ def test_a_region_picks_the_hosts_of_that_region(make_fleet: MakeFleet) -> None:
 def tls_engine() -> Iterator[PrivateEngine]:
     """An engine reached over TCP with TLS, verifying its callers (`dockerd --tlsverify`),
     as a remote GPU host is."""
-    engine = PrivateEngine(tls=True)
-    try:
-        yield engine.start()
-    finally:
-        engine.destroy()
+    with PrivateEngine(tls=True) as engine:
+        yield engine
 
 
 def test_a_tls_engine_is_a_fleet_host_and_both_ends_are_verified(

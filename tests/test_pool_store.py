@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -19,10 +18,8 @@ from openalice_scheduler.store import (
     NewLease,
     OverQuota,
     Terms,
-    open_store,
 )
 from openalice_scheduler.store.pool import PoolStore
-from tests.harness import database_url
 
 NOW = 1_800_000_000_000_000
 
@@ -32,15 +29,6 @@ def lease(owner: str | None = None, correlation: str | None = None, kind: str = 
     return NewLease(lease_id=str(uuid.uuid4()), kind=kind, gpu=gpu, owner_id=owner,
                     correlation_id=correlation, region=None, ttl_seconds=60,
                     created_at=NOW, expires_at=NOW + 60_000_000)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
-    with database_url(request.param, tmp_path) as url:
-        s = open_store(url)
-        await s.migrate()
-        yield s
-        await s.close()
 
 
 async def warm(pool: PoolStore, n: int, **kw: str) -> list[str]:

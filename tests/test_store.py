@@ -42,15 +42,6 @@ def new_lease(expires_in_s: int = 60) -> NewLease:
     )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
-    with database_url(request.param, tmp_path) as url:
-        s = open_store(url)
-        await s.migrate()
-        yield s
-        await s.close()
-
-
 async def test_migrations_build_exactly_the_schema_the_code_uses(store: LeaseStore) -> None:
     diff = await store.backend.schema(
         lambda conn: compare_metadata(MigrationContext.configure(conn), metadata)
