@@ -10,7 +10,10 @@ One scheduler with WARM_POOL=renderer/none=<pool> (the demo worker's hand-off at
   cold  <callers> acquires of kind=anim at once (no pool for anim: each makes and probes
         a container); then released
 Latency is each acquire's, request sent to answer read (httpx, one connection each, over
-loopback). Goal: warm p50 <= 20 ms and p99 <= 100 ms.
+loopback). Goal: warm p50 <= 20 ms and p99 <= 100 ms. The floor, measured in the same
+run: the same callers' GET /health sent at once just before each burst (HTTP both ways
+and the service's middleware, no store, no worker); and, on Docker, the demo worker's
+own share: the hand-off POSTed straight to <callers> idle workers at once.
 
 With --runpod SECONDS, the same on RunPod: the emulator (`python -m tests.runpod_emulator`)
 with that provisioning delay (seconds to RUNNING), its pods answering at their proxy URL
@@ -35,7 +38,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PYTHON, REPO, Service, summary  # noqa: E402
+from _common import INSTANCE_LABEL, PYTHON, REPO, Service, docker_client, summary  # noqa: E402
 
 GOAL_P50_S, GOAL_P99_S = 0.020, 0.100
 # The demo worker under a tag of this benchmark's own, built from this checkout's script:
@@ -60,7 +63,10 @@ def wait_full(service: Service, pool: int, timeout: float = 300) -> float:
     return time.perf_counter() - started
 
 
-async def burst(service: Service, kind: str, callers: int) -> tuple[list[float], list[str]]:
+async def burst(service: Service, kind: str, callers: int
+                ) -> tuple[list[float], list[str], list[float]]:
+    """`callers` acquires of `kind` at once: their latencies and lease ids, and, as the
+    floor, the latencies of the same callers' `GET /health` sent at once just before."""
     headers = {"X-Internal-Secret": service.secret}
     clients = [httpx.AsyncClient(base_url=service.url, headers=headers, timeout=300)
                for _ in range(callers)]
@@ -68,18 +74,55 @@ async def burst(service: Service, kind: str, callers: int) -> tuple[list[float],
         # Connections opened first: what is timed is the acquire, not the TCP handshake.
         await asyncio.gather(*(c.get("/health") for c in clients))
 
-        async def one(client: httpx.AsyncClient) -> tuple[float, str]:
+        async def timed(client: httpx.AsyncClient, method: str, path: str,
+                        **kwargs: object) -> tuple[float, httpx.Response]:
             started = time.perf_counter()
-            response = await client.post("/v1/lease", json={"kind": kind, "ttl_seconds": 600})
+            response = await client.request(method, path, **kwargs)  # type: ignore[arg-type]
             took = time.perf_counter() - started
             if response.status_code != 200:
-                raise RuntimeError(f"acquire answered {response.status_code}: {response.text}")
-            return took, response.json()["lease"]["lease_id"]
+                raise RuntimeError(f"{method} {path} answered {response.status_code}: "
+                                   f"{response.text}")
+            return took, response
 
-        results = await asyncio.gather(*(one(c) for c in clients))
-        return [r[0] for r in results], [r[1] for r in results]
+        floor = await asyncio.gather(*(timed(c, "GET", "/health") for c in clients))
+        results = await asyncio.gather(*(
+            timed(c, "POST", "/v1/lease", json={"kind": kind, "ttl_seconds": 600})
+            for c in clients))
+        return ([r[0] for r in results], [r[1].json()["lease"]["lease_id"] for r in results],
+                [f[0] for f in floor])
     finally:
         await asyncio.gather(*(c.aclose() for c in clients))
+
+
+def idle_workers(service: Service) -> list[str]:
+    """The idle pool workers' hand-off URLs, at their address on the service's network
+    (where the scheduler sends it)."""
+    client = docker_client()
+    try:
+        urls = []
+        for container in client.containers.list(
+                filters={"label": f"{INSTANCE_LABEL}={service.instance}"}):
+            ip = container.attrs["NetworkSettings"]["Networks"][service.network]["IPAddress"]
+            urls.append(f"http://{ip}:8080/cgi-bin/lease")
+        return urls
+    finally:
+        client.close()
+
+
+async def worker_alone(urls: list[str]) -> list[float]:
+    """The demo worker's own share: a hand-off POSTed straight to each idle worker, all at
+    once, as the scheduler sends it (one client, a new connection to each worker)."""
+    body = (b'{"lease_id":"bench","expires_at":"2030-01-01T00:00:00.000000Z",'
+            b'"kind":"renderer","env":{}}')
+    async with httpx.AsyncClient(timeout=30) as client:
+        async def one(url: str) -> float:
+            started = time.perf_counter()
+            response = await client.post(url, content=body,
+                                         headers={"Content-Type": "application/json"})
+            response.raise_for_status()
+            return time.perf_counter() - started
+
+        return list(await asyncio.gather(*(one(url) for url in urls)))
 
 
 async def release(service: Service, lease_ids: list[str]) -> None:
@@ -136,30 +179,44 @@ def main() -> None:
     warm: list[float] = []
     cold: list[float] = []
     refills: list[float] = []
+    floor: list[float] = []
+    alone: list[float] = []
     where = (docker_service(args.pool) if args.runpod is None
              else runpod_service(args.pool, args.runpod))
     with where as service:
         wait_full(service, args.pool)
         for round_ in range(args.rounds):
             wait_full(service, args.pool)
-            took, leases = asyncio.run(burst(service, "renderer", args.callers))
+            if args.runpod is None:
+                alone += asyncio.run(worker_alone(idle_workers(service)[:args.callers]))
+            took, leases, health = asyncio.run(burst(service, "renderer", args.callers))
             warm += took
+            floor += health
             refill = wait_full(service, args.pool)
             refills.append(refill)
             asyncio.run(release(service, leases))
-            took_cold, leases = asyncio.run(burst(service, "anim", args.callers))
+            took_cold, leases, health = asyncio.run(burst(service, "anim", args.callers))
+            floor += health
             cold += took_cold
             asyncio.run(release(service, leases))
             print(f"round {round_ + 1}: warm p50 {summary(took)['p50'] * 1e3:.1f} ms, "
                   f"cold p50 {summary(took_cold)['p50'] * 1e3:.1f} ms, "
                   f"refill {refill:.2f} s", flush=True)
-    w, c = summary(warm), summary(cold)
+    w, c, f = summary(warm), summary(cold), summary(floor)
     on = "Docker" if args.runpod is None else f"RunPod emulator, {args.runpod:g} s to RUNNING"
     print(f"\n{on}: {args.callers} concurrent callers, pool of {args.pool}, {args.rounds} rounds")
     print(f"{'':6} {'n':>4} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
-    for name, s in (("warm", w), ("cold", c)):
+    rows = [("warm", w), ("cold", c), ("floor", f)]
+    if alone:
+        rows.append(("worker", summary(alone)))
+    for name, s in rows:
         print(f"{name:6} {s['n']:>4} {s['p50'] * 1e3:>9.1f} {s['p99'] * 1e3:>9.1f} "
               f"{s['max'] * 1e3:>9.1f}")
+    print("floor: the same callers' GET /health, sent at once just before each burst "
+          "(HTTP both ways and the middleware, nothing else)")
+    if alone:
+        print(f"worker: the demo worker's hand-off alone, POSTed to {args.callers} idle "
+              "workers at once (its CGI starts a shell per call)")
     print(f"ratio warm/cold: p50 {w['p50'] / c['p50']:.3f}, p99 {w['p99'] / c['p99']:.3f}")
     print(f"refill of {args.callers} after a burst: median {summary(refills)['p50']:.2f} s, "
           f"max {max(refills):.2f} s")

@@ -47,10 +47,8 @@ class HandOff:
         if env is not None:
             body["env"] = dict(env)
         url = (record.probe_url or record.endpoint).rstrip("/") + self.path
-        if self._client is None:
-            self._client = httpx.AsyncClient(follow_redirects=False)
         try:
-            response = await self._client.post(
+            response = await self.open().post(
                 url, content=json.dumps(body, separators=(",", ":")).encode(),
                 headers={"Content-Type": "application/json"}, timeout=self.timeout)
         except httpx.HTTPError as exc:
@@ -59,6 +57,13 @@ class HandOff:
             return Outcome(True)
         return Outcome(False, unsupported=response.status_code in NO_HANDOFF,
                        problem=f"POST {url}: {response.status_code}")
+
+    def open(self) -> httpx.AsyncClient:
+        """The client, made on first use. Making it loads the CA bundle (tens of ms): a
+        scheduler with pools opens it at start, not in its first warm acquire."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(follow_redirects=False)
+        return self._client
 
     async def close(self) -> None:
         if self._client is not None:

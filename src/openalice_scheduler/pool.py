@@ -73,6 +73,8 @@ class WarmPool(LoopService):
         self._checked_at = 0.0
         for kind, gpu in self.targets:
             idle_gauge.labels(kind, gpu).set(0)
+        if self.targets:
+            handoff.open()
 
     # --- the loop --------------------------------------------------------------------
 
