@@ -8,7 +8,11 @@
 # httpd runs CGI only there: set WARM_HANDOFF_PATH=/cgi-bin/lease for this image) and
 # then shows the lease handed off, env included, under "handoff" at GET / (README, Warm
 # pools); while /tmp/handoff-hold exists, a hand-off waits (the tests hold one between
-# the scheduler's claim and its answer). Idempotent: an existing image is kept unless it was built
+# the scheduler's claim and its answer). With LEASE_SELF_URL it asks after its lease every
+# SELF_CHECK_SECONDS (default 2) and stops itself once the lease has ended, or once the
+# scheduler is silent past the lease's expiry; /cgi-bin/work answers 409 to a request
+# whose X-Lease-Fence is older than the lease it serves (README, What a worker knows of
+# its lease). Idempotent: an existing image is kept unless it was built
 # from another entry script (label openalice.worker.entry, the script's hash) or
 # --rebuild is given.
 #   scripts/build-worker-image.sh [IMAGE] [--rebuild]
@@ -21,8 +25,12 @@ entry=$(cat <<'SH'
 # Demo worker: tell who we are, then serve HTTP until stopped; the health path answers
 # once READY_DELAY_SECONDS have passed (never, with "never").
 /bin/busybox mkdir -p /www
-printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s"}\n' \
-  "$WORKER_KIND" "$LEASE_ID" "$LEASE_EXPIRES_AT" > /www/index.html
+printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s","fence":%s}\n' \
+  "$WORKER_KIND" "$LEASE_ID" "$LEASE_EXPIRES_AT" "${LEASE_FENCE:-null}" > /www/index.html
+# What the worker knows of the lease it serves now, one value a line: fence, expiry,
+# LEASE_SELF_URL, LEASE_TOKEN. From its environment, then from each hand-off.
+printf '%s\n' "$LEASE_FENCE" "$LEASE_EXPIRES_AT" "$LEASE_SELF_URL" "$LEASE_TOKEN" \
+  > /tmp/lease.state
 # The warm-pool hand-off: the POSTed lease (its env kept from the first one, a renewal's
 # hand-on has none) and the latest expiry, shown at GET /.
 printf 'WORKER_KIND=%s\nLEASE_ID=%s\n' "$WORKER_KIND" "$LEASE_ID" > /tmp/worker.env
@@ -34,13 +42,36 @@ printf 'WORKER_KIND=%s\nLEASE_ID=%s\n' "$WORKER_KIND" "$LEASE_ID" > /tmp/worker.
 while [ -e /tmp/handoff-hold ]; do /bin/busybox sleep 0.1; done
 IFS= read -r -n "${CONTENT_LENGTH:-0}" body
 case "$body" in *'"env"'*) printf '%s' "$body" > /tmp/handoff.json ;; esac
-rest=${body#*'"expires_at":"'}
+# The scheduler's keys come before the caller's env: the first match is theirs.
+field() { rest=${body#*\"$1\":}; rest=${rest#\"}; value=${rest%%[\",\}]*}; }
+field expires_at; expires=$value
+field fence; fence=$value
+field self_url; url=$value
+field token; token=$value
+case "$body" in *'"token"'*) ;; *) url= token= ;; esac
+printf '%s\n' "$fence" "$expires" "$url" "$token" > /tmp/lease.state
 IFS= read -r handoff < /tmp/handoff.json
-printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s","handoff":%s}\n' \
-  "$WORKER_KIND" "$LEASE_ID" "${rest%%'"'*}" "$handoff" > /www/index.html
+printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s","fence":%s,"handoff":%s}\n' \
+  "$WORKER_KIND" "$LEASE_ID" "$expires" "$fence" "$handoff" > /www/index.html
 printf 'Content-Type: application/json\r\n\r\n{"ok":true}\n'
 CGI
-/bin/busybox chmod +x /www/cgi-bin/lease
+# Fencing: a request whose X-Lease-Fence is older than the lease served now is refused.
+/bin/busybox cat > /www/cgi-bin/work <<'CGI'
+#!/bin/sh
+read -r fence < /tmp/lease.state
+given=${HTTP_X_LEASE_FENCE:-}
+case "$given" in
+  ''|*[!0-9]*) printf 'Status: 400 Bad Request\r\nContent-Type: application/json\r\n\r\n'
+               printf '{"error":"X-Lease-Fence missing or not a number"}\n'; exit 0 ;;
+esac
+if [ "$given" -lt "${fence:-0}" ]; then
+  printf 'Status: 409 Conflict\r\nContent-Type: application/json\r\n\r\n'
+  printf '{"error":"stale_fence","fence":%s,"given":%s}\n' "$fence" "$given"
+else
+  printf 'Content-Type: application/json\r\n\r\n{"ok":true,"fence":%s}\n' "${fence:-null}"
+fi
+CGI
+/bin/busybox chmod +x /www/cgi-bin/lease /www/cgi-bin/work
 health="/www${READY_PATH:-/healthz}"
 delay="${READY_DELAY_SECONDS:-0}"
 if [ "$delay" = 0 ]; then
@@ -48,7 +79,39 @@ if [ "$delay" = 0 ]; then
 elif [ "$delay" != never ]; then
   ( /bin/busybox sleep "$delay" && echo ok > "$health" ) &
 fi
-exec /bin/busybox httpd -f -p "${PORT:-8080}" -h /www
+/bin/busybox httpd -f -p "${PORT:-8080}" -h /www &
+httpd=$!
+trap '/bin/busybox kill $httpd; exit 0' TERM INT
+# The worker's own deadline, with LEASE_SELF_URL (without it, it cannot learn of a
+# renewal, so it never stops itself). Every SELF_CHECK_SECONDS it asks the scheduler;
+# the latest answer is at GET /self.json. It stops (httpd killed, the container exits)
+# when the lease has ended, or when the scheduler has not answered and the lease's
+# latest known expiry has passed.
+epoch() { t=${1%%.*}; /bin/busybox date -u -D '%Y-%m-%dT%H:%M:%S' -d "${t%Z}" +%s; }
+stop() { echo "demo worker: $*; stopping"; : > /tmp/stopped; /bin/busybox kill $httpd; }
+(
+  deadline=$(epoch "$LEASE_EXPIRES_AT")
+  while /bin/busybox sleep "${SELF_CHECK_SECONDS:-2}"; do
+    { read -r fence; read -r expires; read -r url; read -r token; } < /tmp/lease.state
+    [ -n "$url" ] || continue
+    told=$(epoch "$expires" 2>/dev/null) && [ "$told" -gt "$deadline" ] && deadline=$told
+    # busybox's own `wget -T` crashes (Debian's 1.35): `timeout` bounds the call.
+    if answer=$(/bin/busybox timeout 5 /bin/busybox wget -q -O - \
+        --header "Authorization: Bearer $token" "$url" 2>/dev/null); then
+      printf '%s\n' "$answer" > /www/self.json
+      state=${answer#*\"state\":\"}; state=${state%%\"*}
+      expires=${answer#*\"expires_at\":\"}; expires=${expires%%\"*}
+      case "$state" in
+        releasing|released|failed) stop "lease $state"; exit 0 ;;
+      esac
+      deadline=$(epoch "$expires")
+    elif [ "$(/bin/busybox date -u +%s)" -gt "$deadline" ]; then
+      stop "no answer from the scheduler and the lease expired"; exit 0
+    fi
+  done
+) &
+wait $httpd
+[ -e /tmp/stopped ] && exit 0   # stopped itself: a clean exit
 SH
 )
 hash=$(printf '%s' "$entry" | sha256sum | cut -c1-16)

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from openalice_scheduler.api import leases, middleware, openapi, ops
+from openalice_scheduler.api import lease_self, leases, middleware, openapi, ops
 from openalice_scheduler.api.access import AccessLog
 from openalice_scheduler.api.errors import install_error_handlers
 from openalice_scheduler.config import Settings
+from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifespan import lifespan
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import Provider, build_providers
@@ -34,6 +35,8 @@ def create_app(
     # Opened here, not in the lifespan: a second process on one SQLite file fails
     # before serving, with one line.
     store = open_store(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    access = LeaseAccess(settings.internal_secret.get_secret_value(),
+                         settings.scheduler_public_url)
     # FastAPI whose /docs loads Swagger UI's JS, CSS and icon from the service itself
     # (ungated, under /docs/assets), not from a CDN: the docs work where only the service
     # can be reached. No /redoc: its page fetches a logo from Redocly's CDN all the same.
@@ -47,7 +50,7 @@ def create_app(
         version=service_version(),
         description="GPU/compute lease service: acquire and release renderer and anim "
         "workers on local Docker or RunPod.",
-        lifespan=lifespan(settings, store, providers, metrics, tracing, clock),
+        lifespan=lifespan(settings, store, providers, metrics, tracing, clock, access),
         # Spans are ours (tracing.py, exported only when configured); FastAPI's own
         # telemetry would look at the global OpenTelemetry providers on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
@@ -58,15 +61,18 @@ def create_app(
     app.state.scrape = Scrape(metrics)
     app.state.settings = settings
     app.include_router(leases.router, responses={**openapi.COMMON, **openapi.GATED})
+    app.include_router(lease_self.router, responses=openapi.COMMON)
     app.include_router(ops.router, responses=openapi.COMMON)
-    install_error_handlers(app, routers=[leases.router, ops.router, app.router])
+    install_error_handlers(app, routers=[leases.router, lease_self.router, ops.router,
+                                         app.router])
     middleware.install(app, secret=settings.internal_secret.get_secret_value(),
-                       cors_origins=settings.cors_origin_list)
+                       cors_origins=settings.cors_origin_list, access=access)
     # Outside the request rules: every answer, theirs too, is logged and timed.
     # Its routes name a request refused before routing (the routers' own: an included
     # router does not list its routes in app.routes).
     app.add_middleware(AccessLog, metrics=metrics,
-                       routes=[*app.routes, *leases.router.routes, *ops.router.routes])
+                       routes=[*app.routes, *leases.router.routes, *lease_self.router.routes,
+                               *ops.router.routes])
     # Outermost: the request's span (or, tracing off, the caller's trace context) is the
     # current one for everything below, the access line included.
     app.add_middleware(RequestSpanMiddleware,

@@ -89,6 +89,11 @@ class Settings(BaseSettings):
         "/openalice/lease", pattern=r"^/", description="Path on a pool worker that the "
         "hand-off (the lease id, expiry, kind and env) is POSTed to when it is leased.",
     )
+    scheduler_public_url: str | None = Field(
+        None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", description="How workers reach "
+        "the scheduler (http://scheduler:8080): each worker is given LEASE_SELF_URL and "
+        "LEASE_TOKEN under it, to ask after its own lease; unset = workers are not told.",
+    )
     warm_handoff_timeout_seconds: float = Field(
         5.0, gt=0, le=300, description="How long a pool worker has to answer its hand-off "
         "2xx; else it is destroyed and the acquire goes cold.",

@@ -1,11 +1,12 @@
 """The hand-off call (README, Warm pools): a pool worker started before its lease
 existed learns the lease from `POST <worker><WARM_HANDOFF_PATH>`, JSON
-`{"lease_id", "expires_at", "kind", "env"}`, and must answer 2xx. A renewal is handed on
-the same way without `env` (the worker learns its new expiry).
+`{"lease_id", "expires_at", "kind", "fence", "env"}` (and `self_url`, `token` with
+SCHEDULER_PUBLIC_URL: README, What a worker knows of its lease), and must answer 2xx.
+A renewal is handed on the same way without `env` (the worker learns its new expiry).
 
-The body carries the caller's env values: they are sent to the worker and nowhere
-else. What this module reports (and so what is logged) names status codes and error
-types only, never the body."""
+The body carries the caller's env values and the lease's token: they are sent to the
+worker and nowhere else. What this module reports (and so what is logged) names status
+codes and error types only, never the body."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.store import LeaseRecord, format_us
 
 # A worker image without the hand-off: the path is not there (404), or the server knows
@@ -34,16 +36,20 @@ class Outcome:
 class HandOff:
     """POSTs leases to pool workers; one HTTP client for every call."""
 
-    def __init__(self, path: str, timeout: float) -> None:
+    def __init__(self, path: str, timeout: float, access: LeaseAccess | None = None) -> None:
         self.path = path
         self.timeout = timeout
+        self.access = access or LeaseAccess("", None)
         self._client: httpx.AsyncClient | None = None
 
     async def send(self, record: LeaseRecord, env: Mapping[str, str] | None) -> Outcome:
         """Hand `record` to its worker (`env` None: a renewal's hand-on, no env)."""
         body: dict[str, object] = {"lease_id": record.lease_id,
                                    "expires_at": format_us(record.expires_at),
-                                   "kind": record.kind}
+                                   "kind": record.kind, "fence": record.fence}
+        fields = self.access.spec_fields(record.lease_id)
+        if fields["token"] is not None:
+            body.update(fields)  # self_url, token
         if env is not None:
             body["env"] = dict(env)
         url = (record.probe_url or record.endpoint).rstrip("/") + self.path

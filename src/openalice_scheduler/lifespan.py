@@ -14,6 +14,7 @@ from typing import Any
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import SchedulerError
 from openalice_scheduler.handoff import HandOff
+from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.loops import Alarm, Heartbeat, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.policy import build_policy
@@ -34,7 +35,7 @@ PROVIDER_THREADS = 64
 
 def lifespan(
     settings: Settings, store: LeaseStore, providers: Sequence[Provider], metrics: Metrics,
-    tracing: Tracing, clock: Clock,
+    tracing: Tracing, clock: Clock, access: LeaseAccess,
 ) -> Callable[[Any], AbstractAsyncContextManager[None]]:
     """The app's lifespan: sets `app.state.service` (and the loops, and `readiness`)
     while it serves."""
@@ -52,7 +53,7 @@ def lifespan(
                 store, providers, build_policy(settings.policy), metrics, tracing.tracer,
                 provision_timeout=settings.provision_timeout_seconds, probe=probe,
                 max_leases_per_owner=settings.max_leases_per_owner, clock=clock,
-                on_due=alarm.due,
+                on_due=alarm.due, access=access,
             )
             sweeper = Sweeper(service, alarm, tracing.tracer, settings.sweep_interval_seconds)
             beat = min(5.0, settings.reconcile_interval_seconds / 2)
@@ -60,7 +61,8 @@ def lifespan(
             # Always there: with WARM_POOL unset it only recycles what an earlier run left.
             service.pool = pool = WarmPool(
                 service, settings.warm_pool_targets,
-                HandOff(settings.warm_handoff_path, settings.warm_handoff_timeout_seconds),
+                HandOff(settings.warm_handoff_path, settings.warm_handoff_timeout_seconds,
+                        access),
                 max_idle_seconds=settings.warm_pool_max_idle_seconds,
                 idle_gauge=metrics.pool_idle,
             )

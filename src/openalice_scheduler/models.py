@@ -155,6 +155,18 @@ class Lease(BaseModel):
     host: str | None = Field(
         None, description="local-docker with DOCKER_HOSTS: the engine holding the worker; "
         "null otherwise")
+    fence: int | None = Field(
+        None, description="Fencing token: strictly increasing over every lease of the "
+        "store, kept by renewals; the worker has it as LEASE_FENCE and in its hand-off")
+
+
+class LeaseSelf(BaseModel):
+    """`GET /v1/lease/{id}/self`: what a worker may know of its own lease."""
+
+    lease_id: str
+    state: LeaseState
+    expires_at: Timestamp
+    fence: int | None
 
 
 class AcquireResponse(BaseModel):

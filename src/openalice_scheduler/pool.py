@@ -162,9 +162,12 @@ class WarmPool(LoopService):
     async def _make(self, provider: Provider, reserved: LeaseRecord, spec: WorkerSpec) -> int:
         key = (spec.kind.value, spec.gpu.value)
         service = self.service
+        # Its idle fence and credential from the start: a worker that serves no lease yet
+        # can ask after its own row too (and stops itself when the pool is gone).
         spec = WorkerSpec(lease_id=spec.lease_id, kind=spec.kind, gpu=spec.gpu,
                           expires_at=spec.expires_at, store_id=spec.store_id,
-                          resource=reserved.resource)
+                          resource=reserved.resource, fence=reserved.fence,
+                          **service.access.spec_fields(spec.lease_id))
         started = time.perf_counter()
         try:
             worker = await asyncio.wait_for(provider.provision(spec),

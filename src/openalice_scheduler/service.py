@@ -28,6 +28,7 @@ from openalice_scheduler.errors import (
     no_lease,
 )
 from openalice_scheduler.ids import is_lease_id, new_lease_id
+from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseRequest, LeaseState, ReleaseReason
@@ -77,6 +78,7 @@ class LeaseService(Releasing):
         max_leases_per_owner: int = 0,
         clock: Clock = utcnow,
         on_due: Callable[[int], None] = lambda _at: None,
+        access: LeaseAccess | None = None,
     ) -> None:
         self.store = store
         self.providers = list(providers)
@@ -92,6 +94,8 @@ class LeaseService(Releasing):
         self.clock = clock
         # Called with the moment (µs) something new becomes due (the sweeper's alarm).
         self.on_due = on_due
+        # A worker's credential for its own lease (none: workers are not told one).
+        self.access = access or LeaseAccess("", None)
         self.queue = CapacityQueue(metrics)
         # Leases this process is provisioning right now: the reconciler leaves them be.
         self.in_flight: set[str] = set()
@@ -139,6 +143,7 @@ class LeaseService(Releasing):
             owner_id=request.owner_id, correlation_id=request.correlation_id,
             region=request.region, store_id=self.store.store_id, env=request.env,
         )
+        spec = replace(spec, **self.access.spec_fields(lease_id))
         new = NewLease(
             lease_id=lease_id, kind=request.kind.value, gpu=request.gpu.value,
             owner_id=request.owner_id, correlation_id=request.correlation_id,
@@ -168,7 +173,7 @@ class LeaseService(Releasing):
                     if isinstance(provider, InstantProvider):
                         # Nothing to create: reserved and active in one transaction.
                         return await self._assign(provider, new, spec, terms, written)
-                    resource = await self._reserve(provider.name, new, terms, written)
+                    reserved = await self._reserve(provider.name, new, terms, written)
                 except OverQuota as exc:
                     raise self._over_quota(exc) from None
                 except DuplicateRequest as exc:
@@ -181,7 +186,8 @@ class LeaseService(Releasing):
                     continue
                 written = True
                 try:
-                    record = await self._provision(provider, replace(spec, resource=resource))
+                    record = await self._provision(provider, replace(
+                        spec, resource=reserved.resource, fence=reserved.fence))
                 except ProviderOutOfCapacity as exc:
                     # No capacity, learnt by trying (RunPod): a reason, as for a provider
                     # unavailable, not a failure; the next provider may serve. One provider
@@ -218,18 +224,18 @@ class LeaseService(Releasing):
         return QuotaExceeded(exc.message, limit=self.max_leases_per_owner)
 
     async def _reserve(self, provider: str, new: NewLease, terms: Terms,
-                       moving: bool) -> str | None:
-        """store.reserve; at capacity where idle pool workers hold the room, one of them
-        is destroyed and the reservation tried once more (pools never cost a caller)."""
+                       moving: bool) -> LeaseRecord:
+        """store.reserve_lease; at capacity where idle pool workers hold the room, one of
+        them is destroyed and the reservation tried once more (pools never cost a caller)."""
         try:
-            return await self.store.reserve(new, provider, terms, moving=moving)
+            return await self.store.reserve_lease(new, provider, terms, moving=moving)
         except OverQuota:
             raise
         except AtCapacity:
             if self.pool is None or not await self.pool.make_room(provider, new.gpu):
                 raise
-        return await self.store.reserve(new, provider, replace(terms, now=self.now_us()),
-                                        moving=moving)
+        return await self.store.reserve_lease(new, provider,
+                                              replace(terms, now=self.now_us()), moving=moving)
 
     async def _replay(self, request: LeaseRequest) -> LeaseRecord | None:
         existing = await self.store.find_request(request.owner_id, request.correlation_id)

@@ -15,11 +15,13 @@ from openalice_scheduler.api.errors import error_response
 from openalice_scheduler.errors import (
     BodyTooLarge,
     DuplicateHeader,
+    Forbidden,
     HeadersTooLarge,
     RequestTimeout,
     SchedulerError,
     Unauthorized,
 )
+from openalice_scheduler.lease_access import SELF_PATH, LeaseAccess
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_HEADER_BYTES = 16 * 1024
@@ -29,12 +31,13 @@ BODY_TIMEOUT_S = 15.0
 ONCE_ONLY = (b"x-internal-secret", b"x-lease-owner", b"content-type", b"content-length")
 
 
-def install(app: FastAPI, *, secret: str, cors_origins: list[str]) -> None:
+def install(app: FastAPI, *, secret: str, cors_origins: list[str],
+            access: LeaseAccess) -> None:
     """The rules in the order they decide (the last added runs first): duplicate headers
     before anything else, header size, CORS (its preflights need no secret), the secret
     (nothing is read unauthenticated), then the body."""
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, timeout=BODY_TIMEOUT_S)
-    app.add_middleware(SecretGate, secret=secret)
+    app.add_middleware(SecretGate, secret=secret, access=access)
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -91,20 +94,39 @@ class HeaderLimit:
 
 
 class SecretGate:
-    """Gated routes (/v1/...) need X-Internal-Secret, compared in constant time."""
+    """Gated routes (/v1/...) need X-Internal-Secret, compared in constant time. One
+    path takes a lease's own token instead (`Authorization: Bearer`): a worker's GET of
+    its lease's view, /v1/lease/{id}/self (lease_access.py); a token of another lease
+    there is a 403. Neither message ever repeats what was sent."""
 
-    def __init__(self, app: ASGIApp, secret: str) -> None:
+    def __init__(self, app: ASGIApp, secret: str, access: LeaseAccess) -> None:
         self.app = app
         self.secret = secret.encode()
+        self.access = access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            given = dict(scope["headers"]).get(b"x-internal-secret", b"")
+            headers = dict(scope["headers"])
+            given = headers.get(b"x-internal-secret", b"")
             if not hmac.compare_digest(given, self.secret):
-                error = Unauthorized("missing or wrong X-Internal-Secret header")
-                await _refuse(error, scope, receive, send)
-                return
+                error = self._lease_token(scope, headers.get(b"authorization", b""))
+                if error is not None:
+                    await _refuse(error, scope, receive, send)
+                    return
         await self.app(scope, receive, send)
+
+    def _lease_token(self, scope: Scope, authorization: bytes) -> SchedulerError | None:
+        """None when a valid lease token opens this request, else the refusal."""
+        scheme, _, token = authorization.partition(b" ")
+        own = SELF_PATH.fullmatch(scope["path"])
+        if own is None or scheme.lower() != b"bearer" or not token.strip() \
+                or scope["method"] not in ("GET", "HEAD"):
+            return Unauthorized("missing or wrong X-Internal-Secret header (a lease token "
+                                "opens only GET /v1/lease/{id}/self)")
+        if not self.access.valid(own[1], token.strip()):
+            return Forbidden("this bearer token is not the token of this lease: a worker "
+                             "may ask only after its own lease")
+        return None
 
 
 class BodyLimit:

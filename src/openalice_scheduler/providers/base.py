@@ -30,20 +30,34 @@ class WorkerSpec:
     store_id: str | None = None
     # Passed to the worker only; never logged, stored or traced.
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # The lease's fencing token, given when it was reserved.
+    fence: int | None = None
+    # Where the worker asks after its own lease, and the token for it (lease_access.py);
+    # None when SCHEDULER_PUBLIC_URL is unset. The token goes to the worker only.
+    self_url: str | None = None
+    token: str | None = field(default=None, repr=False)
 
 
 def worker_env(spec: WorkerSpec, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The worker's environment: the caller's `env`, then `LEASE_ID`, `LEASE_EXPIRES_AT`
-    (RFC 3339 UTC, as the lease's `expires_at`) and `WORKER_KIND`, then a provider's own
-    `extra` keys. The scheduler's keys win over the caller's: a caller cannot make a
-    worker believe it serves another lease, or lives longer than its lease."""
-    return {
+    (RFC 3339 UTC, as the lease's `expires_at`), `WORKER_KIND`, `LEASE_FENCE`, and
+    `LEASE_SELF_URL` with `LEASE_TOKEN` when the scheduler has a public URL, then a
+    provider's own `extra` keys. The scheduler's keys win over the caller's: a caller
+    cannot make a worker believe it serves another lease, lives longer than its lease,
+    or holds a newer fence."""
+    env = {
         **spec.env,
         "LEASE_ID": spec.lease_id,
         "LEASE_EXPIRES_AT": spec.expires_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "WORKER_KIND": spec.kind.value,
-        **(extra or {}),
     }
+    for key in ("LEASE_FENCE", "LEASE_SELF_URL", "LEASE_TOKEN"):
+        env.pop(key, None)  # only the scheduler's own, or none
+    if spec.fence is not None:
+        env["LEASE_FENCE"] = str(spec.fence)
+    if spec.self_url is not None and spec.token is not None:
+        env["LEASE_SELF_URL"], env["LEASE_TOKEN"] = spec.self_url, spec.token
+    return {**env, **(extra or {})}
 
 
 @dataclass(frozen=True, slots=True)

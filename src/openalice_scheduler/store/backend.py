@@ -53,6 +53,11 @@ class Backend(Protocol):
         of this transaction."""
         ...
 
+    def next_fence(self, conn: Connection) -> int:
+        """The next fencing token of the store, in this transaction: larger than every
+        one given before, by any replica, before or after a restart."""
+        ...
+
     def announce_freed(self, conn: Connection) -> None:
         """Tell the other replicas, once this transaction commits, that capacity was
         freed (their waiting callers may try again)."""

@@ -90,8 +90,13 @@ class LeaseStore:
 
         Raises AtCapacity, OverQuota, or DuplicateRequest when another live lease has
         the same owner_id and correlation_id."""
-        record = await self._reserve(lease, provider, terms, None, moving)
+        record = await self.reserve_lease(lease, provider, terms, moving=moving)
         return record.resource
+
+    async def reserve_lease(self, lease: NewLease, provider: str, terms: Terms, *,
+                            moving: bool = False) -> LeaseRecord:
+        """`reserve`, answering the lease's record: its resource and its `fence`."""
+        return await self._reserve(lease, provider, terms, None, moving)
 
     async def reserve_active(
         self, lease: NewLease, provider: str, terms: Terms,
@@ -151,7 +156,7 @@ class LeaseStore:
         if assign is not None:
             values["state"] = LeaseState.active.value
             values["endpoint"], values["provider_token"] = assign(resource)
-        if moving:  # from a provider that failed to provision it
+        if moving:  # from a provider that failed to provision it: its fence stays
             moved = _transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
             if moved is not None:
                 return moved
@@ -160,7 +165,7 @@ class LeaseStore:
             "owner_id": lease.owner_id, "correlation_id": lease.correlation_id,
             "region": lease.region, "ttl_seconds": lease.ttl_seconds,
             "created_at": lease.created_at, "expires_at": lease.expires_at,
-            "release_attempts": 0, **values,
+            "release_attempts": 0, "fence": self.backend.next_fence(conn), **values,
         }).one()
         return record_of(row)
 

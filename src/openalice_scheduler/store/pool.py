@@ -98,6 +98,9 @@ class PoolStore:
                 "v_ttl_seconds": lease.ttl_seconds, "v_created_at": lease.created_at,
                 "v_expires_at": lease.expires_at, "v_updated_at": lease.created_at,
                 "v_replica_id": self.store.replica_id,
+                # A fence larger than any before: what the worker served until now (its
+                # idle fence, an earlier lease) is older than the lease it now serves.
+                "v_fence": self.backend.next_fence(conn),
             }).first()
             return record_of(row) if row is not None else None
 
@@ -156,7 +159,7 @@ _CLAIM = (update(leases)
           .values(state=LeaseState.provisioning.value,
                   **{name: bindparam(f"v_{name}") for name in (
                       "owner_id", "correlation_id", "ttl_seconds", "created_at",
-                      "expires_at", "updated_at", "replica_id")})
+                      "expires_at", "updated_at", "replica_id", "fence")})
           .returning(*leases.c))
 _ALL_IDLE = select(leases).where(_IS_IDLE).order_by(leases.c.updated_at)
 _IDLE_ON = (select(leases.c.lease_id, leases.c.gpu)

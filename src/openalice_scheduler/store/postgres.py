@@ -35,6 +35,7 @@ CAPACITY_CHANNEL = "openalice_capacity"
 # Built once, like the lease path's statements: compiled and prepared once (pg_tx.py).
 _LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 _NOTIFY = text(f"NOTIFY {CAPACITY_CHANNEL}")
+_NEXT_FENCE = text("SELECT nextval('lease_fence')")
 # One start-up connection attempt waits at most this long (a host that drops packets).
 CONNECT_TIMEOUT_S = 10.0
 # Connections kept open for transactions, and how long a transaction waits for one
@@ -83,6 +84,13 @@ class PostgresBackend:
 
     def lock(self, conn: Connection, key: str) -> None:
         conn.execute(_LOCK, {"key": _lock_id(key)})
+
+    def next_fence(self, conn: Connection) -> int:
+        """From the SEQUENCE `lease_fence` (migration 0008): no row lock held until
+        COMMIT, so acquires on every replica never queue for it. A lease reserved after
+        another one's release (the same endpoint, GPU or warm worker) gets a larger value;
+        a value whose transaction rolls back is skipped, never given again."""
+        return int(conn.execute(_NEXT_FENCE).scalar_one())
 
     def announce_freed(self, conn: Connection) -> None:
         conn.execute(_NOTIFY)  # delivered on commit

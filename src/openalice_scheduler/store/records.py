@@ -58,6 +58,8 @@ class LeaseRecord:
     host: str | None = None
     # A warm-pool worker's address for its hand-off (README, Warm pools), else None.
     probe_url: str | None = None
+    # The lease's fencing token (README, What a worker knows of its lease).
+    fence: int | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""

@@ -47,6 +47,10 @@ leases = Table(
     # Where the scheduler reaches the worker (providers.Worker.probe_url), kept for a
     # warm-pool worker: its hand-off and hand-ons go there (migration 0007).
     Column("probe_url", String(512)),
+    # The lease's fencing token (migration 0008): strictly increasing over every lease of
+    # the store, given when the row becomes a lease (a cold reserve, a warm claim) and
+    # kept by renewals. Its worker is told it (LEASE_FENCE, the hand-off).
+    Column("fence", BigInteger),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),
@@ -82,4 +86,14 @@ store_identity = Table(
     "store_identity",
     metadata,
     Column("store_id", String(36), primary_key=True),
+)
+
+# SQLite's fence counter: one row, the last fence given, moved in the transaction that
+# gives the next (one writer). PostgreSQL gives fences from the SEQUENCE `lease_fence`
+# instead, which holds no row lock until COMMIT; there this table stays as migrated.
+fence_counter = Table(
+    "fence_counter",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("last", BigInteger, nullable=False),
 )

@@ -31,16 +31,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, update
 from sqlalchemy.engine import URL, Connection
 
 from openalice_scheduler.errors import StartupError, StoreUnavailable
 from openalice_scheduler.store.backend import guarded
+from openalice_scheduler.store.schema import fence_counter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WRITE_LOCK_TIMEOUT_S = 30.0
+_NEXT_FENCE = (update(fence_counter).where(fence_counter.c.id == 1)
+               .values(last=fence_counter.c.last + 1).returning(fence_counter.c.last))
 _MAX_BATCH = 256
 _READERS = 3
 
@@ -94,6 +97,11 @@ class SqliteBackend:
 
     def lock(self, conn: Connection, key: str) -> None:
         """Nothing to do: one writer runs every transaction, one at a time."""
+
+    def next_fence(self, conn: Connection) -> int:
+        """The counter's one row, moved in this transaction: one writer, so strictly
+        increasing; undone with the transaction (a fence is never given twice)."""
+        return int(conn.execute(_NEXT_FENCE).scalar_one())
 
     def announce_freed(self, conn: Connection) -> None:
         """Nothing to do: no other process uses the file."""
