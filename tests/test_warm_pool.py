@@ -108,7 +108,7 @@ def test_a_warm_acquire_is_served_by_a_ready_worker_and_the_pool_refills(
     assert page["lease_id"] == lease["lease_id"]
     assert page["expires_at"] == lease["expires_at"]
     assert page["handoff"] == {"lease_id": lease["lease_id"], "kind": "renderer",
-                               "expires_at": lease["expires_at"],
+                               "expires_at": lease["expires_at"], "fence": lease["fence"],
                                "env": {"API_TOKEN": secret, "SCENE": "intro"}}
 
     # The pool refills at once: two idle again, beside the leased one.
