@@ -27,6 +27,7 @@ OPERATION_IDS = {
     ("get", "/v1/lease/{lease_id}"): "get_lease",
     ("post", "/v1/lease/{lease_id}/renew"): "renew_lease",
     ("delete", "/v1/lease/{lease_id}"): "release_lease",
+    ("get", "/v1/lease/{lease_id}/self"): "lease_self",
     ("get", "/v1/leases"): "list_leases",
     ("get", "/v1/providers"): "list_providers",
     ("get", "/health"): "health",

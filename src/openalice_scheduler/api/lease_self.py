@@ -29,7 +29,7 @@ _FORBIDDEN: Responses = {403: {"model": ErrorBody,
     "/lease/{lease_id}/self",
     response_model=LeaseSelf,
     summary="For a lease's worker: its lease's state, expires_at and fence",
-    responses={**errors(401, 404, 503), **_FORBIDDEN},
+    responses={**errors(401, 404, 422, 503), **_FORBIDDEN},
 )
 async def lease_self(lease_id: str, service: ServiceDep) -> JSONResponse:
     record = await service.get(lease_id)
