@@ -17,6 +17,7 @@ from openalice_scheduler.store import NewLease, Terms, open_store
 from tests.harness import Scheduler, database_url, docker_client
 from tests.test_replicas import Replicas, burst, expect, replicas  # noqa: F401 - the fixture
 from tests.test_warm_pool import POOL_ENV, wait_idle, worker_page
+from tests.test_worker_self import image  # noqa: F401 - the fixture
 
 Make = Callable[..., Scheduler]
 MIGRATIONS = Path(__file__).resolve().parent.parent / "src/openalice_scheduler/store/migrations"
@@ -98,8 +99,10 @@ async def test_the_migration_numbers_existing_leases_in_created_order(
         await store.close()
 
 
-def test_a_worker_is_told_its_fence_cold_and_warm(make_scheduler: Make) -> None:
-    sched = make_scheduler(WARM_POOL="renderer/none=1", **POOL_ENV)
+def test_a_worker_is_told_its_fence_cold_and_warm(
+    make_scheduler: Make, image: dict[str, str],  # noqa: F811 - the fixture
+) -> None:
+    sched = make_scheduler(WARM_POOL="renderer/none=1", **POOL_ENV, **image)
     wait_idle(sched, 1)
     [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
     # Cold (a kind without a pool): LEASE_FENCE in the container's environment.
