@@ -302,11 +302,11 @@ class LeaseStore:
 
         return await self.backend.write(_tx)
 
-    async def mark_lost(self, lease_id: str, *, now: int) -> LeaseRecord | None:
-        """active|idle → released (reason `lost`): its worker vanished on its own."""
+    async def mark_lost(self, lease_id: str, *, now: int,
+                        reason: ReleaseReason = ReleaseReason.lost) -> LeaseRecord | None:
+        """active|idle → released (`reason`, `lost` by default): its worker vanished."""
         return await self._transition(lease_id, (LeaseState.active, LeaseState.idle),
-                                      frees=True,
-                                      **_released(now, ReleaseReason.lost))
+                                      frees=True, **_released(now, reason))
 
     async def renew(self, lease_id: str, *, expires_at: int, now: int) -> LeaseRecord | None:
         """Move an active, unexpired lease's expiry. None when the lease is not active
