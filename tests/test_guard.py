@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.guardproc import FAST, CutProxy, GuardProcess
-from tests.harness import Scheduler, wait_for
+from tests.harness import SECRET, Scheduler, wait_for
 from tests.runpod_emulator import RunPodEmulator
 
 KEY = "rpk-guard-" + uuid.uuid4().hex
@@ -106,6 +106,7 @@ def back_and_coherent(sched: Scheduler, guard: GuardProcess, short: dict[str, An
     # Destroyed once, by the guard; the scheduler only confirmed it gone.
     assert guard.log().count(f"destroyed the worker of lease {short['lease_id']}") == 1
     assert long["lease_id"] not in guard.log()
+    assert SECRET not in guard.log()
 
 
 def leases_learned(sched: Scheduler, guard: GuardProcess, provider: str,
