@@ -22,12 +22,12 @@ class GuardDesk:
         self.instance = instance
 
     async def poll(self, guard_id: str, providers: tuple[str, ...], now: int) -> dict[str, Any]:
-        """The guard's contact recorded, and the deadline of every live worker: its
-        lease's expiry, or for a lease already ending (`releasing`) the moment it
-        ended, since its worker should be gone already."""
+        """The guard's contact recorded, and the deadline of every live worker of the
+        providers it watches: its lease's expiry, or for a lease already ending
+        (`releasing`) the moment it ended, since its worker should be gone already."""
         await self.guards.contact(guard_id, providers, now=now)
         workers = []
-        for row in await self.guards.live():
+        for row in await self.guards.live(providers):
             until = row.expires_at
             if row.state == LeaseState.releasing.value and row.released_at is not None:
                 until = min(until, row.released_at)

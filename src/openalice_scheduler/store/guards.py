@@ -60,8 +60,11 @@ class GuardStore:
 
         return await self.backend.read(_tx)
 
-    async def live(self) -> list[LiveWorker]:
+    async def live(self, providers: tuple[str, ...]) -> list[LiveWorker]:
+        """The live rows of `providers`."""
+        query = _LIVE.where(leases.c.provider.in_(providers))
+
         def _tx(conn: Connection) -> list[LiveWorker]:
-            return [LiveWorker(*row) for row in conn.execute(_LIVE)]
+            return [LiveWorker(*row) for row in conn.execute(query)]
 
         return await self.backend.read(_tx)
