@@ -242,3 +242,25 @@ def test_runpod_pod_terminated_within_the_bound_when_the_scheduler_is_dead(
         assert KEY not in guard.log()
     finally:
         guard.kill()
+
+
+# --- start-up ----------------------------------------------------------------------------
+
+
+def test_a_guard_that_cannot_start_says_why_in_one_line(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    """Without GUARD_SCHEDULER_URL, or with a state file it cannot read (starting afresh
+    would forget every deadline it kept), the guard exits 2 with one line naming it."""
+    sched = make_scheduler(start=False)
+    unset = GuardProcess(sched)
+    del unset.env["GUARD_SCHEDULER_URL"]
+    broken = GuardProcess(sched, name="broken")
+    broken.state_file.write_text("{not json")
+    for guard, named in ((unset, "GUARD_SCHEDULER_URL"), (broken, "GUARD_STATE_FILE")):
+        guard.start()
+        assert guard.proc is not None
+        assert guard.proc.wait(60) == 2, guard.log()
+        lines = [line for line in guard.log().splitlines() if line.strip()]
+        assert len(lines) == 1 and named in lines[0], guard.log()
+        assert SECRET not in guard.log()
