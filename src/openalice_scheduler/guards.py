@@ -37,10 +37,14 @@ class GuardDesk:
                 "max_ttl_seconds": MAX_TTL_SECONDS, "now": format_us(now),
                 "workers": workers}
 
+    async def contacts(self) -> list[GuardContact]:
+        """Every guard that polled in the last day, with its last contact."""
+        return await self.guards.contacts()
+
     async def by_provider(self) -> dict[str, list[GuardContact]]:
         """Each provider's guards (a guard watching two providers is under both)."""
         found: dict[str, list[GuardContact]] = {}
-        for contact in await self.guards.contacts():
+        for contact in await self.contacts():
             for provider in contact.providers:
                 found.setdefault(provider, []).append(contact)
         return found
