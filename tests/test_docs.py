@@ -29,6 +29,7 @@ OPERATION_IDS = {
     ("delete", "/v1/lease/{lease_id}"): "release_lease",
     ("get", "/v1/leases"): "list_leases",
     ("get", "/v1/providers"): "list_providers",
+    ("get", "/v1/guard"): "guard_poll",
     ("get", "/health"): "health",
     ("get", "/metrics"): "metrics",
     ("get", "/readyz"): "readyz",
