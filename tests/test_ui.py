@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import threading
+import tomllib
 from collections.abc import Iterator
+from fnmatch import fnmatch
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, expect, sync_playwright
 
-from tests.harness import SECRET, Scheduler
+from tests.harness import REPO, SECRET, SHARED_ENGINE, Scheduler
 
 # One renderer endpoint: a second renderer acquire waits in line until the first ends.
 STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://r1.test:8080"}
@@ -78,6 +81,18 @@ def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
     assert "/ui" not in httpx.get(f"{service.url}/openapi.json").json()["paths"]
 
 
+def test_every_asset_ships_in_the_package() -> None:
+    """A file added under ui/ that pyproject's package-data misses would be absent from
+    every install but this checkout's."""
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["openalice_scheduler"]
+    assets = sorted((REPO / "src" / "openalice_scheduler" / "ui").iterdir())
+    assert {path.name for path in assets} >= {"index.html", "ui.js", "ui.css"}
+    for path in assets:
+        relative = path.relative_to(REPO / "src" / "openalice_scheduler").as_posix()
+        assert any(fnmatch(relative, pattern) for pattern in patterns), relative
+
+
 def test_recent_releases_are_listed_newest_first_on_request(service: Scheduler) -> None:
     ended = []
     for _ in range(3):
@@ -119,6 +134,12 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     idle = page.locator('#capacity [data-use="renderer · none"] .figure')
     expect(idle).to_have_text("0 / 1")
     expect(page.locator("#live-empty")).to_be_visible()
+    expect(page.locator("#spend")).to_contain_text("No prices configured")
+    # A guard that polls shows up with its last contact.
+    poll = service.http.get("/v1/guard", params={"guard_id": "guard-a", "providers": "static"})
+    assert poll.status_code == 200, poll.text
+    expect(page.locator('#health [data-guard="guard-a"]')).to_contain_text(
+        "polling", timeout=SHOWN_WITHIN_MS)
 
     # A lease acquired through the API: on the page with its owner, as text, and its
     # time left counting down.
@@ -185,6 +206,34 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     other.close()
     assert service.release(second["lease_id"], owner="waiter").status_code == 204
     context.close()
+
+
+def test_fleet_hosts_show_their_health_and_use(browser: Browser, tmp_path: Path) -> None:
+    with socket.socket() as closed:  # bound, never listening: refused
+        closed.bind(("127.0.0.1", 0))
+        gone = f"tcp://127.0.0.1:{closed.getsockname()[1]}"
+        sched = Scheduler(tmp_path, PROVIDERS="local-docker",
+                          DOCKER_HOSTS=f"cpu1={SHARED_ENGINE} max=2; gone={gone} max=1")
+        try:
+            sched.start()
+            lease = sched.lease(kind="anim", ttl_seconds=300)
+            context = browser.new_context()
+            page = context.new_page()
+            page.goto(f"{sched.url}/ui")
+            page.fill("#secret", SECRET)
+            page.press("#secret", "Enter")
+            cpu1 = page.locator('#health [data-host="cpu1"]')
+            expect(cpu1).to_contain_text("healthy", timeout=SHOWN_WITHIN_MS)
+            expect(cpu1).to_contain_text("1 / 2 workers")
+            expect(page.locator('#health [data-host="gone"]')).to_contain_text("unhealthy")
+            row = page.locator(f'#live tr[data-lease-id="{lease["lease_id"]}"]')
+            expect(row).to_contain_text("local-docker · cpu1")
+            expect(page.locator('#capacity [data-use="anim · none"] .figure')).to_have_text(
+                "1 / 3 (shared by kinds)")
+            context.close()
+            assert sched.release(lease["lease_id"]).status_code == 204
+        finally:
+            sched.cleanup()
 
 
 def _seconds(cell: Locator) -> int:

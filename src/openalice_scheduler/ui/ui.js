@@ -363,6 +363,7 @@ function renderHealth(providers) {
     if (hosts.length) {
       parts.push(el("ul", { class: "plain" }, ...hosts.map((h) => {
         const item = el("li", {}, h.name);
+        item.dataset.host = h.name;
         item.append(badge(h.healthy ? "healthy" : "unhealthy", h.healthy ? "" : "bad"));
         const facts = [];
         if (h.region) facts.push("region " + h.region);
@@ -379,6 +380,7 @@ function renderHealth(providers) {
       parts.push(el("ul", { class: "plain" }, ...guards.map((g) => {
         const silent = g.silent_seconds > GUARD_SILENT_S;
         const item = el("li", {}, "guard " + g.guard_id);
+        item.dataset.guard = g.guard_id;
         item.append(badge(silent ? "silent" : "polling", silent ? "warn" : ""),
           " last contact " + duration(g.silent_seconds) + " ago");
         return item;
