@@ -180,7 +180,8 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     second = waited["answer"].json()["lease"]
     expect(page.locator(f'#live tr[data-lease-id="{second["lease_id"]}"] .owner')).to_have_text(
         "waiter", timeout=SHOWN_WITHIN_MS)
-    expect(page.locator("#waiting")).to_have_text("Nobody is waiting.")
+    expect(page.locator("#waiting")).to_have_text("Nobody is waiting.",
+                                                 timeout=SHOWN_WITHIN_MS)
 
     # On a phone: one column, nothing wider than the screen.
     page.set_viewport_size({"width": 390, "height": 844})
@@ -224,12 +225,16 @@ def test_fleet_hosts_show_their_health_and_use(browser: Browser, tmp_path: Path)
             page.press("#secret", "Enter")
             cpu1 = page.locator('#health [data-host="cpu1"]')
             expect(cpu1).to_contain_text("healthy", timeout=SHOWN_WITHIN_MS)
-            expect(cpu1).to_contain_text("1 / 2 workers")
-            expect(page.locator('#health [data-host="gone"]')).to_contain_text("unhealthy")
+            expect(cpu1).to_contain_text("1 / 2 workers", timeout=SHOWN_WITHIN_MS)
+            expect(page.locator('#health [data-host="gone"]')).to_contain_text(
+                "unhealthy", timeout=SHOWN_WITHIN_MS)
             row = page.locator(f'#live tr[data-lease-id="{lease["lease_id"]}"]')
             expect(row).to_contain_text("local-docker · cpu1")
             expect(page.locator('#capacity [data-use="anim · none"] .figure')).to_have_text(
                 "1 / 3 (shared by kinds)")
+            shot = tmp_path / "ui-fleet.png"
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"dashboard screenshot (fleet): {shot}")
             context.close()
             assert sched.release(lease["lease_id"]).status_code == 204
         finally:

@@ -253,6 +253,7 @@ function renderLive() {
   table.tBodies[0].replaceChildren(...rows);
   byId("live-count").textContent = "(" + live.length + ")";
   byId("live-empty").hidden = live.length > 0;
+  table.hidden = live.length === 0;
   tick();
 }
 
@@ -296,6 +297,7 @@ function renderReleased(leases) {
     return row;
   }));
   byId("released-empty").hidden = shown.length > 0;
+  table.hidden = shown.length === 0;
 }
 
 // --- spend per owner (once the scheduler reports usage) ------------------------------
