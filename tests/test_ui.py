@@ -205,6 +205,11 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     fresh.goto(f"{service.url}/ui")
     expect(fresh.locator("#login")).to_be_visible()  # another session: asked again
     other.close()
+    page.click("#forget")  # and forgotten when the operator says so
+    expect(page.locator("#login")).to_be_visible()
+    page.wait_for_timeout(4000)  # a refresh in flight then must not store it again
+    assert page.evaluate("sessionStorage.length") == 0
+    expect(page.locator("#dashboard")).to_be_hidden()
     assert service.release(second["lease_id"], owner="waiter").status_code == 204
     context.close()
 

@@ -20,6 +20,9 @@ let live = [];
 let skewMs = 0;
 // Set once the scheduler answers that it has no usage endpoint: not asked again.
 let noUsage = false;
+// Bumped at each sign-in and sign-out: a refresh still in flight from before then
+// neither stores its secret nor shows its answers.
+let generation = 0;
 
 class Refused extends Error {}
 
@@ -46,6 +49,7 @@ document.addEventListener("DOMContentLoaded", () => {
 });
 
 async function signIn(given) {
+  generation += 1;
   secret = given;
   byId("login-error").hidden = true;
   setStatus("Checking the secret…");
@@ -58,6 +62,7 @@ async function signIn(given) {
 }
 
 function showLogin(message) {
+  generation += 1;
   clearTimeout(timer);
   secret = null;
   byId("dashboard").hidden = true;
@@ -79,26 +84,31 @@ function schedule() {
 
 // --- one refresh --------------------------------------------------------------------
 
-// True when the page is up to date or will retry; false when the secret was refused.
+// True when the page is up to date or will retry; false when the secret was refused
+// or the operator signed out meanwhile.
 async function refresh() {
+  const mine = generation;
   try {
     const releasedQuery = "state=released&state=failed&order=newest&limit=" +
       (RECENT_RELEASES * 2);
     const [providers, leases, released] = await Promise.all([
       api("v1/providers"), api("v1/leases"), api("v1/leases?" + releasedQuery),
     ]);
+    if (mine !== generation) return false;
     live = leases;
     renderCapacity(providers);
     renderLive();
     renderReleased(released);
     renderHealth(providers);
     await Promise.all([refreshWaiting(), refreshSpend()]);
+    if (mine !== generation) return false;
     // Kept only once the scheduler took it: a wrong secret is never stored.
     sessionStorage.setItem(SECRET_KEY, secret);
     setStatus("Updated " + new Date().toLocaleTimeString() + " · every " +
       REFRESH_MS / 1000 + " s");
     return true;
   } catch (error) {
+    if (mine !== generation) return false;
     if (error instanceof Refused) {
       sessionStorage.removeItem(SECRET_KEY);
       showLogin("The scheduler refused this secret (401 unauthorized): it is not the " +
