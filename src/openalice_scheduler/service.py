@@ -410,7 +410,7 @@ class LeaseService(Releasing):
         return record
 
     async def search(self, **filters: Any) -> list[dict[str, Any]]:
-        """The leases matching `filters` (see LeaseStore.search), oldest first."""
+        """The leases matching `filters` (see LeaseStore.search)."""
         return await self.store.search(**filters)
 
     async def provider_view(self) -> list[dict[str, Any]]:

@@ -351,14 +351,17 @@ class LeaseStore:
     async def search(
         self, *, states: Sequence[LeaseState], owner_id: str | None = None,
         kind: str | None = None, provider: str | None = None, limit: int = 1000,
+        newest_first: bool = False,
     ) -> list[dict[str, Any]]:
-        """The `Lease` of each lease in `states` matching the filters, oldest first."""
+        """The `Lease` of each lease in `states` matching the filters, oldest first (by
+        created_at, which the listing index covers), or newest first."""
         query = select(*WIRE_COLUMNS).where(leases.c.state.in_([s.value for s in states]))
         for column, wanted in ((leases.c.owner_id, owner_id), (leases.c.kind, kind),
                                (leases.c.provider, provider)):
             if wanted is not None:
                 query = query.where(column == wanted)
-        query = query.order_by(leases.c.created_at).limit(limit)
+        created = leases.c.created_at.desc() if newest_first else leases.c.created_at
+        query = query.order_by(created).limit(limit)
         return await self.backend.read(
             lambda conn: [wire_of(row) for row in conn.execute(query)]
         )
