@@ -31,6 +31,7 @@ import docker
 import httpx
 import pytest
 
+from tests import guardproc
 from tests.harness import (
     INSTANCE_LABEL,
     PG_HOST,
@@ -129,6 +130,53 @@ def test_a_lease_survives_a_restart_and_a_new_container_on_the_volume(image: Ima
         assert released.status_code == 204, f"{released.text}\n{run.logs()}"
         wait_for(lambda: deployment.worker(lease["lease_id"]) is None, timeout=30,
                  what="the worker removed on release")
+
+
+def test_a_guard_from_the_image_destroys_a_dead_schedulers_expired_worker(image: Image) -> None:
+    """README, The guard: a guard container of the image beside the scheduler's, run as
+    the README runs it (`--restart=always`, the socket's group). The scheduler container
+    is killed; the guard destroys the worker of its expired lease and leaves the long
+    lease's worker running."""
+    with Deployment(image) as deployment:
+        run = deployment.run()
+        guard = deployment.client.containers.run(
+            image.name, ["guard"], detach=True, labels={TEST_LABEL: "image"},
+            name=f"oa-img-{deployment.instance}-guard", network=deployment.network,
+            restart_policy={"Name": "always"},
+            group_add=[str(os.stat(SOCKET).st_gid)],
+            volumes={SOCKET: {"bind": SOCKET, "mode": "rw"}},
+            environment={
+                "INTERNAL_SECRET": SECRET, "SCHEDULER_INSTANCE": deployment.instance,
+                "LOCAL_GPU_DEVICES": "", "GUARD_ID": "guard-image",
+                "GUARD_SCHEDULER_URL": f"http://{run.container.name}:8080",
+                "GUARD_STATE_FILE": "/data/guard.json", **guardproc.FAST,
+            },
+        )
+        try:
+            def guard_contacts() -> list[Any]:
+                views = run.http.get("/v1/providers").json()
+                return [g for v in views for g in v["guards"] if g["guard_id"] == "guard-image"]
+
+            wait_for(guard_contacts, timeout=60, what=f"the guard's first poll:\n"
+                     f"{guard.logs().decode(errors='replace')}")
+            short = run.http.post("/v1/lease", json={"kind": "renderer", "ttl_seconds": 5})
+            long = run.http.post("/v1/lease", json={"kind": "renderer", "ttl_seconds": 600})
+            assert short.status_code == 200 and long.status_code == 200, short.text + long.text
+            short_id, long_id = short.json()["lease"]["lease_id"], long.json()["lease"]["lease_id"]
+            polled = guard_contacts()[0]["last_contact"]
+            wait_for(lambda: guard_contacts()[0]["last_contact"] > polled, timeout=30,
+                     what="a poll of the guard after both leases")
+            run.container.kill()
+            wait_for(lambda: deployment.worker(short_id) is None, timeout=60,
+                     what=f"the guard destroying the expired lease's worker:\n"
+                     f"{guard.logs().decode(errors='replace')}")
+            kept = deployment.worker(long_id)
+            assert kept is not None and kept.status == "running"
+            guard.reload()
+            assert guard.status == "running"
+            assert SECRET not in guard.logs().decode(errors="replace")
+        finally:
+            guard.remove(force=True, v=True)
 
 
 def test_two_replicas_of_the_image_share_leases_on_postgresql(image: Image) -> None:

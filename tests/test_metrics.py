@@ -307,6 +307,9 @@ def test_the_dashboard_and_rules_read_only_metrics_the_service_exports(
 ) -> None:
     s = make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC)
     s.lease(kind="renderer")
+    # A guard's poll, as `openalice-scheduler guard` makes it: its last contact is a series.
+    assert s.http.get("/v1/guard", params={"guard_id": "g-1", "providers": "static"}) \
+        .status_code == 200
     exported = sample_names(scrape(s))
     dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
     used = {name for expr in dashboard_exprs(dashboard) for name in promql_names(expr)}

@@ -8,6 +8,8 @@ from typing import Any
 
 from openalice_scheduler.models import GpuClass
 from openalice_scheduler.providers import Provider, ProviderStatus
+from openalice_scheduler.store import format_us
+from openalice_scheduler.store.guards import GuardContact
 from openalice_scheduler.store.pool import PoolCount
 
 _GPU_ORDER = [g.value for g in GpuClass]
@@ -16,9 +18,12 @@ _GPU_ORDER = [g.value for g in GpuClass]
 def provider_view(
     provider: Provider, status: ProviderStatus,
     held: Sequence[tuple[str, str, str, str | None, int]], pooled: Sequence[PoolCount] = (),
+    guards: Sequence[GuardContact] = (), now: int = 0,
 ) -> dict[str, Any]:
     """`held`: (provider, kind, gpu, owner, count) of the live leases of every provider;
-    `pooled`: warm-pool workers by state, whose idle ones are shown apart."""
+    `pooled`: warm-pool workers by state, whose idle ones are shown apart; `guards`:
+    the guards watching this provider, shown with how long each has been silent at
+    `now` (µs)."""
     idle: dict[str, dict[str, int]] = {}
     for pool_count in pooled:
         if pool_count.provider == provider.name and pool_count.state == "idle":
@@ -50,6 +55,9 @@ def provider_view(
             for kind in sorted(kinds)
         },
         "idle": idle,
+        "guards": [{"guard_id": g.guard_id, "last_contact": format_us(g.last_contact_at),
+                    "silent_seconds": round(max(0, now - g.last_contact_at) / 1e6, 1)}
+                   for g in guards],
         **hosts,
     }
 

@@ -124,6 +124,24 @@ def serve() -> None:
         _die(str(exc))
 
 
+@app.command()
+def guard() -> None:
+    """Run a guard: destroys this instance's workers past their lease once no scheduler
+    answers it (README, The guard). Configured by environment variables."""
+    try:
+        from openalice_scheduler import guard as guard_process
+        from openalice_scheduler import startup
+    except ModuleNotFoundError as exc:  # a client-only install
+        _die(f"the server is not installed ({exc.name} is missing): "
+             "pip install 'openalice-scheduler[server]'")
+    from openalice_scheduler.errors import StartupError
+
+    try:
+        guard_process.run(startup.load_settings(os.environ))
+    except StartupError as exc:
+        _die(str(exc))
+
+
 @app.command(epilog=EXIT_CODES_HELP)
 def providers(url: Url = DEFAULT_URL, output: Shown = None, as_json: AsJson = False) -> None:
     """Providers: health, capacity and use per GPU class (wide: per worker kind too)."""

@@ -159,6 +159,23 @@ class Settings(BaseSettings):
         "/metrics.",
     )
 
+    # The guard (`openalice-scheduler guard`; README, The guard). The scheduler ignores them.
+    guard_scheduler_url: str | None = Field(
+        None, pattern=r"^https?://[^,\s]+(,https?://[^,\s]+)*$",
+        description="Comma list of the scheduler replicas' base URLs the guard polls.",
+    )
+    guard_id: str | None = Field(
+        None, pattern=r"^[\x21-\x2b\x2d-\x7e]{1,128}$",
+        description="The guard's name in GET /v1/providers; unset = its host name.",
+    )
+    guard_poll_seconds: float = Field(10.0, gt=0, le=3600)
+    guard_silence_seconds: float = Field(60.0, gt=0)
+    guard_grace_seconds: float = Field(30.0, ge=0)
+    guard_state_file: str = Field(
+        "./openalice-guard.json", min_length=1,
+        description="Where the guard keeps what it learned, across its own restarts.",
+    )
+
     @field_validator("internal_secret")
     @classmethod
     def _secret_not_empty(cls, value: SecretStr) -> SecretStr:

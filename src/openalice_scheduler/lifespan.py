@@ -13,6 +13,7 @@ from typing import Any
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import SchedulerError
+from openalice_scheduler.guards import GuardDesk
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.loops import Alarm, Heartbeat, Reconciler, Sweeper
@@ -66,6 +67,7 @@ def lifespan(
                 max_idle_seconds=settings.warm_pool_max_idle_seconds,
                 idle_gauge=metrics.pool_idle,
             )
+            service.guards = GuardDesk(store, instance=settings.scheduler_instance)
             reconciler = Reconciler(
                 service, tracing.tracer, settings.reconcile_interval_seconds,
                 # A provision may go on while its worker is probed.

@@ -119,6 +119,12 @@ class Metrics:
             "scheduler_sweep_last_success_timestamp_seconds",
             "Unix time the sweeper last finished a pass.", registry=r,
         )
+        # Set at scrape time from the store (scrape.py): every replica shows every guard.
+        self.guard_last_contact = Gauge(
+            "scheduler_guard_last_contact_timestamp_seconds",
+            "Unix time each guard (openalice-scheduler guard) last polled any replica.",
+            ["guard"], registry=r,
+        )
         self.reconcile_last_success = Gauge(
             "scheduler_reconcile_last_success_timestamp_seconds",
             "Unix time this replica last finished a reconciliation (one replica at a time "

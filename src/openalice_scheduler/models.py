@@ -193,6 +193,14 @@ class HostView(BaseModel):
         "not answer")
 
 
+class GuardView(BaseModel):
+    """A guard watching a provider's workers (README, The guard), in `GET /v1/providers`."""
+
+    guard_id: str
+    last_contact: Timestamp = Field(description="Its last poll of any replica")
+    silent_seconds: float = Field(description="Seconds since then")
+
+
 class ProviderView(BaseModel):
     """One provider in `GET /v1/providers`."""
 
@@ -214,6 +222,27 @@ class ProviderView(BaseModel):
         default_factory=dict,
         description="Idle warm-pool workers (WARM_POOL) per kind and GPU class; they are "
         "counted in `in_use` too, as every cap counts them")
+    guards: list[GuardView] = Field(
+        default_factory=list, description="The guards watching this provider's workers "
+        "(`openalice-scheduler guard`), with their last contact")
+
+
+class GuardWorker(BaseModel):
+    lease_id: str
+    provider: str
+    state: LeaseState
+    until: Timestamp = Field(description="Until when its worker may run: the lease's "
+                            "expiry, or when it ended for a lease being released")
+
+
+class GuardPoll(BaseModel):
+    """`GET /v1/guard`: what a guard must know to act alone once no scheduler answers."""
+
+    store_id: str
+    instance: str
+    max_ttl_seconds: int
+    now: Timestamp
+    workers: list[GuardWorker]
 
 
 class FieldError(BaseModel):

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REFILL_INTERVAL_S = 2.0
+# With WARM_POOL unset there is nothing to fill: the first pass recycles what an earlier
+# run left, and later ones only look (a store read) this seldom.
+UNSET_INTERVAL_S = 60.0
 REFILL_AFTER_TAKE_S = 0.1
 # After a pool's provision failed, it is tried again after this long, doubling.
 FIRST_BACKOFF_S = 1.0
@@ -59,7 +62,8 @@ class WarmPool(LoopService):
     def __init__(self, service: LeaseService, targets: dict[Key, int], handoff: HandOff,
                  *, max_idle_seconds: float, idle_gauge: Gauge,
                  interval: float = REFILL_INTERVAL_S) -> None:
-        super().__init__(interval)
+        super().__init__(interval if any(n > 0 for n in targets.values())
+                         else UNSET_INTERVAL_S)
         self.service = service
         self.store = PoolStore(service.store)
         self.targets = {key: n for key, n in targets.items() if n > 0}

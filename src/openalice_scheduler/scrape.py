@@ -59,6 +59,10 @@ class Scrape:
         else:
             metrics.store_up.set(1)
             self._set_capacity(service.providers, held)
+            if service.guards is not None:
+                for contact in await service.guards.contacts():
+                    metrics.guard_last_contact.labels(contact.guard_id).set(
+                        contact.last_contact_at / 1e6)
             # Owner ids on an ungated page only when the operator asks for them.
             if owner_series:
                 owners = {}

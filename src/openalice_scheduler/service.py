@@ -49,6 +49,7 @@ from openalice_scheduler.store import (
 from openalice_scheduler.tracing import span_attributes
 
 if TYPE_CHECKING:
+    from openalice_scheduler.guards import GuardDesk
     from openalice_scheduler.pool import WarmPool
 from openalice_scheduler.waiting import CapacityQueue, retry_after
 
@@ -101,6 +102,7 @@ class LeaseService(Releasing):
         self.in_flight: set[str] = set()
         self._releases = asyncio.Semaphore(MAX_PARALLEL_RELEASES)
         self.pool: WarmPool | None = None  # WARM_POOL's idle workers (lifespan sets it)
+        self.guards: GuardDesk | None = None  # what guards poll (lifespan sets it)
 
     def now_us(self) -> int:
         return to_us(self.clock())
@@ -367,13 +369,22 @@ class LeaseService(Releasing):
                  token[:12], lease_ref(lease_id), provider.name)
 
     async def mark_lost(self, provider: Provider, record: LeaseRecord) -> bool:
-        """An active lease whose worker vanished on its own: released (reason `lost`)."""
-        if await self.store.mark_lost(record.lease_id, now=self.now_us()) is None:
+        """A lease whose worker vanished: released, reason `lost`; or `expired` when the
+        lease had expired already, as its absence then is that expiry enforced (by a
+        guard while no scheduler ran, README: The guard): the worker is confirmed gone."""
+        now = self.now_us()
+        expired = record.state == LeaseState.active.value and record.expires_at <= now
+        reason = ReleaseReason.expired if expired else ReleaseReason.lost
+        if await self.store.mark_lost(record.lease_id, now=now, reason=reason) is None:
             return False
-        self.metrics.released.labels(provider.name, ReleaseReason.lost.value).inc()
+        self.metrics.released.labels(provider.name, reason.value).inc()
         self.capacity_freed()
-        log.warning("lease %s: worker vanished from %s; marked lost",
-                    lease_ref(record), provider.name)
+        if expired:
+            log.info("lease %s: expired, and its worker already gone from %s; released",
+                     lease_ref(record), provider.name)
+        else:
+            log.warning("lease %s: worker vanished from %s; marked lost",
+                        lease_ref(record), provider.name)
         return True
 
     # --- renew -----------------------------------------------------------------------
@@ -405,7 +416,7 @@ class LeaseService(Releasing):
         return record
 
     async def search(self, **filters: Any) -> list[dict[str, Any]]:
-        """The leases matching `filters` (see LeaseStore.search), oldest first."""
+        """The leases matching `filters` (see LeaseStore.search)."""
         return await self.store.search(**filters)
 
     async def provider_view(self) -> list[dict[str, Any]]:
@@ -413,7 +424,9 @@ class LeaseService(Releasing):
         held = await self.store.count_held()
         idle = [] if self.pool is None else await self.pool.store.counts()
         statuses = await asyncio.gather(*(p.status() for p in self.providers))
-        return [provider_view(provider, status, held, idle)
+        guards = {} if self.guards is None else await self.guards.by_provider()
+        now = self.now_us()
+        return [provider_view(provider, status, held, idle, guards.get(provider.name, []), now)
                 for provider, status in zip(self.providers, statuses, strict=True)]
 
     async def list_active_json(self) -> bytes:

@@ -307,11 +307,11 @@ class LeaseStore:
 
         return await self.backend.write(_tx)
 
-    async def mark_lost(self, lease_id: str, *, now: int) -> LeaseRecord | None:
-        """active|idle → released (reason `lost`): its worker vanished on its own."""
+    async def mark_lost(self, lease_id: str, *, now: int,
+                        reason: ReleaseReason = ReleaseReason.lost) -> LeaseRecord | None:
+        """active|idle → released (`reason`, `lost` by default): its worker vanished."""
         return await self._transition(lease_id, (LeaseState.active, LeaseState.idle),
-                                      frees=True,
-                                      **_released(now, ReleaseReason.lost))
+                                      frees=True, **_released(now, reason))
 
     async def renew(self, lease_id: str, *, expires_at: int, now: int) -> LeaseRecord | None:
         """Move an active, unexpired lease's expiry. None when the lease is not active
@@ -356,14 +356,17 @@ class LeaseStore:
     async def search(
         self, *, states: Sequence[LeaseState], owner_id: str | None = None,
         kind: str | None = None, provider: str | None = None, limit: int = 1000,
+        newest_first: bool = False,
     ) -> list[dict[str, Any]]:
-        """The `Lease` of each lease in `states` matching the filters, oldest first."""
+        """The `Lease` of each lease in `states` matching the filters, oldest first (by
+        created_at, which the listing index covers), or newest first."""
         query = select(*WIRE_COLUMNS).where(leases.c.state.in_([s.value for s in states]))
         for column, wanted in ((leases.c.owner_id, owner_id), (leases.c.kind, kind),
                                (leases.c.provider, provider)):
             if wanted is not None:
                 query = query.where(column == wanted)
-        query = query.order_by(leases.c.created_at).limit(limit)
+        created = leases.c.created_at.desc() if newest_first else leases.c.created_at
+        query = query.order_by(created).limit(limit)
         return await self.backend.read(
             lambda conn: [wire_of(row) for row in conn.execute(query)]
         )

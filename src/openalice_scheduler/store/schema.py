@@ -97,3 +97,13 @@ fence_counter = Table(
     Column("id", Integer, primary_key=True),
     Column("last", BigInteger, nullable=False),
 )
+
+# The guards (`openalice-scheduler guard`) that watch this store's workers, with the
+# providers each watches and its last contact (migration 0009).
+guards = Table(
+    "guards",
+    metadata,
+    Column("guard_id", String(128), primary_key=True),
+    Column("providers", String(256), nullable=False),
+    Column("last_contact_at", BigInteger, nullable=False),
+)
