@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
-from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from tests.harness import Scheduler
+from tests.pages import page_references
 
 STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://a:80"}
 # Each operation's id, which generated clients name their calls after: changing one
@@ -69,10 +69,9 @@ def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
         service: Scheduler) -> None:
     page = httpx.get(f"{service.url}/docs")  # no X-Internal-Secret: ungated, as /openapi.json
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    references = _References()
-    references.feed(page.text)
-    assert len(references.urls) >= 3, page.text  # the script, the stylesheet, the icon
-    for reference in references.urls:
+    references = page_references(page.text)
+    assert len(references) >= 3, page.text  # the script, the stylesheet, the icon
+    for reference in references:
         url = urljoin(f"{service.url}/docs", reference)
         assert url.startswith(f"{service.url}/docs/assets/"), reference
         asset = httpx.get(url)
@@ -98,20 +97,6 @@ def test_operation_ids_are_stable_unique_names(service: Scheduler) -> None:
     # Every operation has its name; /readyz lands with the drain work, named `readyz`.
     assert found.items() <= OPERATION_IDS.items(), found
     assert set(OPERATION_IDS) - set(found) <= {("get", "/readyz")}, found
-
-
-class _References(HTMLParser):
-    """The URLs a page loads by its markup: script src and link href."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.urls: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        wanted = {"script": "src", "link": "href"}.get(tag)
-        for name, value in attrs:
-            if name == wanted and value:
-                self.urls.append(value)
 
 
 def _render(url: str, workdir: Path) -> tuple[str, list[str]]:

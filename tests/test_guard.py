@@ -31,73 +31,88 @@ def at(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def contact(sched: Scheduler, guard: GuardProcess, provider: str) -> float | None:
-    """The guard's last contact as `GET /v1/providers` shows it (None: never)."""
+def guard_view(sched: Scheduler, guard: GuardProcess, provider: str) -> dict[str, Any] | None:
+    """The guard as `GET /v1/providers` shows it under `provider` (None: never polled)."""
     for view in sched.http.get("/v1/providers").json():
         if view["name"] == provider:
             for seen in view["guards"]:
                 if seen["guard_id"] == guard.guard_id:
-                    return at(seen["last_contact"])
+                    return dict(seen)
     return None
 
 
-def polled_since(sched: Scheduler, guard: GuardProcess, provider: str, since: float) -> bool:
+def contact(sched: Scheduler, guard: GuardProcess, provider: str) -> float | None:
+    """The guard's last contact (None: never)."""
+    seen = guard_view(sched, guard, provider)
+    return None if seen is None else at(seen["last_contact"])
+
+
+def lease_state(sched: Scheduler, lease: dict[str, Any]) -> dict[str, Any]:
+    return dict(sched.http.get(f"/v1/lease/{lease['lease_id']}").json())
+
+
+def polled_since(sched: Scheduler, guard: GuardProcess, provider: str,
+                 since: float) -> float | None:
+    """The guard's last contact once it is at or after `since`, else None."""
     seen = contact(sched, guard, provider)
-    return seen is not None and seen >= since
+    return seen if seen is not None and seen >= since else None
 
 
-class Workers:
-    """The workers of one scheduler on one provider, by lease id, as the provider says."""
-
-    def __init__(self, alive: Callable[[str], bool]) -> None:
-        self.alive = alive
+# Whether the worker of a lease id runs, as its provider says.
+Alive = Callable[[str], bool]
 
 
-def docker_workers(sched: Scheduler) -> Workers:
+def docker_workers(sched: Scheduler) -> Alive:
     def alive(lease_id: str) -> bool:
         return any(c.labels.get(LEASE_LABEL) == lease_id and c.status == "running"
                    for c in sched.containers())
-    return Workers(alive)
+    return alive
 
 
-def runpod_workers(runpod: RunPodEmulator, sched: Scheduler) -> Workers:
+def runpod_workers(runpod: RunPodEmulator, sched: Scheduler) -> Alive:
     def alive(lease_id: str) -> bool:
         return any(p.name.startswith(f"oa-{sched.instance}-") and lease_id in p.name
                    and p.status != "TERMINATED" for p in runpod.list_pods())
-    return Workers(alive)
+    return alive
 
 
-def never_early(workers: Workers, lease: dict[str, Any]) -> None:
+def never_early(alive: Alive, lease: dict[str, Any]) -> None:
     """The worker still runs until its lease's end + grace (checked only while this test
     is itself on time: a late look proves nothing either way)."""
     until = at(lease["expires_at"]) + GRACE - 0.5
     while time.time() < until:
-        alive = workers.alive(lease["lease_id"])
+        running = alive(lease["lease_id"])
         if time.time() < until:
-            assert alive, "the guard destroyed a worker before its lease's end + grace"
+            assert running, "the guard destroyed a worker before its lease's end + grace"
         time.sleep(0.25)
 
 
-def gone_within_bound(workers: Workers, lease: dict[str, Any], last_contact: float) -> None:
+def gone_within_bound(alive: Alive, lease: dict[str, Any], last_contact: float) -> None:
     """Destroyed by max(last contact + silence, end + grace) + one poll (README)."""
     bound = max(last_contact + SILENCE, at(lease["expires_at"]) + GRACE) + POLL
-    wait_for(lambda: not workers.alive(lease["lease_id"]), timeout=bound - time.time() + SLACK_S,
+    wait_for(lambda: not alive(lease["lease_id"]), timeout=bound - time.time() + SLACK_S,
              interval=0.25, what="the guard to destroy the expired lease's worker")
 
 
+def only_the_expired_goes(alive: Alive, short: dict[str, Any], long: dict[str, Any],
+                          last_contact: float) -> None:
+    """The short lease's worker runs until its end + grace and is gone within the bound;
+    a few more passes of the guard later, the long lease's worker still runs."""
+    never_early(alive, short)
+    gone_within_bound(alive, short, last_contact)
+    time.sleep(POLL * 4)
+    assert alive(long["lease_id"])
+
+
 def back_and_coherent(sched: Scheduler, guard: GuardProcess, short: dict[str, Any],
-                      long: dict[str, Any], workers: Workers, provider: str) -> None:
+                      long: dict[str, Any], alive: Alive, provider: str) -> None:
     """The scheduler started again: the short lease released as expired ("already gone"
     confirms it), the long one active with its worker, no release retried or failed."""
     sched.start()
-
-    def state(lease: dict[str, Any]) -> dict[str, Any]:
-        return sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
-
-    wait_for(lambda: state(short)["state"] == "released", timeout=60,
+    wait_for(lambda: lease_state(sched, short)["state"] == "released", timeout=60,
              what="the expired lease released once the scheduler is back")
-    assert state(short)["release_reason"] == "expired"
-    assert state(long)["state"] == "active" and workers.alive(long["lease_id"])
+    assert lease_state(sched, short)["release_reason"] == "expired"
+    assert lease_state(sched, long)["state"] == "active" and alive(long["lease_id"])
     assert sched.metric("scheduler_release_failures_total", provider=provider) == 0
     assert sched.metric("scheduler_leases_released_total", provider=provider,
                         reason="expired") == 1
@@ -110,16 +125,17 @@ def back_and_coherent(sched: Scheduler, guard: GuardProcess, short: dict[str, An
 
 
 def leases_learned(sched: Scheduler, guard: GuardProcess, provider: str,
-                   **body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A 5 s and a 600 s lease, once the guard has polled since both exist."""
+                   **body: Any) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """A 5 s and a 600 s lease, once the guard has polled since both exist; and that
+    poll's time, the guard's last contact as the scheduler shows it."""
     wait_for(lambda: contact(sched, guard, provider) is not None, timeout=60,
              what="the guard's first poll")
     short = sched.lease(ttl_seconds=5, **body)
     long = sched.lease(ttl_seconds=600, **body)
     made = time.time()
-    wait_for(lambda: polled_since(sched, guard, provider, made), timeout=30,
-             what="a poll of the guard after both leases")
-    return short, long
+    last = wait_for(lambda: polled_since(sched, guard, provider, made), timeout=30,
+                    what="a poll of the guard after both leases")
+    return short, long, last
 
 
 # --- Docker ------------------------------------------------------------------------------
@@ -131,16 +147,11 @@ def test_docker_worker_destroyed_within_the_bound_when_the_scheduler_is_dead(
     sched = make_scheduler()
     guard = GuardProcess(sched).start()
     try:
-        workers = docker_workers(sched)
-        short, long = leases_learned(sched, guard, "local-docker")
-        last = contact(sched, guard, "local-docker")
-        assert last is not None
+        alive = docker_workers(sched)
+        short, long, last = leases_learned(sched, guard, "local-docker")
         sched.kill()
-        never_early(workers, short)
-        gone_within_bound(workers, short, last)
-        time.sleep(POLL * 4)  # a few more passes of the guard: the long lease is untouched
-        assert workers.alive(long["lease_id"])
-        back_and_coherent(sched, guard, short, long, workers, "local-docker")
+        only_the_expired_goes(alive, short, long, last)
+        back_and_coherent(sched, guard, short, long, alive, "local-docker")
     finally:
         guard.kill()
 
@@ -154,20 +165,15 @@ def test_a_guard_killed_mid_silence_resumes_from_its_disk(
     sched = make_scheduler()
     guard = GuardProcess(sched).start()
     try:
-        workers = docker_workers(sched)
-        short, long = leases_learned(sched, guard, "local-docker")
-        last = contact(sched, guard, "local-docker")
-        assert last is not None
+        alive = docker_workers(sched)
+        short, long, last = leases_learned(sched, guard, "local-docker")
         sched.kill()
         time.sleep(SILENCE / 2)
         guard.kill()
         assert guard.state_file.exists()
         time.sleep(1)
         guard.start()
-        never_early(workers, short)
-        gone_within_bound(workers, short, last)
-        time.sleep(POLL * 4)
-        assert workers.alive(long["lease_id"])
+        only_the_expired_goes(alive, short, long, last)
     finally:
         guard.kill()
 
@@ -184,27 +190,22 @@ def test_a_guard_alone_cut_off_acts_on_what_it_last_learned(
     with CutProxy(sched.port) as proxy:
         guard = GuardProcess(sched, url=proxy.url).start()
         try:
-            workers = docker_workers(sched)
-            short, long = leases_learned(sched, guard, "local-docker")
+            alive = docker_workers(sched)
+            short, long, _ = leases_learned(sched, guard, "local-docker")
             proxy.cut()
             learned = short  # what the guard knows: the 5 s lease's first end
             # The caller renews through the scheduler, which the guard cannot see.
             renewed = sched.http.post(f"/v1/lease/{short['lease_id']}/renew",
                                       json={"ttl_seconds": 600})
             assert renewed.status_code == 200, renewed.text
-            never_early(workers, learned)
-            gone_within_bound(workers, learned, time.time())
-
-            def state() -> dict[str, Any]:
-                return sched.http.get(f"/v1/lease/{short['lease_id']}").json()
-
-            wait_for(lambda: state()["state"] == "released", timeout=60,
+            never_early(alive, learned)
+            gone_within_bound(alive, learned, time.time())
+            wait_for(lambda: lease_state(sched, short)["state"] == "released", timeout=60,
                      what="the scheduler finding the renewed lease's worker gone")
-            assert state()["release_reason"] == "lost"
-            assert workers.alive(long["lease_id"])
-            silent = [g for v in sched.http.get("/v1/providers").json()
-                      for g in v["guards"] if g["guard_id"] == guard.guard_id]
-            assert silent and silent[0]["silent_seconds"] >= SILENCE
+            assert lease_state(sched, short)["release_reason"] == "lost"
+            assert alive(long["lease_id"])
+            silent = guard_view(sched, guard, "local-docker")
+            assert silent is not None and silent["silent_seconds"] >= SILENCE
         finally:
             guard.kill()
 
@@ -228,17 +229,12 @@ def test_runpod_pod_terminated_within_the_bound_when_the_scheduler_is_dead(
         RUNPOD_CATALOG_TTL_SECONDS="0", RUNPOD_REQUEST_TIMEOUT_SECONDS="10")
     guard = GuardProcess(sched).start()
     try:
-        workers = runpod_workers(runpod, sched)
-        short, long = leases_learned(sched, guard, "runpod", gpu="mid")
-        assert workers.alive(short["lease_id"]) and workers.alive(long["lease_id"])
-        last = contact(sched, guard, "runpod")
-        assert last is not None
+        alive = runpod_workers(runpod, sched)
+        short, long, last = leases_learned(sched, guard, "runpod", gpu="mid")
+        assert alive(short["lease_id"]) and alive(long["lease_id"])
         sched.kill()
-        never_early(workers, short)
-        gone_within_bound(workers, short, last)
-        time.sleep(POLL * 4)
-        assert workers.alive(long["lease_id"])
-        back_and_coherent(sched, guard, short, long, workers, "runpod")
+        only_the_expired_goes(alive, short, long, last)
+        back_and_coherent(sched, guard, short, long, alive, "runpod")
         assert KEY not in guard.log()
     finally:
         guard.kill()

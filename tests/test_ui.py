@@ -12,7 +12,6 @@ import threading
 import tomllib
 from collections.abc import Iterator
 from fnmatch import fnmatch
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
@@ -22,6 +21,7 @@ import pytest
 from playwright.sync_api import Browser, Locator, expect, sync_playwright
 
 from tests.harness import REPO, SECRET, SHARED_ENGINE, Scheduler
+from tests.pages import page_references
 
 # One renderer endpoint: a second renderer acquire waits in line until the first ends.
 STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://r1.test:8080"}
@@ -63,10 +63,9 @@ def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
     policy = page.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "connect-src 'self'" in policy, policy
     assert "frame-ancestors 'none'" in policy, policy
-    references = _References()
-    references.feed(page.text)
-    assert len(references.urls) == 2, references.urls  # the script and the stylesheet
-    for reference in references.urls:
+    references = page_references(page.text)
+    assert len(references) == 2, references  # the script and the stylesheet
+    for reference in references:
         url = urljoin(f"{service.url}/ui", reference)
         assert url.startswith(f"{service.url}/ui/assets/"), reference
         asset = httpx.get(url)
@@ -254,17 +253,4 @@ def _seconds(cell: Locator) -> int:
     hours, minutes, seconds = (int(part or 0) for part in parts.groups())
     return hours * 3600 + minutes * 60 + seconds
 
-
-class _References(HTMLParser):
-    """The URLs a page loads by its markup: script src and link href."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.urls: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        wanted = {"script": "src", "link": "href"}.get(tag)
-        for name, value in attrs:
-            if name == wanted and value:
-                self.urls.append(value)
 
