@@ -5,6 +5,7 @@ and shell completion work on a client-only install; `serve` imports the server's
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -111,25 +112,22 @@ def _root(
 @app.command()
 def serve() -> None:
     """Run the service. Configured only by environment variables (see README)."""
-    try:
-        from openalice_scheduler import server, startup
-    except ModuleNotFoundError as exc:  # a client-only install
-        _die(f"the server is not installed ({exc.name} is missing): "
-             "pip install 'openalice-scheduler[server]'")
-    from openalice_scheduler.errors import StartupError
-
-    try:
-        server.serve(startup.load_settings(os.environ))
-    except StartupError as exc:  # one line per reason (startup.py)
-        _die(str(exc))
+    _run_server_part("server", "serve")
 
 
 @app.command()
 def guard() -> None:
     """Run a guard: destroys this instance's workers past their lease once no scheduler
     answers it (README, The guard). Configured by environment variables."""
+    _run_server_part("guard", "run")
+
+
+def _run_server_part(module: str, function: str) -> None:
+    """`openalice_scheduler.<module>.<function>(settings)` with the settings from the
+    environment. A client-only install, and every start-up error (one line per reason,
+    startup.py), is said in lines of its own, exit 2."""
     try:
-        from openalice_scheduler import guard as guard_process
+        target = getattr(importlib.import_module(f"openalice_scheduler.{module}"), function)
         from openalice_scheduler import startup
     except ModuleNotFoundError as exc:  # a client-only install
         _die(f"the server is not installed ({exc.name} is missing): "
@@ -137,7 +135,7 @@ def guard() -> None:
     from openalice_scheduler.errors import StartupError
 
     try:
-        guard_process.run(startup.load_settings(os.environ))
+        target(startup.load_settings(os.environ))
     except StartupError as exc:
         _die(str(exc))
 

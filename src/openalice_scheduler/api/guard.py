@@ -6,14 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Security
 from fastapi.responses import JSONResponse
-from fastapi.security import APIKeyHeader
 
-from openalice_scheduler.api.deps import ServiceDep
+from openalice_scheduler.api.deps import SECRET_HEADER, ServiceDep
 from openalice_scheduler.api.openapi import errors
 from openalice_scheduler.models import GuardPoll, Token
 
-_secret = APIKeyHeader(name="X-Internal-Secret", auto_error=False)
-router = APIRouter(prefix="/v1", tags=["guard"], dependencies=[Security(_secret)])
+router = APIRouter(prefix="/v1", tags=["guard"], dependencies=[Security(SECRET_HEADER)])
 
 
 @router.get(

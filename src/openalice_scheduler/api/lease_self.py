@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Security
 from fastapi.responses import JSONResponse
-from fastapi.security import APIKeyHeader, HTTPBearer
+from fastapi.security import HTTPBearer
 
-from openalice_scheduler.api.deps import ServiceDep
+from openalice_scheduler.api.deps import SECRET_HEADER, ServiceDep
 from openalice_scheduler.api.openapi import Responses, errors
 from openalice_scheduler.models import ErrorBody, LeaseSelf
 from openalice_scheduler.store import format_us
 
 # Either one (OpenAPI lists them as alternatives); checked by SecretGate before routing.
-_secret = APIKeyHeader(name="X-Internal-Secret", auto_error=False)
 _token = HTTPBearer(auto_error=False, description="LEASE_TOKEN: the lease's own token")
 router = APIRouter(prefix="/v1", tags=["workers"],
-                   dependencies=[Security(_secret), Security(_token)])
+                   dependencies=[Security(SECRET_HEADER), Security(_token)])
 
 _FORBIDDEN: Responses = {403: {"model": ErrorBody,
                     "description": "`forbidden`: the bearer token is not this lease's"}}

@@ -11,9 +11,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response, Security
 from fastapi.responses import JSONResponse
-from fastapi.security import APIKeyHeader
 
-from openalice_scheduler.api.deps import LeaseOwner, ServiceDep
+from openalice_scheduler.api.deps import SECRET_HEADER, LeaseOwner, ServiceDep
 from openalice_scheduler.api.hangup import watch_hangup
 from openalice_scheduler.api.openapi import errors
 from openalice_scheduler.models import (
@@ -27,10 +26,7 @@ from openalice_scheduler.models import (
     WorkerKind,
 )
 
-# Enforced by SecretGate before routing (so even a malformed body gets 401 first); declared
-# here so that /openapi.json shows the requirement.
-_secret = APIKeyHeader(name="X-Internal-Secret", auto_error=False)
-router = APIRouter(prefix="/v1", tags=["leases"], dependencies=[Security(_secret)])
+router = APIRouter(prefix="/v1", tags=["leases"], dependencies=[Security(SECRET_HEADER)])
 
 
 @router.post(
