@@ -39,6 +39,36 @@ class Settings(BaseSettings):
         None, description="kind[:gpu]=url,url;... endpoints leased exclusively (static provider)."
     )
     static_region: str | None = None
+
+    # Money (README, Prices and caps).
+    local_docker_price_per_hour: str = Field(
+        "0", description="What a local-docker worker costs, USD per hour: one price, or "
+        "per GPU class `none=0.05,entry=0.4`; a DOCKER_HOSTS host's price= replaces it.",
+    )
+    static_price_per_hour: str = Field(
+        "0", description="What a static endpoint's lease costs, USD per hour, as "
+        "LOCAL_DOCKER_PRICE_PER_HOUR.",
+    )
+    local_gpu_type: str | None = Field(
+        None, max_length=64, description="The GPU type local Docker's GPU workers get "
+        "(e.g. NVIDIA GeForce RTX 4090), recorded as their leases' gpu_type.",
+    )
+    max_cost_per_hour_per_owner: float = Field(
+        0.0, ge=0, description="USD per hour an owner's live leases may cost together; "
+        "0 = no cap.",
+    )
+    max_spend_per_day_per_owner: float = Field(
+        0.0, ge=0, description="USD an owner may have spent over the last 24 h for a new "
+        "priced lease to be granted; 0 = no cap.",
+    )
+    owner_budgets: str | None = Field(
+        None, description="Per-owner caps replacing the two above, `owner=N/h:N/d,…` "
+        "(e.g. `anim=5/h:80/d,live=2/h`); 0 lifts a cap.",
+    )
+    lease_retention_days: int = Field(
+        90, ge=0, description="Ended leases older than this are purged in the background; "
+        "0 = kept for ever.",
+    )
     database_url: str = Field("sqlite:///./openalice-scheduler.db")
     sqlite_synchronous: Literal["full", "normal"] = Field(
         "full", description="full: commits survive power loss; normal: survive a killed "
@@ -255,6 +285,22 @@ class Settings(BaseSettings):
         for device in (value or "").split(","):
             if device.strip() and not re.fullmatch(r"[A-Za-z0-9-]+", device.strip()):
                 raise ValueError(f"{device.strip()!r} is not a GPU index or UUID")
+        return value
+
+    @field_validator("local_docker_price_per_hour", "static_price_per_hour")
+    @classmethod
+    def _prices_syntax(cls, value: str) -> str:
+        from openalice_scheduler.budgets import parse_prices
+
+        parse_prices(value)
+        return value
+
+    @field_validator("owner_budgets")
+    @classmethod
+    def _budgets_syntax(cls, value: str | None) -> str | None:
+        from openalice_scheduler.budgets import parse_owner_budgets
+
+        parse_owner_budgets(value)
         return value
 
     @field_validator("warm_pool")

@@ -77,6 +77,15 @@ class QuotaExceeded(SchedulerError):
     status = 429
 
 
+class BudgetExceeded(SchedulerError):
+    """Every provider that could serve would break one of the owner's caps in money
+    (README, Prices and caps); the body names the cap, the owner's figures and the
+    cheapest price refused."""
+
+    code = "budget_exceeded"
+    status = 429
+
+
 class InvalidRequest(SchedulerError):
     code = "invalid_request"
     status = 422

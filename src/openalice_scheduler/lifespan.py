@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+from openalice_scheduler.budgets import Budgets
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import SchedulerError
 from openalice_scheduler.guards import GuardDesk
@@ -55,6 +56,8 @@ def lifespan(
                 provision_timeout=settings.provision_timeout_seconds, probe=probe,
                 max_leases_per_owner=settings.max_leases_per_owner, clock=clock,
                 on_due=alarm.due, access=access,
+                budgets=Budgets(settings.max_cost_per_hour_per_owner,
+                                settings.max_spend_per_day_per_owner, settings.owner_budgets),
             )
             sweeper = Sweeper(service, alarm, tracing.tracer, settings.sweep_interval_seconds)
             beat = min(5.0, settings.reconcile_interval_seconds / 2)

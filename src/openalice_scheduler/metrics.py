@@ -24,7 +24,7 @@ disable_created_metrics()
 # Labels of `scheduler_capacity` for a provider whose kinds share one capacity (Docker,
 # RunPod): the cap is per GPU class, whatever the kind.
 ANY_KIND = "any"
-ACQUIRE_FAILURE_REASONS = ("no_provider", "provision_failed", "quota")
+ACQUIRE_FAILURE_REASONS = ("no_provider", "provision_failed", "quota", "budget")
 # How a caller's wait in line ended (`scheduler_wait_seconds{outcome}`): with a worker,
 # out of time while still at capacity, the caller hung up, or refused for another reason
 # (not capacity, an error, shutting down).

@@ -158,6 +158,17 @@ class Lease(BaseModel):
     fence: int | None = Field(
         None, description="Fencing token: strictly increasing over every lease of the "
         "store, kept by renewals; the worker has it as LEASE_FENCE and in its hand-off")
+    gpu_type: str | None = Field(
+        None, description="The GPU type the worker got (RunPod's id, LOCAL_GPU_TYPE for "
+        "local Docker); null for gpu=none or when unknown")
+    price_per_hour: float | None = Field(
+        None, description="What the worker costs, USD per hour (README, Prices and caps); "
+        "null when unknown")
+    granted_at: Timestamp | None = Field(
+        None, description="When the lease became active: its cost counts from then")
+    cost: float | None = Field(
+        None, description="Once ended: price_per_hour × the time from granted_at to "
+        "released_at, USD; 0 for a lease never granted; null while live")
 
 
 class LeaseSelf(BaseModel):

@@ -151,7 +151,7 @@ class WarmPool(LoopService):
                 if not (await provider.available(spec)).ok:
                     continue
                 terms = reservation_terms(provider, spec, now=self.service.now_us(),
-                                          owner_quota=0)
+                                          owner_quota=0, price=await provider.price(spec))
                 try:
                     reserved = await self.store.reserve(new, provider.name, terms, target)
                 except AtCapacity:
@@ -188,7 +188,9 @@ class WarmPool(LoopService):
             return 0
         ready = await self.store.ready(spec.lease_id, endpoint=worker.endpoint,
                                        provider_token=worker.provider_token,
-                                       probe_url=worker.probe_url, now=service.now_us())
+                                       probe_url=worker.probe_url, now=service.now_us(),
+                                       gpu_type=worker.gpu_type,
+                                       price_per_hour=worker.price_per_hour)
         if ready is None:  # resolved by reconciliation meanwhile
             await _destroy_quietly(provider, spec.lease_id, worker.provider_token)
             return 0
@@ -227,7 +229,7 @@ class WarmPool(LoopService):
             correlation_id=request.correlation_id, region=None,
             ttl_seconds=request.ttl_seconds, created_at=now,
             expires_at=now + request.ttl_seconds * 1_000_000,
-        ), service.max_leases_per_owner)
+        ), service.max_leases_per_owner, service.budgets.of(request.owner_id))
         if claimed is None:
             return None
         self.idle_gauge.labels(kind, gpu).dec()  # the next pass sets it from the store

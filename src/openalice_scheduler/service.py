@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 
+from openalice_scheduler.budgets import Budgets
 from openalice_scheduler.capacity import provider_view
 from openalice_scheduler.errors import (
+    BudgetExceeded,
     LeaseNotFound,
     NoProviderAvailable,
     ProviderError,
@@ -42,6 +44,7 @@ from openalice_scheduler.store import (
     LeaseRecord,
     LeaseStore,
     NewLease,
+    OverBudget,
     OverQuota,
     Terms,
     to_us,
@@ -80,6 +83,7 @@ class LeaseService(Releasing):
         clock: Clock = utcnow,
         on_due: Callable[[int], None] = lambda _at: None,
         access: LeaseAccess | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
         self.store = store
         self.providers = list(providers)
@@ -97,6 +101,8 @@ class LeaseService(Releasing):
         self.on_due = on_due
         # A worker's credential for its own lease (none: workers are not told one).
         self.access = access or LeaseAccess("", None)
+        # Each owner's caps in money (none given: no caps).
+        self.budgets = budgets or Budgets()
         self.queue = CapacityQueue(metrics)
         # Leases this process is provisioning right now: the reconciler leaves them be.
         self.in_flight: set[str] = set()
@@ -154,11 +160,13 @@ class LeaseService(Releasing):
         )
         reasons: dict[str, str] = {}
         failures: dict[str, str] = {}
+        over_budget: list[OverBudget] = []
         at_capacity = False
         written = False  # this lease's row exists (a provider was tried)
+        budget = self.budgets.of(request.owner_id)
         self.in_flight.add(lease_id)
         try:
-            warm = await self._take_warm(request)
+            warm = await self._take_warm(request, over_budget)
             if warm is not None:
                 return self._acquired(warm.provider, warm)
             order = await self.policy.order(self.providers, spec)
@@ -170,7 +178,8 @@ class LeaseService(Releasing):
                     reasons[provider.name] = availability.reason
                     continue
                 terms = reservation_terms(provider, spec, now=self.now_us(),
-                                          owner_quota=self.max_leases_per_owner)
+                                          owner_quota=self.max_leases_per_owner,
+                                          price=await provider.price(spec), budget=budget)
                 try:
                     if isinstance(provider, InstantProvider):
                         # Nothing to create: reserved and active in one transaction.
@@ -186,10 +195,17 @@ class LeaseService(Releasing):
                     reasons[provider.name] = exc.message
                     at_capacity = True
                     continue
+                except OverBudget as exc:
+                    reasons[provider.name] = exc.message
+                    over_budget.append(exc)
+                    continue
                 written = True
+                # Under an hourly cap, the worker may cost no more than it was checked at.
+                most = reserved.price_per_hour if budget and budget.per_hour else None
                 try:
                     record = await self._provision(provider, replace(
-                        spec, resource=reserved.resource, fence=reserved.fence))
+                        spec, resource=reserved.resource, fence=reserved.fence,
+                        max_price_per_hour=most))
                 except ProviderOutOfCapacity as exc:
                     # No capacity, learnt by trying (RunPod): a reason, as for a provider
                     # unavailable, not a failure; the next provider may serve. One provider
@@ -207,19 +223,41 @@ class LeaseService(Releasing):
             error = "; ".join((failures or reasons).values())
             await self.store.fail(lease_id, error=error, now=self.now_us())
             self.capacity_freed()
+        if over_budget and not (failures or at_capacity):
+            raise await self._over_budget(request, over_budget, reasons)
         raise self._no_lease(request, reasons, failures, at_capacity)
 
-    async def _take_warm(self, request: LeaseRequest) -> LeaseRecord | None:
+    async def _take_warm(self, request: LeaseRequest,
+                         over_budget: list[OverBudget]) -> LeaseRecord | None:
         """A ready worker of the pool, when it has one for `request` (else None: cold).
-        The quota and a twin request are checked as for a cold reserve."""
+        The quota, the owner's caps and a twin request are checked as for a cold
+        reserve; a pool worker over the owner's budget is noted in `over_budget` (a
+        cheaper provider may serve cold)."""
         if self.pool is None:
             return None
         try:
             return await self.pool.take(request)
         except OverQuota as exc:
             raise self._over_quota(exc) from None
+        except OverBudget as exc:
+            over_budget.append(exc)
+            return None
         except DuplicateRequest as exc:
             return await self._twin(exc.lease_id)  # None: it failed, this one goes cold
+
+    async def _over_budget(self, request: LeaseRequest, refusals: list[OverBudget],
+                           reasons: dict[str, str]) -> BudgetExceeded:
+        """The 429 when every provider left would break the owner's caps: the refusal
+        at the cheapest price, with the owner's figures as the store has them now."""
+        self.metrics.acquire_failures.labels("budget").inc()
+        cheapest = min(refusals, key=lambda r: r.price)
+        assert request.owner_id is not None, "only owners have caps"
+        per_hour, spent = await self.store.owner_money(request.owner_id, now=self.now_us())
+        return BudgetExceeded(
+            f"{cheapest.message} (cheapest price refused: {cheapest.price:.4g} $/h)",
+            owner_id=request.owner_id, cap=cheapest.cap, limit=cheapest.limit,
+            owner_cost_per_hour=round(per_hour, 6), owner_spend_24h=round(spent, 6),
+            cheapest_refused_price=cheapest.price, reasons=reasons)
 
     def _over_quota(self, exc: OverQuota) -> QuotaExceeded:
         self.metrics.acquire_failures.labels("quota").inc()
@@ -293,7 +331,8 @@ class LeaseService(Releasing):
         # LEASE_EXPIRES_AT before it started, and lease and worker must agree on it.
         record = await self.store.activate(spec.lease_id, endpoint=worker.endpoint,
                                            provider_token=worker.provider_token,
-                                           now=self.now_us())
+                                           now=self.now_us(), gpu_type=worker.gpu_type,
+                                           price_per_hour=worker.price_per_hour)
         if record is None:
             # Reconciliation resolved the lease while we provisioned: do not leak.
             await self._clean_half_made(provider, spec.lease_id, worker.provider_token)

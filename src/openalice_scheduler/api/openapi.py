@@ -34,7 +34,9 @@ _DESCRIPTIONS = {
     413: f"`body_too_large`: a body over {MAX_BODY_BYTES} bytes (`limit`)",
     422: "`invalid_request`: an invalid body, parameter or JSON; `field` names the first "
          "offending field, `errors` each",
-    429: "`quota_exceeded`: the owner holds as many leases as it may (`limit`)",
+    429: "`quota_exceeded`: the owner holds as many leases as it may (`limit`); "
+         "`budget_exceeded`: a lease would break the owner's cap in money (`cap`, `limit`, "
+         "`owner_cost_per_hour`, `owner_spend_24h`, `cheapest_refused_price`)",
     431: f"`headers_too_large`: request headers over {MAX_HEADER_BYTES} bytes",
     502: "`provision_failed` (acquire): every candidate provider failed, `failures` lists "
          "each; `release_failed` (release): the lease stays releasing and is retried",

@@ -18,7 +18,7 @@ from openalice_scheduler.providers.base import (
     WorkerInfo,
     WorkerSpec,
 )
-from openalice_scheduler.store.records import Terms
+from openalice_scheduler.store.records import Budget, Terms
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,12 @@ def _runpod(settings: Settings) -> Provider:
 
 
 def _static(settings: Settings) -> Provider:
+    from openalice_scheduler.budgets import parse_prices
     from openalice_scheduler.providers.static import StaticProvider
 
     assert settings.static_workers, "configuration_problems checked it"
-    return StaticProvider(settings.static_workers, settings.static_region)
+    return StaticProvider(settings.static_workers, settings.static_region,
+                          parse_prices(settings.static_price_per_hour))
 
 
 REGISTRY: dict[str, Callable[[Settings], Provider]] = {
@@ -77,15 +79,19 @@ def configuration_problems(settings: Settings) -> list[str]:
 
 
 def reservation_terms(provider: Provider, spec: WorkerSpec, *, now: int,
-                      owner_quota: int) -> Terms:
-    """What reserving `spec` on `provider` must respect, checked by the store. A placing
-    provider's placer counts its caps itself, per place."""
+                      owner_quota: int, price: float | None = None,
+                      budget: Budget | None = None) -> Terms:
+    """What reserving `spec` on `provider` at `price` (its `price(spec)`) must respect,
+    checked by the store. A placing provider's placer counts its caps itself, per place,
+    and gives the price of the place it picks."""
     if isinstance(provider, PlacingProvider):
-        return Terms(now=now, owner_quota=owner_quota, place=provider.placer(spec))
+        return Terms(now=now, owner_quota=owner_quota, place=provider.placer(spec),
+                     price_per_hour=price, budget=budget)
     return Terms(
         now=now, max_live=provider.max_workers,
         resources=provider.exclusive_resources(spec),
         resource_label=provider.resource_label, owner_quota=owner_quota,
+        price_per_hour=price, budget=budget,
     )
 
 

@@ -36,6 +36,9 @@ class WorkerSpec:
     # None when SCHEDULER_PUBLIC_URL is unset. The token goes to the worker only.
     self_url: str | None = None
     token: str | None = field(default=None, repr=False)
+    # The most this worker may cost, USD per hour, when the owner has a cap in money: the
+    # price its lease was checked against. None: no such bound.
+    max_price_per_hour: float | None = None
 
 
 def worker_env(spec: WorkerSpec, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -71,6 +74,11 @@ class Worker:
     # The worker is behind an HTTP proxy that accepts connections whether or not the
     # worker listens (RunPod's): a TCP connect proves nothing, an HTTP answer does.
     behind_proxy: bool = False
+    # What the provider says the worker is and costs (RunPod: the pod's own GPU type and
+    # cost), recorded on the lease; None: the GPU type is unknown, the price is the one
+    # reserved with the lease (the provider's `price`).
+    gpu_type: str | None = None
+    price_per_hour: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

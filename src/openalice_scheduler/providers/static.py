@@ -57,10 +57,12 @@ class StaticProvider:
     max_workers = 0  # each endpoint is its own exclusive resource: that is the cap
     resource_label = "static endpoints"
 
-    def __init__(self, workers: str, region: str | None = None) -> None:
+    def __init__(self, workers: str, region: str | None = None,
+                 prices: Mapping[str, float] | None = None) -> None:
         # Tuples: handed to every reserve as they are, never copied.
         self.pools = {key: tuple(urls) for key, urls in parse_static_workers(workers).items()}
         self.region = region
+        self.prices = dict(prices or {})  # STATIC_PRICE_PER_HOUR per GPU class
 
     def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
         return self.pools.get((spec.kind, spec.gpu), ())
@@ -89,7 +91,7 @@ class StaticProvider:
         return None
 
     async def price(self, spec: WorkerSpec) -> float | None:
-        return 0.0
+        return self.prices.get(spec.gpu.value, 0.0)
 
     async def status(self) -> ProviderStatus:
         capacity: dict[str, int | None] = {}

@@ -12,6 +12,7 @@ from openalice_scheduler.store.records import (
     DuplicateRequest,
     LeaseRecord,
     NewLease,
+    OverBudget,
     OverQuota,
     Terms,
     format_us,
@@ -43,5 +44,5 @@ def open_store(
 
 __all__ = [
     "AtCapacity", "Backend", "DuplicateRequest", "LeaseRecord", "LeaseStore", "NewLease",
-    "OverQuota", "Terms", "format_us", "open_backend", "open_store", "to_us",
+    "OverBudget", "OverQuota", "Terms", "format_us", "open_backend", "open_store", "to_us",
 ]

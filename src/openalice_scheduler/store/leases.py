@@ -8,7 +8,6 @@ applies the outcome. Which database runs the transactions is the backend's busin
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,12 +15,12 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import bindparam, func, literal_column, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from openalice_scheduler.errors import StoreUnavailable
-from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
+from openalice_scheduler.models import LeaseState, ReleaseReason
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.listing import ListingEncoder
 from openalice_scheduler.store.records import (
@@ -37,12 +36,23 @@ from openalice_scheduler.store.records import (
 )
 from openalice_scheduler.store.replicas import Replicas
 from openalice_scheduler.store.schema import leases, store_identity
+from openalice_scheduler.store.spending import DAY_US, check_budget, live_price, spent_since
+from openalice_scheduler.store.statements import (
+    COUNT_LIVE,
+    GET,
+    HELD_BY_OWNER,
+    INSERT,
+    LIVE,
+    RELEASABLE,
+    REQUEST,
+    TAKEN,
+    TWIN,
+    released,
+    transition_tx,
+)
 
 # A worker's release is being attempted by someone: nobody else retries it before then.
 RELEASE_CLAIM_US = 60_000_000
-_LIVE = [s.value for s in LIVE_STATES]
-# What counts against an owner's quota and answers an idempotent replay.
-_HELD = [LeaseState.provisioning.value, LeaseState.active.value]
 # Check of a lease in a release's transaction; raises to refuse (None: unknown lease).
 Check = Callable[[LeaseRecord | None], None]
 
@@ -134,33 +144,39 @@ class LeaseStore:
         self.backend.lock(conn, f"provider:{provider}")
         mine = {"b_id": lease.lease_id, "b_provider": provider}
         if terms.max_live:
-            count = conn.execute(_COUNT_LIVE, mine).scalar_one()
+            count = conn.execute(COUNT_LIVE, mine).scalar_one()
             if count >= terms.max_live:
                 raise AtCapacity(f"at capacity ({count}/{terms.max_live} live workers)")
         resource = host = None
+        price = terms.price_per_hour
         if terms.place is not None:
-            placed = terms.place(set(conn.execute(_TAKEN, mine).scalars()))
+            placed = terms.place(set(conn.execute(TAKEN, mine).scalars()))
             resource, host = placed.resource, placed.host
+            price = price if placed.price is None else placed.price
         elif terms.resources is not None:
-            taken = set(conn.execute(_TAKEN, mine).scalars())
+            taken = set(conn.execute(TAKEN, mine).scalars())
             resource = next((r for r in terms.resources if r not in taken), None)
             if resource is None:
                 raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} "
                                  "are leased")
+        if terms.budget is not None:  # still under the owner's lock
+            check_budget(conn, lease, price, terms.budget, terms.now)
         values: dict[str, Any] = {
             "provider": provider, "state": state.value,
             "resource": resource, "host": host, "updated_at": terms.now,
             "replica_id": self.replica_id,
-            "endpoint": "", "provider_token": "",
+            "endpoint": "", "provider_token": "", "price_per_hour": price,
+            "gpu_type": None, "granted_at": None,
         }
         if assign is not None:
             values["state"] = LeaseState.active.value
             values["endpoint"], values["provider_token"] = assign(resource)
+            values["granted_at"] = terms.now
         if moving:  # from a provider that failed to provision it: its fence stays
-            moved = _transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
+            moved = transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
             if moved is not None:
                 return moved
-        row = conn.execute(_INSERT, {
+        row = conn.execute(INSERT, {
             "lease_id": lease.lease_id, "kind": lease.kind, "gpu": lease.gpu,
             "owner_id": lease.owner_id, "correlation_id": lease.correlation_id,
             "region": lease.region, "ttl_seconds": lease.ttl_seconds,
@@ -178,24 +194,30 @@ class LeaseStore:
         self.backend.lock(conn, f"owner:{lease.owner_id}")
         mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id}
         if lease.correlation_id:
-            twin = conn.execute(_TWIN, {**mine, "b_corr": lease.correlation_id}).scalar()
+            twin = conn.execute(TWIN, {**mine, "b_corr": lease.correlation_id}).scalar()
             if twin is not None:
                 raise DuplicateRequest(twin)
         if quota:
-            held = conn.execute(_HELD_BY_OWNER, mine).scalar_one()
+            held = conn.execute(HELD_BY_OWNER, mine).scalar_one()
             if held >= quota:
                 raise OverQuota(f"owner {lease.owner_id!r} holds {held} leases; "
                                 f"MAX_LEASES_PER_OWNER is {quota}")
 
     async def activate(
-        self, lease_id: str, *, endpoint: str, provider_token: str, now: int
+        self, lease_id: str, *, endpoint: str, provider_token: str, now: int,
+        gpu_type: str | None = None, price_per_hour: float | None = None,
     ) -> LeaseRecord | None:
-        """provisioning → active. None when the lease is no longer provisioning (a
-        reconciler resolved it meanwhile): the caller must destroy its worker."""
+        """provisioning → active, granted now: its cost counts from here. `gpu_type` and
+        `price_per_hour`, when given, are what the provider says the worker is and costs
+        (the price reserved with the lease stays otherwise). None when the lease is no
+        longer provisioning (a reconciler resolved it meanwhile): the caller must destroy
+        its worker."""
+        found: dict[str, Any] = {"gpu_type": gpu_type, "price_per_hour": price_per_hour}
         try:
             return await self._transition(
                 lease_id, (LeaseState.provisioning,), state=LeaseState.active.value,
                 endpoint=endpoint, provider_token=provider_token, updated_at=now,
+                granted_at=now, **{k: v for k, v in found.items() if v is not None},
             )
         except StoreUnavailable:
             self.unsure.add(lease_id)
@@ -221,14 +243,14 @@ class LeaseStore:
         `released`. In the same transaction, `check` first sees the lease as it is and
         may refuse by raising. None when the lease was in neither state."""
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = conn.execute(_GET, {"b_id": lease_id}).first()
+            row = conn.execute(GET, {"b_id": lease_id}).first()
             current = record_of(row) if row else None
             if check is not None:
                 check(current)
             if current is not None and current.provider in at_once:
-                return _transition_tx(conn, lease_id, _RELEASABLE,
-                                      _released(now, reason), self.backend)
-            return _transition_tx(conn, lease_id, _RELEASABLE, {
+                return transition_tx(conn, lease_id, RELEASABLE,
+                                      released(now, reason), self.backend)
+            return transition_tx(conn, lease_id, RELEASABLE, {
                 "state": LeaseState.releasing.value, "release_reason": reason.value,
                 "next_attempt_at": now + RELEASE_CLAIM_US, "updated_at": now,
             })
@@ -290,7 +312,7 @@ class LeaseStore:
     ) -> LeaseRecord | None:
         """releasing → released, its worker destroyed."""
         return await self._transition(lease_id, (LeaseState.releasing,), frees=True,
-                                      **_released(now, reason))
+                                      **released(now, reason))
 
     async def release_attempt_failed(
         self, lease_id: str, *, error: str, retry_at: int, now: int
@@ -311,7 +333,7 @@ class LeaseStore:
                         reason: ReleaseReason = ReleaseReason.lost) -> LeaseRecord | None:
         """active|idle → released (`reason`, `lost` by default): its worker vanished."""
         return await self._transition(lease_id, (LeaseState.active, LeaseState.idle),
-                                      frees=True, **_released(now, reason))
+                                      frees=True, **released(now, reason))
 
     async def renew(self, lease_id: str, *, expires_at: int, now: int) -> LeaseRecord | None:
         """Move an active, unexpired lease's expiry. None when the lease is not active
@@ -331,7 +353,7 @@ class LeaseStore:
 
     async def get(self, lease_id: str) -> LeaseRecord | None:
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = conn.execute(_GET, {"b_id": lease_id}).first()
+            row = conn.execute(GET, {"b_id": lease_id}).first()
             return record_of(row) if row else None
 
         return await self.backend.read(_tx)
@@ -344,7 +366,7 @@ class LeaseStore:
             return None
 
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = conn.execute(_REQUEST, {"b_owner": owner_id, "b_corr": correlation_id}).first()
+            row = conn.execute(REQUEST, {"b_owner": owner_id, "b_corr": correlation_id}).first()
             return record_of(row) if row else None
 
         return await self.backend.read(_tx)
@@ -373,7 +395,7 @@ class LeaseStore:
 
     async def live(self, provider: str | None = None) -> list[LeaseRecord]:
         def _tx(conn: Connection) -> list[LeaseRecord]:
-            query = select(leases).where(leases.c.state.in_(_LIVE))
+            query = select(leases).where(leases.c.state.in_(LIVE))
             if provider is not None:
                 query = query.where(leases.c.provider == provider)
             return [record_of(row) for row in conn.execute(query)]
@@ -392,6 +414,13 @@ class LeaseStore:
 
         return await self.backend.read(_tx)
 
+    async def owner_money(self, owner: str, *, now: int) -> tuple[float, float]:
+        """(USD per hour of what `owner` pays for now, USD it spent over the last 24 h)."""
+        def _tx(conn: Connection) -> tuple[float, float]:
+            return live_price(conn, owner), spent_since(conn, owner, now - DAY_US, now)
+
+        return await self.backend.read(_tx)
+
     async def count_by_state(self) -> dict[str, int]:
         def _tx(conn: Connection) -> dict[str, int]:
             rows = conn.execute(select(leases.c.state, func.count()).group_by(leases.c.state))
@@ -405,7 +434,7 @@ class LeaseStore:
 
         def _tx(conn: Connection) -> list[tuple[str, str, str, str | None, int]]:
             rows = conn.execute(select(*columns, func.count())
-                                .where(leases.c.state.in_(_LIVE)).group_by(*columns))
+                                .where(leases.c.state.in_(LIVE)).group_by(*columns))
             return [(p, k, g, o, n) for p, k, g, o, n in rows]
 
         return await self.backend.read(_tx)
@@ -421,7 +450,7 @@ class LeaseStore:
         **values: Any,
     ) -> LeaseRecord | None:
         return await self.backend.write(
-            _transition_tx, lease_id, expected, values, self.backend if frees else None
+            transition_tx, lease_id, expected, values, self.backend if frees else None
         )
 
     def _upgrade(self, conn: Connection) -> None:
@@ -431,64 +460,3 @@ class LeaseStore:
         config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
-
-
-_RELEASABLE = (LeaseState.active, LeaseState.releasing)
-
-
-def _released(now: int, reason: ReleaseReason | None) -> dict[str, Any]:
-    """The columns of a lease once released (its reason kept when None)."""
-    values: dict[str, Any] = {"state": LeaseState.released.value, "released_at": now,
-                              "next_attempt_at": None, "updated_at": now}
-    if reason is not None:
-        values["release_reason"] = reason.value
-    return values
-
-
-def _transition_tx(
-    conn: Connection, lease_id: str, expected: Sequence[LeaseState], values: dict[str, Any],
-    frees: Backend | None = None,
-) -> LeaseRecord | None:
-    """Guarded update of one lease; None when it was in none of `expected`. `frees`:
-    the lease stops holding capacity, which that backend announces to other replicas."""
-    columns = tuple(sorted(values))
-    statement = _update(tuple(s.value for s in expected), columns)
-    row = conn.execute(statement, {"b_id": lease_id,
-                                   **{f"v_{name}": values[name] for name in columns}}).first()
-    if row is not None and frees is not None:
-        frees.announce_freed(conn)
-    return record_of(row) if row else None
-
-
-# The statements of the lease path, built once: each execution then only binds its
-# values (SQLAlchemy's compiled cache keeps their SQL), instead of building the statement,
-# coercing every value and making its cache key anew.
-def _state_in(states: Sequence[str]) -> Any:
-    """`state IN ('a', 'b')` with the states (enum values, never caller input) written
-    into the SQL: no list parameter to expand at each execution."""
-    return leases.c.state.in_([literal_column(f"'{LeaseState(s).value}'") for s in states])
-
-
-_OTHERS = leases.c.lease_id != bindparam("b_id")
-_GET = select(leases).where(leases.c.lease_id == bindparam("b_id"))
-_TWIN = select(leases.c.lease_id).where(
-    leases.c.owner_id == bindparam("b_owner"), leases.c.correlation_id == bindparam("b_corr"),
-    _state_in(_HELD), _OTHERS)
-_REQUEST = select(leases).where(
-    leases.c.owner_id == bindparam("b_owner"), leases.c.correlation_id == bindparam("b_corr"),
-    _state_in(_HELD))
-_HELD_BY_OWNER = select(func.count()).select_from(leases).where(
-    leases.c.owner_id == bindparam("b_owner"), _state_in(_HELD), _OTHERS)
-_LIVE_HERE = (leases.c.provider == bindparam("b_provider"), _state_in(_LIVE), _OTHERS)
-_COUNT_LIVE = select(func.count()).select_from(leases).where(*_LIVE_HERE)
-_TAKEN = select(leases.c.resource).where(*_LIVE_HERE, leases.c.resource.is_not(None))
-_INSERT = leases.insert().returning(*leases.c)
-
-
-@functools.cache
-def _update(expected: tuple[str, ...], columns: tuple[str, ...]) -> Any:
-    """The guarded update of `columns` of a lease in one of `expected`."""
-    return (update(leases)
-            .where(leases.c.lease_id == bindparam("b_id"), _state_in(expected))
-            .values({name: bindparam(f"v_{name}") for name in columns})
-            .returning(*leases.c))

@@ -9,19 +9,16 @@ acquires (two replicas) racing for one worker never both win it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from openalice_scheduler.models import LeaseState, ReleaseReason
-from openalice_scheduler.store.leases import (
-    RELEASE_CLAIM_US,
-    LeaseStore,
-    _state_in,
-    _transition_tx,
-)
+from openalice_scheduler.store.leases import RELEASE_CLAIM_US, LeaseStore
 from openalice_scheduler.store.records import (
+    Budget,
     DuplicateRequest,
     LeaseRecord,
     NewLease,
@@ -29,6 +26,8 @@ from openalice_scheduler.store.records import (
     record_of,
 )
 from openalice_scheduler.store.schema import leases
+from openalice_scheduler.store.spending import check_budget
+from openalice_scheduler.store.statements import state_in, transition_tx
 
 _POOLED = (LeaseState.warming.value, LeaseState.idle.value)
 
@@ -69,29 +68,37 @@ class PoolStore:
         return await self.backend.write(_tx)
 
     async def ready(self, lease_id: str, *, endpoint: str, provider_token: str,
-                    probe_url: str | None, now: int) -> LeaseRecord | None:
-        """warming → idle, its worker ready. None when reconciliation resolved it."""
-        values = {"state": LeaseState.idle.value, "endpoint": endpoint,
-                  "provider_token": provider_token, "probe_url": probe_url,
-                  "updated_at": now}
-        return await self.backend.write(_transition_tx, lease_id, (LeaseState.warming,),
+                    probe_url: str | None, now: int, gpu_type: str | None = None,
+                    price_per_hour: float | None = None) -> LeaseRecord | None:
+        """warming → idle, its worker ready (with the GPU type and price its provider
+        gave, when it gave them). None when reconciliation resolved it."""
+        values: dict[str, Any] = {"state": LeaseState.idle.value, "endpoint": endpoint,
+                                  "provider_token": provider_token, "probe_url": probe_url,
+                                  "updated_at": now, "gpu_type": gpu_type}
+        if price_per_hour is not None:
+            values["price_per_hour"] = price_per_hour
+        return await self.backend.write(transition_tx, lease_id, (LeaseState.warming,),
                                         values)
 
-    async def claim(self, lease: NewLease, quota: int) -> LeaseRecord | None:
+    async def claim(self, lease: NewLease, quota: int,
+                    budget: Budget | None = None) -> LeaseRecord | None:
         """The oldest idle worker of `lease.kind`/`lease.gpu`, claimed for the request
         `lease` describes (`idle → provisioning`, with its owner, correlation id, TTL and
         times; the row keeps its own lease id, which its worker already has). Under the
-        owner's lock with the checks of a cold reserve (DuplicateRequest, OverQuota).
-        None when no idle worker is left."""
+        owner's lock with the checks of a cold reserve (DuplicateRequest, OverQuota,
+        OverBudget at the worker's price). None when no idle worker is left."""
         def _tx(conn: Connection) -> LeaseRecord | None:
             self.store.owner_checks(conn, lease, quota)
             # One row, locked, SKIP LOCKED: concurrent claims on PostgreSQL each lock a
             # different idle row instead of queueing on one (SQLite has one writer and
             # no such clause). The guarded update still refuses a row no longer idle.
-            lease_id = conn.execute(_OLDEST_IDLE, {"b_kind": lease.kind,
-                                                   "b_gpu": lease.gpu}).scalar()
-            if lease_id is None:
+            oldest = conn.execute(_OLDEST_IDLE, {"b_kind": lease.kind,
+                                                 "b_gpu": lease.gpu}).first()
+            if oldest is None:
                 return None
+            lease_id, price = oldest
+            if budget is not None:
+                check_budget(conn, lease, price, budget, lease.created_at)
             row = conn.execute(_CLAIM, {
                 "b_id": lease_id, "v_owner_id": lease.owner_id,
                 "v_correlation_id": lease.correlation_id,
@@ -114,7 +121,7 @@ class PoolStore:
 
     async def recycle(self, lease_id: str, *, now: int) -> LeaseRecord | None:
         """idle → releasing (reason `recycled`), claimed for one destroy attempt."""
-        return await self.backend.write(_transition_tx, lease_id, (LeaseState.idle,), {
+        return await self.backend.write(transition_tx, lease_id, (LeaseState.idle,), {
             "state": LeaseState.releasing.value,
             "release_reason": ReleaseReason.recycled.value,
             "next_attempt_at": now + RELEASE_CLAIM_US, "updated_at": now,
@@ -145,12 +152,12 @@ class PoolStore:
 
 
 # States written into the SQL, as in leases.py: statements built once bind only values.
-_IN_POOL = _state_in(_POOLED)
+_IN_POOL = state_in(_POOLED)
 _THIS_POOL = (leases.c.kind == bindparam("b_kind"), leases.c.gpu == bindparam("b_gpu"))
-_IS_IDLE = _state_in((LeaseState.idle.value,))
+_IS_IDLE = state_in((LeaseState.idle.value,))
 _COUNT_POOL = select(func.count()).select_from(leases).where(_IN_POOL, *_THIS_POOL)
 # A pool worker serves only requests without a region: it was made for none.
-_OLDEST_IDLE = (select(leases.c.lease_id)
+_OLDEST_IDLE = (select(leases.c.lease_id, leases.c.price_per_hour)
                 .where(_IS_IDLE, *_THIS_POOL, leases.c.region.is_(None))
                 .order_by(leases.c.updated_at).limit(1)
                 .with_for_update(skip_locked=True))

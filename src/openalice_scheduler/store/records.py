@@ -60,6 +60,12 @@ class LeaseRecord:
     probe_url: str | None = None
     # The lease's fencing token (README, What a worker knows of its lease).
     fence: int | None = None
+    # What it costs (README, Prices and caps): the GPU type it got, USD per hour (None:
+    # unknown), when it became active, and once ended its cost.
+    gpu_type: str | None = None
+    price_per_hour: float | None = None
+    granted_at: int | None = None
+    cost: float | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""
@@ -80,7 +86,7 @@ WIRE_FIELDS = tuple(Lease.model_fields)
 assert set(WIRE_FIELDS) <= set(COLUMNS), "a Lease field is not a column of leases"
 WIRE_COLUMNS = tuple(leases.c[name] for name in WIRE_FIELDS)
 _TIMES = tuple(place for place, name in enumerate(WIRE_FIELDS)
-               if name in ("created_at", "expires_at", "released_at"))
+               if name in ("created_at", "expires_at", "released_at", "granted_at"))
 
 
 def wire_of(values: Sequence[Any]) -> dict[str, Any]:
@@ -129,6 +135,21 @@ class Terms:
     # Instead of `resources`: picks the lease's resource and host from the resources the
     # provider's other live leases hold, or raises AtCapacity (a fleet's placement).
     place: Callable[[Set[str]], Placement] | None = None
+    # The worker's price, USD per hour (None: unknown), recorded with the lease and
+    # checked against the owner's `budget`; a placement's own price replaces it.
+    price_per_hour: float | None = None
+    budget: Budget | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """An owner's caps in money (budgets.py); 0: none. `hour_from` and `day_from` name
+    the setting each cap comes from, for a refusal."""
+
+    per_hour: float = 0.0
+    per_day: float = 0.0
+    hour_from: str = "MAX_COST_PER_HOUR_PER_OWNER"
+    day_from: str = "MAX_SPEND_PER_DAY_PER_OWNER"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +158,8 @@ class Placement:
 
     resource: str
     host: str
+    # What a worker costs there, USD per hour (None: the provider's price).
+    price: float | None = None
 
 
 class AtCapacity(Exception):
@@ -147,6 +170,18 @@ class AtCapacity(Exception):
 
 class OverQuota(AtCapacity):
     """The owner already holds MAX_LEASES_PER_OWNER live leases."""
+
+
+class OverBudget(Exception):
+    """A lease at `price` would break one of the owner's caps in money: `cap` names it
+    (its setting), `limit` is its value and `figure` the owner's own (USD per hour held,
+    or spent over the last 24 h)."""
+
+    def __init__(self, message: str, *, cap: str, limit: float, figure: float,
+                 price: float) -> None:
+        super().__init__(message)
+        self.message = message
+        self.cap, self.limit, self.figure, self.price = cap, limit, figure, price
 
 
 class DuplicateRequest(Exception):

@@ -1,7 +1,18 @@
 """Table definitions the store queries. The schema itself is created and changed only by
 the Alembic migrations beside this file; a test checks the two agree."""
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
 
 metadata = MetaData()
 
@@ -51,10 +62,18 @@ leases = Table(
     # the store, given when the row becomes a lease (a cold reserve, a warm claim) and
     # kept by renewals. Its worker is told it (LEASE_FENCE, the hand-off).
     Column("fence", BigInteger),
+    # What the lease costs (migration 0010): the GPU type it got, its price in USD per
+    # hour (null: unknown), when it became active (its cost counts from then) and, once
+    # ended, its cost: price × (released_at - granted_at), to the microsecond.
+    Column("gpu_type", String(64)),
+    Column("price_per_hour", Float),
+    Column("granted_at", BigInteger),
+    Column("cost", Float),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),
     Index("ix_leases_owner_state", "owner_id", "state"),
+    Index("ix_leases_released_at", "released_at"),
     Index(
         "ux_leases_idempotency", "owner_id", "correlation_id", unique=True,
         sqlite_where=IDEMPOTENCY_SCOPE, postgresql_where=IDEMPOTENCY_SCOPE,

@@ -18,6 +18,7 @@ from typing import Any
 
 from docker.tls import TLSConfig
 
+from openalice_scheduler.budgets import parse_prices
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderUnavailable
 from openalice_scheduler.models import GpuClass
@@ -47,6 +48,8 @@ class DockerFleetProvider:
 
     def __init__(self, settings: Settings, hosts: Sequence[HostConfig]) -> None:
         self.hosts = list(hosts)
+        self.class_prices = parse_prices(settings.local_docker_price_per_hour)
+        self.gpu_type = settings.local_gpu_type
         self.engines = {h.name: DockerEngine(settings, h.address, tls=_tls(h))
                         for h in self.hosts}
         # The per-host caps are counted by the placer; this total is what
@@ -60,7 +63,8 @@ class DockerFleetProvider:
     def placer(self, spec: WorkerSpec) -> Callable[[Set[str]], Placement]:
         serving = self._serving(spec)
         down = frozenset(h.name for h in serving if self.engines[h.name].last_error())
-        return Placer(serving, gpu=spec.gpu == GpuClass.entry, down=down)
+        return Placer(serving, gpu=spec.gpu == GpuClass.entry, down=down,
+                      prices={h.name: self._price_on(h, spec) for h in serving})
 
     async def available(self, spec: WorkerSpec) -> Availability:
         if spec.gpu in (GpuClass.mid, GpuClass.high):
@@ -79,7 +83,8 @@ class DockerFleetProvider:
         assert spec.resource is not None, "placed by the store"
         host, device = parse_key(spec.resource)
         worker = await self.engines[host].provision(spec, device)
-        return replace(worker, provider_token=f"{host}/{worker.provider_token}")
+        return replace(worker, provider_token=f"{host}/{worker.provider_token}",
+                       gpu_type=None if device is None else self.gpu_type)
 
     async def release(self, provider_token: str, lease_id: str) -> None:
         if provider_token:
@@ -117,9 +122,13 @@ class DockerFleetProvider:
         return PartialListing(found, unlisted) if unlisted else found
 
     async def price(self, spec: WorkerSpec) -> float | None:
-        prices = [h.price for h in self._serving(spec)
+        """The cheapest answering host's; the lease records its own host's (placer)."""
+        prices = [self._price_on(h, spec) for h in self._serving(spec)
                   if self.engines[h.name].last_error() is None]
         return min(prices) if prices else None
+
+    def _price_on(self, host: HostConfig, spec: WorkerSpec) -> float:
+        return self.class_prices[spec.gpu.value] if host.price is None else host.price
 
     async def status(self) -> ProviderStatus:
         errors = await asyncio.gather(*(e.look() for e in self.engines.values()))

@@ -32,7 +32,9 @@ class HostConfig:
     devices: tuple[str, ...] = ()
     max_workers: int = 0  # 0: no cap
     region: str | None = None
-    price: float = 0.0  # per worker-hour, for POLICY=cheapest-first
+    # USD per worker-hour on this host, whatever the GPU class; None:
+    # LOCAL_DOCKER_PRICE_PER_HOUR's price for the class.
+    price: float | None = None
     # A directory with ca.pem, cert.pem and key.pem (Docker's own names), for tcp://.
     tls_dir: str | None = None
 
@@ -89,7 +91,8 @@ def _parse_entry(tokens: list[str]) -> HostConfig:
         name=name, address=address, devices=devices,
         max_workers=int(_number(name, "max", options.get("max", "0"), int)),
         region=options.get("region") or None,
-        price=_number(name, "price", options.get("price", "0"), float),
+        price=(None if "price" not in options
+               else _number(name, "price", options["price"], float)),
         tls_dir=tls_dir,
     )
 

@@ -9,8 +9,8 @@ naming it, so its cap counts GPU and CPU workers alike, exactly, in one transact
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field
 
 from openalice_scheduler.providers.docker.hosts import HostConfig
 from openalice_scheduler.store.records import AtCapacity, Placement
@@ -35,6 +35,8 @@ class Placer:
     hosts: Sequence[HostConfig]
     gpu: bool
     down: frozenset[str] = frozenset()
+    # What a worker costs on each host (USD per hour), recorded with the lease.
+    prices: Mapping[str, float] = field(default_factory=dict)
 
     def __call__(self, taken: Set[str]) -> Placement:
         load: dict[str, int] = {}
@@ -49,7 +51,9 @@ class Placer:
                 continue
             resource = self._free_key(host, taken)
             if resource is not None and (best is None or used < best_load):
-                best, best_load = Placement(resource=resource, host=host.name), used
+                best = Placement(resource=resource, host=host.name,
+                                 price=self.prices.get(host.name))
+                best_load = used
         if best is None:
             raise AtCapacity(self._refusal(load))
         return best

@@ -4,9 +4,11 @@ containers, GPU devices of LOCAL_GPU_DEVICES leased exclusively."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import docker
 
+from openalice_scheduler.budgets import parse_prices
 from openalice_scheduler.config import Settings
 from openalice_scheduler.models import GpuClass
 from openalice_scheduler.providers.base import (
@@ -31,6 +33,8 @@ class LocalDockerProvider:
             settings, settings.docker_host or "unix:///var/run/docker.sock", client=client
         )
         self.images = self.engine.images
+        self.prices = parse_prices(settings.local_docker_price_per_hour)
+        self.gpu_type = settings.local_gpu_type
 
     def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
         return list(self.devices) if spec.gpu == GpuClass.entry else None
@@ -51,7 +55,8 @@ class LocalDockerProvider:
         return Availability(True)
 
     async def provision(self, spec: WorkerSpec) -> Worker:
-        return await self.engine.provision(spec, spec.resource)
+        worker = await self.engine.provision(spec, spec.resource)
+        return replace(worker, gpu_type=None if spec.gpu == GpuClass.none else self.gpu_type)
 
     async def release(self, provider_token: str, lease_id: str) -> None:
         await self.engine.release(provider_token, lease_id)
@@ -60,7 +65,7 @@ class LocalDockerProvider:
         return await self.engine.list_workers()
 
     async def price(self, spec: WorkerSpec) -> float | None:
-        return 0.0  # the host is paid for already
+        return self.prices[spec.gpu.value]  # LOCAL_DOCKER_PRICE_PER_HOUR
 
     async def status(self) -> ProviderStatus:
         error = await self.engine.error(fresh=True)  # a fresh look, not the cached one

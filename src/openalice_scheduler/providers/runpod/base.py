@@ -76,6 +76,9 @@ class Pod:
     name: str
     status: str  # PROVISIONING, STARTING, RUNNING, EXITED, ERROR, TERMINATED
     env: Mapping[str, str] = field(default_factory=dict)
+    # What the pod costs, USD per hour, and its GPU type, when the answer says.
+    cost_per_hr: float | None = None
+    gpu_type: str | None = None
 
     @property
     def running(self) -> bool:

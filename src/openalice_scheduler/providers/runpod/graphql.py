@@ -30,7 +30,8 @@ class GraphQLClient(RunPodClient):
 
     CREATE = (
         "mutation($input: PodFindAndDeployOnDemandInput!) { "
-        "podFindAndDeployOnDemand(input: $input) { id imageName machineId desiredStatus } }"
+        "podFindAndDeployOnDemand(input: $input) { id imageName machineId desiredStatus "
+        "costPerHr } }"
     )
     TERMINATE = "mutation($input: PodTerminateInput!) { podTerminate(input: $input) }"
     READ = (
@@ -64,7 +65,8 @@ class GraphQLClient(RunPodClient):
         pod = data["podFindAndDeployOnDemand"]
         if pod is None:
             raise RunPodError(ErrorKind.server, "RunPod returned no pod")
-        return Pod(id=pod["id"], name=request.name, status="PROVISIONING")
+        return Pod(id=pod["id"], name=request.name, status="PROVISIONING",
+                   cost_per_hr=_number(pod.get("costPerHr")), gpu_type=request.gpu_type_id)
 
     async def get_pod(self, pod_id: str) -> Pod | None:
         data = await self._call(self.READ, {"input": {"podId": pod_id}}, "pod",
@@ -181,3 +183,7 @@ def _graphql_http_detail(response: httpx.Response) -> str:
     if isinstance(body, dict) and body.get("errors"):
         return str(body["errors"][0].get("message") or f"HTTP {response.status_code}")[:500]
     return f"HTTP {response.status_code}"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None

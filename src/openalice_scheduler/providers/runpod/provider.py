@@ -113,6 +113,9 @@ class RunPodProvider:
         self._starting: dict[str, _Starting] = {}
         self._watcher: asyncio.Future[None] | None = None
         self._watch_wake = asyncio.Event()
+        # What pods cost, USD per hour, as their create answers said, by GPU type id
+        # (`cpu` for CPU pods): a price for shapes the catalog does not price.
+        self._seen_cost: dict[str, float] = {}
 
     def pod_name(self, lease_id: str) -> str:
         return f"{self.prefix}{lease_id}"
@@ -145,7 +148,12 @@ class RunPodProvider:
         name = self.pod_name(spec.lease_id)
         refusals: list[str] = []
         all_capacity = True
-        for candidate in choice.candidates:
+        candidates = self._affordable(choice.candidates, spec.max_price_per_hour)
+        if not candidates:
+            raise ProviderOutOfCapacity(
+                f"RunPod has no stock for gpu={spec.gpu} at or under "
+                f"{spec.max_price_per_hour:g} $/h, the price the owner's cap allowed")
+        for candidate in candidates:
             request = self._pod_request(spec, name, candidate)
             try:
                 pod = await self._create(request)
@@ -158,8 +166,10 @@ class RunPodProvider:
                     continue
                 raise self._provider_error(exc) from exc
             # RunPod's proxy answers for the pod whether or not it listens (behind_proxy).
+            cost = self._cost_of(pod, candidate)
             return Worker(endpoint=await self._wait_running(pod, spec), provider_token=pod.id,
-                          behind_proxy=True)
+                          behind_proxy=True, price_per_hour=cost,
+                          gpu_type=pod.gpu_type or candidate.gpu_type_id)
         self._catalog = None  # stock moved under us: look again next time
         if all_capacity:
             raise ProviderOutOfCapacity(
@@ -194,20 +204,37 @@ class RunPodProvider:
         return found
 
     async def price(self, spec: WorkerSpec) -> float | None:
-        """USD per hour of the cheapest candidate with stock; None when unknown
-        (GraphQL has no catalog) or when nothing can be placed."""
+        """USD per hour of the cheapest candidate with stock; None when unknown or when
+        nothing can be placed."""
         try:
             candidates = (await self._candidates(spec)).candidates
         except RunPodError:
             return None
-        if not candidates or self.api == "graphql":
-            return None
-        if spec.gpu == GpuClass.none:
-            # The catalog prices GPUs only: a CPU candidate's 0.0 is a placeholder, not
-            # "free". Reported as unknown, or cheapest-first would tie RunPod CPU pods with
-            # free local Docker and, RunPod listed first, pay for what Docker does for free.
-            return None
-        return min(c.price for c in candidates)
+        # The catalog prices GPUs only (GraphQL: nothing): a CPU candidate's 0.0 is a
+        # placeholder, not "free". What such pods cost is known once one was made (its
+        # create answer); until then the price is unknown, or cheapest-first would tie
+        # RunPod CPU pods with free local Docker and pay for what Docker does for free.
+        known = [p for c in candidates if (p := self._known_price(c)) is not None]
+        return min(known) if known else None
+
+    def _known_price(self, candidate: Candidate) -> float | None:
+        """USD per hour of a pod of this shape: the catalog's, else the last seen."""
+        return candidate.price or self._seen_cost.get(candidate.gpu_type_id or "cpu")
+
+    def _affordable(self, candidates: list[Candidate],
+                    most: float | None) -> list[Candidate]:
+        """The candidates not known to cost more than `most` (None: all)."""
+        if most is None:
+            return candidates
+        return [c for c in candidates
+                if (price := self._known_price(c)) is None or price <= most + 1e-9]
+
+    def _cost_of(self, pod: Pod, candidate: Candidate) -> float | None:
+        """What the new pod costs per hour: its own answer's, else the catalog's price."""
+        cost = pod.cost_per_hr if pod.cost_per_hr else (candidate.price or None)
+        if cost is not None:
+            self._seen_cost[candidate.gpu_type_id or "cpu"] = cost
+        return cost
 
     async def status(self) -> ProviderStatus:
         cap = self.max_workers or None

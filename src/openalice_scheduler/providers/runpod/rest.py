@@ -92,11 +92,14 @@ class RestClient(RunPodClient):
 
 def _rest_pod(item: Mapping[str, Any]) -> Pod:
     env = item.get("env") or {}
+    cost, gpu = item.get("cost"), item.get("gpu")
     return Pod(
         id=item["id"],
         name=item.get("name") or "",
         status=item.get("status") or "",
         env=env if isinstance(env, dict) else {},
+        cost_per_hr=float(cost) if isinstance(cost, int | float) else None,
+        gpu_type=str(gpu.get("id")) if isinstance(gpu, dict) and gpu.get("id") else None,
     )
 
 

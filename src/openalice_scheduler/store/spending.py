@@ -1,0 +1,66 @@
+"""What leases cost over time, and an owner's caps in money checked in the lease's
+reserving transaction (README, Prices and caps).
+
+A lease costs its `price_per_hour` from `granted_at` until `released_at` (or now, while
+it lives). Spend over a period counts, of each lease, the part of that time inside the
+period: usage over yesterday is what yesterday cost, whatever began before or ends after."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from openalice_scheduler.store.records import Budget, NewLease, OverBudget
+from openalice_scheduler.store.statements import HOUR_US, OWNER_PRICE, OWNER_SPENDING
+
+DAY_US = 24 * HOUR_US
+
+
+def held_us(granted_at: int | None, released_at: int | None, since: int, until: int) -> int:
+    """Microseconds of [granted_at, released_at or until] inside [since, until]."""
+    if granted_at is None:
+        return 0
+    end = until if released_at is None else min(released_at, until)
+    return max(0, end - max(granted_at, since))
+
+
+def cost_of(price: float | None, held: int) -> float:
+    """USD for `held` microseconds at `price` per hour (unknown: nothing)."""
+    return (price or 0.0) * held / HOUR_US
+
+
+def live_price(conn: Connection, owner: str, lease_id: str = "") -> float:
+    """USD per hour of what `owner` pays for now (leases held, or being destroyed),
+    leaving out `lease_id`."""
+    return float(conn.execute(OWNER_PRICE, {"b_id": lease_id, "b_owner": owner}).scalar_one())
+
+
+def spent_since(conn: Connection, owner: str, since: int, now: int) -> float:
+    """USD `owner`'s leases cost from `since` until `now` (live ones: so far)."""
+    rows = conn.execute(OWNER_SPENDING, {"b_owner": owner, "b_since": since})
+    return sum(cost_of(p, held_us(g, r, since, now)) for p, g, r in rows)
+
+
+def check_budget(conn: Connection, lease: NewLease, price: float | None, budget: Budget,
+                 now: int) -> None:
+    """Under the owner's lock (LeaseStore.owner_checks took it): refuses with OverBudget
+    when a lease at `price` would break `budget`. A free (or unpriced) lease breaks none:
+    the owner is placed where it costs nothing."""
+    owner = lease.owner_id
+    if not price or not owner:
+        return
+    if budget.per_hour:
+        held = live_price(conn, owner, lease.lease_id)
+        if held + price > budget.per_hour + 1e-9:
+            raise OverBudget(
+                f"owner {owner!r}: its live leases cost {held:.4g} $/h; one more at "
+                f"{price:.4g} $/h would make {held + price:.4g} $/h, over "
+                f"{budget.hour_from} ({budget.per_hour:g} $/h)",
+                cap=budget.hour_from, limit=budget.per_hour, figure=held, price=price)
+    if budget.per_day:
+        spent = spent_since(conn, owner, now - DAY_US, now)
+        if spent >= budget.per_day:
+            raise OverBudget(
+                f"owner {owner!r} has spent {spent:.4g} $ in the last 24 h, "
+                f"{budget.day_from} is {budget.per_day:g} $: no lease at {price:.4g} $/h "
+                "until that falls below it",
+                cap=budget.day_from, limit=budget.per_day, figure=spent, price=price)
