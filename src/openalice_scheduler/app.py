@@ -29,7 +29,7 @@ def create_app(
     clock: Clock = utcnow,
 ) -> FastAPI:
     providers = list(providers) if providers is not None else build_providers(settings)
-    metrics = Metrics()
+    metrics = Metrics(owner_series=settings.metrics_owner_series)
     metrics.providers.set(len(providers))
     tracing = Tracing(settings)
     # Opened here, not in the lifespan: a second process on one SQLite file fails

@@ -185,8 +185,8 @@ class Settings(BaseSettings):
         "but buffers headers of any size: use it only behind a proxy that caps them.",
     )
     metrics_owner_series: bool = Field(
-        False, description="Serve scheduler_owner_leases{owner}: owner ids on the ungated "
-        "/metrics.",
+        False, description="Serve scheduler_owner_leases{owner} and "
+        "scheduler_owner_spend_dollars_total{owner}: owner ids on the ungated /metrics.",
     )
 
     # The guard (`openalice-scheduler guard`; README, The guard). The scheduler ignores them.

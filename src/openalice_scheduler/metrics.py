@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -18,6 +19,9 @@ from prometheus_client import (
 from openalice_scheduler import package_version
 from openalice_scheduler.models import GpuClass, ReleaseReason, WorkerKind
 
+if TYPE_CHECKING:
+    from openalice_scheduler.store.records import LeaseRecord
+
 # `*_created` series double the output and no dashboard of ours reads them.
 disable_created_metrics()
 
@@ -32,7 +36,7 @@ WAIT_OUTCOMES = ("served", "timeout", "gone", "refused")
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, owner_series: bool = False) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds ...
@@ -59,6 +63,20 @@ class Metrics:
         self.released = Counter(
             "scheduler_leases_released", "Leases ended, by reason.",
             ["provider", "reason"], registry=r,
+        )
+        self.spend = Counter(
+            "scheduler_spend_dollars", "USD that ended leases cost (price per hour × time "
+            "held), by provider; each replica counts the leases it ended.",
+            ["provider"], registry=r,
+        )
+        # Owner ids on the ungated /metrics only when the operator asks (METRICS_OWNER_SERIES).
+        self.owner_spend = Counter(
+            "scheduler_owner_spend_dollars", "USD that ended leases cost, by owner.",
+            ["owner"], registry=r,
+        ) if owner_series else None
+        self.live_cost = Gauge(
+            "scheduler_live_cost_per_hour_dollars", "USD per hour that live leases cost "
+            "now (provisioning, active, releasing), by provider.", ["provider"], registry=r,
         )
         self.provision_seconds = Histogram(
             "scheduler_provision_seconds", "Time a provider took to make a worker.",
@@ -160,8 +178,17 @@ class Metrics:
         for name in names:
             self.provision_seconds.labels(name)
             self.release_failures.labels(name)
+            self.spend.labels(name)
             for reason in ReleaseReason:
                 self.released.labels(name, reason.value)
+
+    def spent(self, record: LeaseRecord) -> None:
+        """A lease ended: what it cost goes on the spend counters."""
+        if not record.cost:
+            return
+        self.spend.labels(record.provider).inc(record.cost)
+        if self.owner_spend is not None and record.owner_id is not None:
+            self.owner_spend.labels(record.owner_id).inc(record.cost)
 
     # --- the waiting line (waiting.py) -------------------------------------------------
 

@@ -159,6 +159,7 @@ class Releasing:
         self.capacity_freed()
         reason = record.release_reason or ReleaseReason.explicit.value
         self.metrics.released.labels(record.provider, reason).inc()
+        self.metrics.spent(record)
         log.info("lease %s released (%s)", lease_ref(record), reason)
 
 

@@ -54,11 +54,14 @@ class Scrape:
         try:
             counts = await service.store.count_by_state()
             held = await service.store.count_held()
+            live_price = await service.store.live_price()
         except StoreUnavailable:
             metrics.store_up.set(0)
         else:
             metrics.store_up.set(1)
             self._set_capacity(service.providers, held)
+            for provider in service.providers:
+                metrics.live_cost.labels(provider.name).set(live_price.get(provider.name, 0.0))
             if service.guards is not None:
                 for contact in await service.guards.contacts():
                     metrics.guard_last_contact.labels(contact.guard_id).set(

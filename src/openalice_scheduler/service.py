@@ -414,9 +414,11 @@ class LeaseService(Releasing):
         now = self.now_us()
         expired = record.state == LeaseState.active.value and record.expires_at <= now
         reason = ReleaseReason.expired if expired else ReleaseReason.lost
-        if await self.store.mark_lost(record.lease_id, now=now, reason=reason) is None:
+        ended = await self.store.mark_lost(record.lease_id, now=now, reason=reason)
+        if ended is None:
             return False
         self.metrics.released.labels(provider.name, reason.value).inc()
+        self.metrics.spent(ended)
         self.capacity_freed()
         if expired:
             log.info("lease %s: expired, and its worker already gone from %s; released",

@@ -43,11 +43,13 @@ from openalice_scheduler.store.statements import (
     HELD_BY_OWNER,
     INSERT,
     LIVE,
+    PAID,
     RELEASABLE,
     REQUEST,
     TAKEN,
     TWIN,
     released,
+    state_in,
     transition_tx,
 )
 
@@ -418,6 +420,15 @@ class LeaseStore:
         """(USD per hour of what `owner` pays for now, USD it spent over the last 24 h)."""
         def _tx(conn: Connection) -> tuple[float, float]:
             return live_price(conn, owner), spent_since(conn, owner, now - DAY_US, now)
+
+        return await self.backend.read(_tx)
+
+    async def live_price(self) -> dict[str, float]:
+        """USD per hour of what is paid for now (statements.PAID), by provider."""
+        def _tx(conn: Connection) -> dict[str, float]:
+            rows = conn.execute(select(leases.c.provider, func.sum(leases.c.price_per_hour))
+                                .where(state_in(PAID)).group_by(leases.c.provider))
+            return {provider: float(total or 0.0) for provider, total in rows}
 
         return await self.backend.read(_tx)
 
