@@ -24,7 +24,9 @@ from tests.harness import REPO, SECRET, SHARED_ENGINE, Scheduler
 from tests.pages import page_references
 
 # One renderer endpoint: a second renderer acquire waits in line until the first ends.
-STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://r1.test:8080"}
+# Priced, so that leases show what they cost and owners what they spent.
+STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://r1.test:8080",
+          "STATIC_PRICE_PER_HOUR": "36"}
 # Printable ASCII without spaces, so a valid owner id, and markup if the page ever put
 # it in as HTML.
 OWNER = "<b>anim</b><img/src=x/onerror=alert(1)>"
@@ -133,7 +135,7 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     idle = page.locator('#capacity [data-use="renderer · none"] .figure')
     expect(idle).to_have_text("0 / 1")
     expect(page.locator("#live-empty")).to_be_visible()
-    expect(page.locator("#spend")).to_contain_text("No prices configured")
+    expect(page.locator("#spend")).to_contain_text("Nothing spent this month")
     # A guard that polls shows up with its last contact.
     poll = service.http.get("/v1/guard", params={"guard_id": "guard-a", "providers": "static"})
     assert poll.status_code == 200, poll.text
@@ -153,6 +155,9 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     expect(row.locator(".time")).not_to_have_text(row.locator(".time").text_content() or "",
                                                   timeout=5000)
     assert _seconds(row.locator(".time")) < left
+    # What it costs so far, at 36 $/h: a cent every second.
+    expect(row.locator(".cost")).to_contain_text("at $36.00/h")
+    assert 0 < _dollars(row.locator(".cost")) < 36 * 600 / 3600
     expect(idle).to_have_text("1 / 1", timeout=SHOWN_WITHIN_MS)
 
     # A second caller waits in line for the one endpoint.
@@ -176,6 +181,13 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     ended = page.locator(f'#released tr[data-lease-id="{first["lease_id"]}"]')
     expect(ended.locator(".reason")).to_have_text("explicit", timeout=SHOWN_WITHIN_MS)
     expect(ended.locator(".owner")).to_have_text(OWNER)
+    # Its cost as the scheduler recorded it, and the owner's spend today and this month.
+    cost = service.http.get(f"/v1/lease/{first['lease_id']}").json()["cost"]
+    assert cost > 0
+    expect(ended.locator(".money")).to_have_text(f"${cost:.4f}" if cost < 1 else f"${cost:.2f}")
+    spent = page.locator("#spend tbody tr").filter(has_text=OWNER)
+    expect(spent).to_have_count(1, timeout=SHOWN_WITHIN_MS)
+    assert _dollars(spent.locator("td").nth(1)) >= cost
     second = waited["answer"].json()["lease"]
     expect(page.locator(f'#live tr[data-lease-id="{second["lease_id"]}"] .owner')).to_have_text(
         "waiter", timeout=SHOWN_WITHIN_MS)
@@ -254,3 +266,10 @@ def _seconds(cell: Locator) -> int:
     return hours * 3600 + minutes * 60 + seconds
 
 
+
+
+def _dollars(where: Locator) -> float:
+    """The first `$1.2345` amount in an element's text."""
+    found = re.search(r"\$(\d+\.\d+)", where.text_content() or "")
+    assert found, where.text_content()
+    return float(found[1])

@@ -54,13 +54,13 @@ def check_budget(conn: Connection, lease: NewLease, price: float | None, budget:
             raise OverBudget(
                 f"owner {owner!r}: its live leases cost {held:.4g} $/h; one more at "
                 f"{price:.4g} $/h would make {held + price:.4g} $/h, over "
-                f"{budget.hour_from} ({budget.per_hour:g} $/h)",
+                f"{budget.hour_from} = {budget.per_hour:g} $/h",
                 cap=budget.hour_from, limit=budget.per_hour, figure=held, price=price)
     if budget.per_day:
         spent = spent_since(conn, owner, now - DAY_US, now)
         if spent >= budget.per_day:
             raise OverBudget(
                 f"owner {owner!r} has spent {spent:.4g} $ in the last 24 h, "
-                f"{budget.day_from} is {budget.per_day:g} $: no lease at {price:.4g} $/h "
+                f"{budget.day_from} = {budget.per_day:g} $: no lease at {price:.4g} $/h "
                 "until that falls below it",
                 cap=budget.day_from, limit=budget.per_day, figure=spent, price=price)
