@@ -686,7 +686,7 @@ async def test_a_cancelled_wait_leaves_the_others_waiting(
     first.cancel()  # as the service's provision timeout does
     worker = await asyncio.wait_for(second, 10)
     assert worker.provider_token in {p.id for p in runpod.list_pods()}
-    assert provider._starting == {}
+    assert provider.starting.pending == {}
 
 
 async def test_passing_failures_while_waiting_are_waited_out(

@@ -41,6 +41,7 @@ from openalice_scheduler.providers.runpod.client import (
     RunPodError,
     build_client,
 )
+from openalice_scheduler.providers.runpod.starting import StartWatch
 
 log = logging.getLogger(__name__)
 # The pod's env entry naming the state store it was made for (see WorkerInfo.store_id).
@@ -49,16 +50,6 @@ STORE_ENV = "OPENALICE_SCHEDULER_STORE"
 _STOCK_RANK = {"HIGH": 3, "MEDIUM": 2, "LOW": 1, "NONE": 0}
 _KEY_RECHECK_S = 300.0
 _CREATE_ATTEMPTS = 3
-_FIRST_POLL_S = 0.25
-
-
-@dataclass(slots=True)
-class _Starting:
-    """A pod being waited for until it runs."""
-
-    waiter: asyncio.Future[Pod | None]
-    since: float  # monotonic time of the create
-    due: float  # monotonic time of its next look
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +100,8 @@ class RunPodProvider:
         self._key_rejected_at: float | None = None
         self._catalog: tuple[float, list[GpuStock]] | None = None
         self._catalog_fetch: asyncio.Future[list[GpuStock]] | None = None
-        # Pods being waited for, by id; see _wait_running.
-        self._starting: dict[str, _Starting] = {}
-        self._watcher: asyncio.Future[None] | None = None
-        self._watch_wake = asyncio.Event()
+        # Pods being waited for until they run (or die).
+        self.starting = StartWatch(self.client, self.poll_interval, self._provider_error)
         # What pods cost, USD per hour, as their create answers said, by GPU type id
         # (`cpu` for CPU pods): a price for shapes the catalog does not price.
         self._seen_cost: dict[str, float] = {}
@@ -257,9 +246,9 @@ class RunPodProvider:
         return ProviderStatus(True, "", capacity)
 
     async def close(self) -> None:
-        for task in (self._watcher, self._catalog_fetch):
-            if task is not None and not task.done():
-                task.cancel()
+        self.starting.close()
+        if self._catalog_fetch is not None and not self._catalog_fetch.done():
+            self._catalog_fetch.cancel()
         await self.client.close()
 
     # --- candidates --------------------------------------------------------------------
@@ -389,19 +378,9 @@ class RunPodProvider:
 
     async def _wait_running(self, pod: Pod, spec: WorkerSpec) -> str:
         """Wait until the pod is RUNNING; the service bounds the whole provision. Every
-        starting pod of this provider is watched by one loop (`_watch_starting`), so 50
-        pods starting at once cost one list call per round, not 50 reads."""
-        waiter: asyncio.Future[Pod | None] = asyncio.get_running_loop().create_future()
-        now = time.monotonic()
-        self._starting[pod.id] = _Starting(waiter, now, now + min(_FIRST_POLL_S,
-                                                                  self.poll_interval))
-        if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.ensure_future(self._watch_starting())
-        self._watch_wake.set()
-        try:
-            current = await waiter
-        finally:
-            self._starting.pop(pod.id, None)
+        starting pod of this provider is watched by one loop (starting.py), so 50 pods
+        starting at once cost one list call per round, not 50 reads."""
+        current = await self.starting.settled(pod.id)
         if current is None:
             raise ProviderError(f"RunPod pod {pod.id} disappeared while starting")
         if current.dead:
@@ -412,57 +391,6 @@ class RunPodProvider:
                 log.warning("could not terminate dead pod %s yet: %s", pod.id, exc.detail)
             raise ProviderError(f"RunPod pod {pod.id} ended as {current.status} while starting")
         return self.proxy_url.format(pod_id=pod.id, port=self.ports[spec.kind])
-
-    async def _watch_starting(self) -> None:
-        """One loop for all starting pods. Each pod has its own next look: soon after its
-        create (a fast start is not made to wait a whole interval), then after half its
-        age, up to RUNPOD_POLL_INTERVAL_SECONDS. The loop looks when the first pod is due
-        and then at every pod at once: one read by id for a single pod, one list for
-        several. A new pod can only bring the next look closer, never postpone it."""
-        while self._starting:
-            self._watch_wake.clear()
-            delay = min(w.due for w in self._starting.values()) - time.monotonic()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(self._watch_wake.wait(), delay)
-                    continue  # a new pod: it may be due sooner
-                except TimeoutError:
-                    pass
-            looked_at = time.monotonic()
-            try:
-                await self._look_at_starting()
-            except RunPodError as exc:
-                if not (exc.uncertain or exc.kind in (ErrorKind.rate_limited,
-                                                      ErrorKind.unreachable)):
-                    failure = self._provider_error(exc)
-                    for waiting in list(self._starting.values()):
-                        if not waiting.waiter.done():
-                            waiting.waiter.set_exception(failure)
-                    self._starting.clear()
-                # else: a passing failure while waiting: keep waiting
-            except Exception:  # noqa: BLE001 - the loop must not die with waiters left
-                log.exception("RunPod start watcher: unexpected failure; retrying")
-            finally:
-                for waiting in self._starting.values():
-                    age = looked_at - waiting.since
-                    waiting.due = looked_at + min(self.poll_interval,
-                                                  max(_FIRST_POLL_S, age / 2))
-
-    async def _look_at_starting(self) -> None:
-        waiting = dict(self._starting)
-        if len(waiting) == 1:
-            [pod_id] = waiting
-            seen: dict[str, Pod | None] = {pod_id: await self.client.get_pod(pod_id)}
-        else:
-            listed = {pod.id: pod for pod in await self.client.list_pods()}
-            seen = {pod_id: listed.get(pod_id) for pod_id in waiting}
-        for pod_id, pod in seen.items():
-            if pod is None and len(waiting) > 1:
-                pod = await self.client.get_pod(pod_id)  # not listed: make sure it is gone
-            if pod is None or pod.running or pod.dead:
-                waiter = waiting[pod_id].waiter
-                if not waiter.done():
-                    waiter.set_result(pod)
 
     # --- errors --------------------------------------------------------------------------
 
