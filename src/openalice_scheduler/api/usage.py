@@ -13,9 +13,9 @@ from openalice_scheduler.api.deps import SECRET_HEADER, ServiceDep
 from openalice_scheduler.api.openapi import errors
 from openalice_scheduler.errors import InvalidRequest
 from openalice_scheduler.models import GroupBy, UsageFigures, UsageGroup, UsageReport
+from openalice_scheduler.store import usage as counting
 from openalice_scheduler.store.records import format_us, to_us
 from openalice_scheduler.store.spending import DAY_US
-from openalice_scheduler.store.usage import Tally, usage
 
 router = APIRouter(prefix="/v1", tags=["usage"], dependencies=[Security(SECRET_HEADER)])
 
@@ -30,7 +30,7 @@ _TIME_HELP = ("RFC 3339 time (`2026-11-30T12:00:00Z`) or a date (`2026-11-30`: i
     summary="Usage: leases, lease-hours and cost per group over a period",
     responses=errors(422, 503),
 )
-async def usage_report(
+async def usage(
     request: Request, service: ServiceDep,
     since: Annotated[str | None, Query(max_length=64, description=(
         f"{_TIME_HELP}; default: 24 h before `until`."))] = None,
@@ -43,7 +43,7 @@ async def usage_report(
     start = _instant(since, "since") if since is not None else end - DAY_US
     if start >= end:
         raise InvalidRequest(f"since: must be before until ({format_us(end)})", field="since")
-    found = await usage(service.store.backend, group_by, since=start, until=end, now=now)
+    found = await counting.usage(service.store.backend, group_by, since=start, until=end, now=now)
     retention = request.app.state.settings.lease_retention_days
     kept_from = now - retention * DAY_US
     complete = retention == 0 or start >= kept_from
@@ -75,6 +75,6 @@ def _instant(value: str, name: str) -> int:
     return to_us(moment)
 
 
-def _figures(t: Tally) -> UsageFigures:
+def _figures(t: counting.Tally) -> UsageFigures:
     return UsageFigures(leases=t.leases, live=t.live, lease_hours=round(t.lease_hours, 6),
                         cost=round(t.cost, 6))
