@@ -245,6 +245,45 @@ def test_fleet_hosts_show_their_health_and_use(browser: Browser, tmp_path: Path)
             sched.cleanup()
 
 
+def test_priced_leases_show_their_price_cost_and_spend_per_owner(
+        browser: Browser, tmp_path: Path) -> None:
+    # Local Docker workers at 3.60 $/h: a second costs a tenth of a cent.
+    sched = Scheduler(tmp_path, PROVIDERS="local-docker", LOCAL_DOCKER_PRICE_PER_HOUR="3.6")
+    try:
+        sched.start()
+        held = sched.lease(kind="renderer", owner_id="anim", ttl_seconds=600)
+        sched.lease(kind="anim", owner_id="render", ttl_seconds=600)
+        done = sched.lease(kind="renderer", owner_id="anim", ttl_seconds=600)
+        assert sched.release(done["lease_id"], owner="anim").status_code == 204
+        ended_cost = sched.http.get(f"/v1/lease/{done['lease_id']}").json()["cost"]
+        assert ended_cost > 0
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.goto(f"{sched.url}/ui")
+        page.fill("#secret", SECRET)
+        page.press("#secret", "Enter")
+        row = page.locator(f'#live tr[data-lease-id="{held["lease_id"]}"]')
+        expect(row.locator(".price")).to_have_text("$3.60/h", timeout=SHOWN_WITHIN_MS)
+        cost = row.locator(".cost")
+        expect(cost).to_have_text(re.compile(r"^\$0\.\d{4}$"), timeout=SHOWN_WITHIN_MS)
+        # Cost so far grows while the lease is held.
+        expect(cost).not_to_have_text(cost.text_content() or "", timeout=5000)
+        ended = page.locator(f'#released tr[data-lease-id="{done["lease_id"]}"]')
+        expect(ended.locator(".money")).to_have_text(f"${ended_cost:.4f}",
+                                                      timeout=SHOWN_WITHIN_MS)
+        # Spend per owner, today and this month, from /v1/usage.
+        spend = page.locator("#spend tbody tr").filter(has_text="anim")
+        expect(spend).to_have_count(1, timeout=SHOWN_WITHIN_MS)
+        expect(spend.locator("td").nth(1)).to_have_text(re.compile(r"^\$0\.\d*[1-9]"))
+        expect(page.locator("#spend tbody tr").filter(has_text="render")).to_have_count(1)
+        shot = tmp_path / "ui-priced.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"dashboard screenshot (priced; docs/ui.png): {shot}")
+        context.close()
+    finally:
+        sched.cleanup()
+
+
 def _seconds(cell: Locator) -> int:
     """A time left as the page shows it ("9m 58s", "1h 02m 05s") in seconds."""
     text = cell.text_content() or ""

@@ -255,7 +255,10 @@ function renderLive() {
       cell("Kind", "", lease.kind + " · " + lease.gpu),
       cell("Provider", "", lease.provider + (lease.host ? " · " + lease.host : "")),
       cell("Endpoint", "endpoint", lease.endpoint),
-      cell("Time left", "time", ""), cell("Cost so far", "money cost", ""));
+      cell("Time left", "time", ""),
+      cell("Price", "money price", lease.price_per_hour === undefined ||
+        lease.price_per_hour === null ? "" : money(lease.price_per_hour) + "/h"),
+      cell("Cost so far", "money cost", ""));
     row.dataset.leaseId = lease.lease_id;
     row.title = "lease " + lease.lease_id;
     return row;
@@ -276,7 +279,9 @@ function tick() {
     const left = Math.max(0, Date.parse(lease.expires_at) - now) / 1000;
     rows[i].querySelector(".time").textContent = duration(left);
     if (lease.price_per_hour !== undefined && lease.price_per_hour !== null) {
-      const hours = Math.max(0, now - Date.parse(lease.created_at)) / 3600000;
+      // A lease costs from when it was granted (its worker ready), not from the request.
+      const since = Date.parse(lease.granted_at || lease.created_at);
+      const hours = Math.max(0, now - since) / 3600000;
       rows[i].querySelector(".cost").textContent = money(lease.price_per_hour * hours);
     }
   }
@@ -350,15 +355,12 @@ async function refreshSpend() {
   box.replaceChildren(table);
 }
 
-// Owner → cost from a `GET /v1/usage?group_by=owner` answer. Its shape is the usage
-// endpoint's to define (issue 17, item 2): a list of groups, or {groups: [...]}, each
-// naming its group and its cost. The one place to change if that shape differs.
+// Owner → cost from a `GET /v1/usage?group_by=owner` answer: {groups: [{key, cost, …}]},
+// `key` null for leases without an owner (README, Usage and retention).
 function usageByOwner(answer) {
-  const groups = Array.isArray(answer) ? answer : (answer && answer.groups) || [];
   const costs = new Map();
-  for (const group of groups) {
-    const name = group.owner ?? group.owner_id ?? group.group ?? group.key ?? "—";
-    costs.set(name === null ? "—" : String(name), Number(group.cost) || 0);
+  for (const group of (answer && answer.groups) || []) {
+    costs.set(group.key === null ? "—" : String(group.key), Number(group.cost) || 0);
   }
   return costs;
 }
