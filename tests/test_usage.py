@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from sqlalchemy import select
 from openalice_scheduler.store import LeaseStore
 from openalice_scheduler.store.schema import leases
 from openalice_scheduler.store.usage import purge_ended
-from tests.harness import SECRET, Scheduler
+from tests.harness import SECRET, Scheduler, wait_for
 
 # 3.6 $/h: a second held costs a tenth of a cent, so costs show after a short test.
 PRICE = "3.6"
@@ -150,3 +151,34 @@ async def test_purge_removes_old_ended_leases_only(store: LeaseStore) -> None:
     left = await store.backend.read(
         lambda conn: sorted(r[0] for r in conn.execute(select(leases.c.lease_id))))
     assert left == ["live", "old-live", "recent-released"]
+
+
+def test_the_service_purges_old_ended_leases_in_the_background(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    sched = make_scheduler(LEASE_RETENTION_DAYS="30")
+    kept = sched.lease(owner_id="anim")
+    ended = sched.lease(owner_id="anim")
+    assert sched.release(ended["lease_id"], owner="anim").status_code == 204
+    sched.stop()
+    # Rows from long ago, written into the store file the service uses.
+    path = sched.env["DATABASE_URL"].removeprefix("sqlite:///")
+    old = int((datetime.now(UTC) - timedelta(days=40)).timestamp() * 1_000_000)
+    with sqlite3.connect(path) as db:
+        for lease_id, state in (("old-released", "released"), ("old-failed", "failed")):
+            db.execute(
+                "INSERT INTO leases (lease_id, provider, kind, gpu, state, endpoint, "
+                "provider_token, ttl_seconds, created_at, expires_at, updated_at, "
+                "released_at, release_attempts, granted_at, price_per_hour) VALUES "
+                "(?, 'local-docker', 'renderer', 'none', ?, '', '', 60, ?, ?, ?, ?, 0, ?, 1.0)",
+                (lease_id, state, old, old, old, old, old))
+    sched.start()
+    wait_for(lambda: "purged 2 ended leases older than 30 days" in sched.log(), timeout=30,
+             what="the purge's log line")
+    for lease_id in ("old-released", "old-failed"):
+        assert sched.http.get(f"/v1/lease/{lease_id}").status_code == 404
+    assert sched.http.get(f"/v1/lease/{ended['lease_id']}").json()["state"] == "released"
+    assert sched.http.get(f"/v1/lease/{kept['lease_id']}").json()["state"] == "active"
+    # What usage over the purged days says.
+    report = sched.http.get("/v1/usage", params={"since": "2020-01-01"}).json()
+    assert report["complete"] is False and "LEASE_RETENTION_DAYS" in report["note"]
