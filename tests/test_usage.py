@@ -81,6 +81,7 @@ def test_usage_period_before_the_leases_is_empty_and_beyond_retention_incomplete
     ({"until": "2026-13-01"}, "until"),
     ({"since": "2026-11-30T12:00:00"}, "since"),  # no UTC offset
     ({"since": "2026-12-01", "until": "2026-11-30"}, "since"),
+    ({"until": "9999-12-31T23:59:59-01:00"}, "until"),
     ({"group_by": "colour"}, "group_by"),
 ])
 def test_bad_usage_parameters_are_422_naming_them(

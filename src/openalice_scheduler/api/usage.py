@@ -69,10 +69,13 @@ def _instant(value: str, name: str) -> int:
     except ValueError:
         raise InvalidRequest(f"{name}: not an RFC 3339 time or a date (YYYY-MM-DD)",
                              field=name) from None
-    if moment.tzinfo is None or "T" not in text.upper():
+    if moment.tzinfo is None:
         raise InvalidRequest(f"{name}: an RFC 3339 time needs a date, a time and a UTC "
                              "offset (Z or +hh:mm)", field=name)
-    return to_us(moment)
+    try:
+        return to_us(moment)
+    except OverflowError:  # 9999-12-31T23:59:59-01:00 is after year 9999 in UTC
+        raise InvalidRequest(f"{name}: out of range", field=name) from None
 
 
 def _figures(t: counting.Tally) -> UsageFigures:
