@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from openalice_scheduler.store import LeaseStore
 from openalice_scheduler.store.schema import leases
-from openalice_scheduler.store.usage import purge_ended
+from openalice_scheduler.store.usage import purge_ended, usage
 from tests.harness import SECRET, Scheduler, wait_for
 
 # 3.6 $/h: a second held costs a tenth of a cent, so costs show after a short test.
@@ -183,3 +183,39 @@ def test_the_service_purges_old_ended_leases_in_the_background(
     # What usage over the purged days says.
     report = sched.http.get("/v1/usage", params={"since": "2020-01-01"}).json()
     assert report["complete"] is False and "LEASE_RETENTION_DAYS" in report["note"]
+
+
+async def test_usage_counts_only_the_part_of_each_lease_inside_the_period(
+    store: LeaseStore,
+) -> None:
+    hour = 3_600_000_000
+    since, until = 1_800_000_000_000_000, 1_800_000_000_000_000 + 24 * hour
+    # owner, state, granted_at, released_at, price
+    rows = {
+        "before": ("a", "released", since - 3 * hour, since - hour, 1.0),  # outside
+        "across-start": ("a", "released", since - hour, since + 2 * hour, 1.0),  # 2 h in
+        "inside": ("b", "released", since + hour, since + 4 * hour, 2.0),  # 3 h
+        "still-live": ("b", "active", until - hour, None, 2.0),  # 1 h up to until
+        "never-granted": ("b", "failed", None, since + hour, 2.0),  # nothing
+    }
+
+    def insert(conn, *_: object) -> None:  # type: ignore[no-untyped-def]
+        for lease_id, (owner, state, granted, released_at, price) in rows.items():
+            conn.execute(leases.insert().values(
+                lease_id=lease_id, provider="local-docker", kind="renderer", gpu="none",
+                state=state, owner_id=owner, ttl_seconds=60, created_at=since - 4 * hour,
+                expires_at=until, updated_at=since, released_at=released_at,
+                granted_at=granted, price_per_hour=price, release_attempts=0, endpoint="",
+                provider_token=""))
+
+    await store.backend.write(insert)
+    found = await usage(store.backend, "owner", since=since, until=until, now=until + hour)
+    by_owner = dict(found.by_cost())
+    assert list(by_owner) == ["b", "a"]  # by cost: b 8 $, a 2 $
+    assert (by_owner["a"].leases, by_owner["a"].live) == (1, 0)
+    assert by_owner["a"].lease_hours == pytest.approx(2.0)
+    assert by_owner["a"].cost == pytest.approx(2.0)
+    assert (by_owner["b"].leases, by_owner["b"].live) == (2, 1)
+    assert by_owner["b"].lease_hours == pytest.approx(4.0)
+    assert by_owner["b"].cost == pytest.approx(8.0)
+    assert found.total.cost == pytest.approx(10.0) and found.total.leases == 3
