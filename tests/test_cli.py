@@ -132,7 +132,8 @@ def test_provision_failure_exits_6(make_scheduler: Callable[..., Scheduler]) -> 
 
 
 def test_help_documents_the_exit_codes() -> None:
-    for args in (["lease", "--help"], ["lease", "acquire", "--help"], ["providers", "--help"]):
+    for args in (["lease", "--help"], ["lease", "acquire", "--help"], ["providers", "--help"],
+                 ["usage", "--help"]):
         shown = cli("http://127.0.0.1:1", *args)
         assert shown.returncode == 0
         text = " ".join(shown.stdout.split())

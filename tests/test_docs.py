@@ -30,6 +30,7 @@ OPERATION_IDS = {
     ("get", "/v1/lease/{lease_id}/self"): "lease_self",
     ("get", "/v1/leases"): "list_leases",
     ("get", "/v1/providers"): "list_providers",
+    ("get", "/v1/usage"): "usage",
     ("get", "/v1/guard"): "guard_poll",
     ("get", "/health"): "health",
     ("get", "/metrics"): "metrics",

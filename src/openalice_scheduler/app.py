@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from openalice_scheduler.api import guard, lease_self, leases, middleware, openapi, ops, ui
+from openalice_scheduler.api import guard, lease_self, leases, middleware, openapi, ops, ui, usage
 from openalice_scheduler.api.access import AccessLog
 from openalice_scheduler.api.errors import install_error_handlers
 from openalice_scheduler.config import Settings
@@ -62,11 +62,13 @@ def create_app(
     app.state.settings = settings
     app.include_router(leases.router, responses={**openapi.COMMON, **openapi.GATED})
     app.include_router(guard.router, responses={**openapi.COMMON, **openapi.GATED})
+    app.include_router(usage.router, responses={**openapi.COMMON, **openapi.GATED})
     app.include_router(lease_self.router, responses=openapi.COMMON)
     app.include_router(ops.router, responses=openapi.COMMON)
     app.include_router(ui.router)
-    install_error_handlers(app, routers=[leases.router, guard.router, lease_self.router,
-                                         ops.router, ui.router, app.router])
+    install_error_handlers(app, routers=[leases.router, guard.router, usage.router,
+                                         lease_self.router, ops.router, ui.router,
+                                         app.router])
     middleware.install(app, secret=settings.internal_secret.get_secret_value(),
                        cors_origins=settings.cors_origin_list, access=access)
     # Outside the request rules: every answer, theirs too, is logged and timed.
@@ -74,7 +76,7 @@ def create_app(
     # router does not list its routes in app.routes).
     app.add_middleware(AccessLog, metrics=metrics,
                        routes=[*app.routes, *leases.router.routes, *guard.router.routes,
-                               *lease_self.router.routes, *ops.router.routes,
+                               *usage.router.routes, *lease_self.router.routes, *ops.router.routes,
                                *ui.router.routes])
     # Outermost: the request's span (or, tracing off, the caller's trace context) is the
     # current one for everything below, the access line included.

@@ -464,3 +464,9 @@ def _stderr() -> Console:
 
 if __name__ == "__main__":
     main()
+
+
+# Commands of their own modules (they use the helpers above).
+from openalice_scheduler.cli_usage import usage  # noqa: E402
+
+app.command(epilog=EXIT_CODES_HELP)(usage)

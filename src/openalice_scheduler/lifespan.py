@@ -24,6 +24,7 @@ from openalice_scheduler.pool import WarmPool
 from openalice_scheduler.providers import Provider
 from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.readiness import ReadinessCheck
+from openalice_scheduler.retention import Purger
 from openalice_scheduler.service import Clock, LeaseService
 from openalice_scheduler.store import LeaseStore, to_us
 from openalice_scheduler.tracing import Tracing, service_version
@@ -90,6 +91,10 @@ def lifespan(
             reconciler.start(first_wait=settings.reconcile_interval_seconds if reconciled else 0)
             heartbeat.start()
             pool.start()  # after reconciliation: what a crash left is resolved first
+            # LEASE_RETENTION_DAYS=0 keeps every lease: no purge at all.
+            purger = Purger(service, settings.lease_retention_days)
+            if settings.lease_retention_days:
+                purger.start()
             # Waiters here hear of capacity freed on other replicas too.
             listener = asyncio.create_task(store.listen_capacity(service.capacity_freed))
             log.info("openalice-scheduler %s serving: providers=%s, store=%s",
@@ -99,7 +104,7 @@ def lifespan(
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
-            for loop in (pool, sweeper, reconciler, heartbeat):
+            for loop in (purger, pool, sweeper, reconciler, heartbeat):
                 await loop.stop()
         finally:
             for provider in providers:

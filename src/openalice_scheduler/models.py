@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -300,3 +300,35 @@ class Readiness(BaseModel):
     `shutting_down` while draining) with `ready` false and `reasons`."""
 
     ready: bool = True
+
+
+# --- usage (GET /v1/usage; README, Usage and retention) ---
+
+GroupBy = Literal["owner", "provider", "kind", "gpu"]
+
+
+class UsageFigures(BaseModel):
+    leases: int = Field(description="Leases held for some of the period")
+    live: int = Field(description="Those of them still held now")
+    lease_hours: float = Field(description="Hours they were held inside the period")
+    cost: float = Field(description="USD those hours cost (an unknown price counts 0)")
+
+
+class UsageGroup(UsageFigures):
+    key: str | None = Field(description="The owner, provider, kind or GPU class; null for "
+                            "leases without an owner")
+
+
+class UsageReport(BaseModel):
+    """`GET /v1/usage`: what leases held during [since, until) cost, per group."""
+
+    since: Timestamp
+    until: Timestamp
+    group_by: GroupBy
+    groups: list[UsageGroup] = Field(description="By cost, highest first")
+    total: UsageFigures
+    retention_days: int = Field(description="Ended leases are purged after this many "
+                                "days (0: never)")
+    complete: bool = Field(description="False when the period reaches back beyond "
+                           "retention: purged leases are missing from it")
+    note: str | None = Field(description="What is missing, when not complete")

@@ -30,7 +30,15 @@ from openalice_scheduler.client.renewal import (
 )
 from openalice_scheduler.client.retrying import RetryPolicy, _AcquireRetries
 from openalice_scheduler.errors import SchedulerError
-from openalice_scheduler.models import GpuClass, Health, Lease, ProviderView, WorkerKind
+from openalice_scheduler.models import (
+    GpuClass,
+    GroupBy,
+    Health,
+    Lease,
+    ProviderView,
+    UsageReport,
+    WorkerKind,
+)
 
 T = TypeVar("T")
 
@@ -113,6 +121,12 @@ class AsyncSchedulerClient:
 
     async def providers(self) -> builtins.list[ProviderView]:
         return await self._send(self._core.providers_call())
+
+    async def usage(self, group_by: GroupBy = "owner", *, since: str | None = None,
+                    until: str | None = None) -> UsageReport:
+        """Leases, lease-hours and cost per group over [since, until) (RFC 3339 times or
+        dates; the server's defaults: the last 24 h)."""
+        return await self._send(self._core.usage_call(group_by, since, until))
 
     async def health(self) -> Health:
         return await self._send(self._core.health_call())

@@ -21,12 +21,14 @@ from openalice_scheduler.errors import InvalidRequest, LeaseNotFound, SchedulerE
 from openalice_scheduler.models import (
     AcquireResponse,
     GpuClass,
+    GroupBy,
     Health,
     Lease,
     LeaseRequest,
     LeaseState,
     ProviderView,
     Token,
+    UsageReport,
     WorkerKind,
 )
 
@@ -66,6 +68,7 @@ _LEASE = TypeAdapter(Lease)
 _LEASES = TypeAdapter(builtins.list[Lease])
 _PROVIDERS = TypeAdapter(builtins.list[ProviderView])
 _HEALTH = TypeAdapter(Health)
+_USAGE = TypeAdapter(UsageReport)
 _TOKEN = TypeAdapter(Token)
 
 
@@ -131,6 +134,12 @@ class _Core:
 
     def providers_call(self) -> _Call[builtins.list[ProviderView]]:
         return _Call("GET", "/v1/providers", _PROVIDERS)
+
+    def usage_call(self, group_by: GroupBy, since: str | None,
+                   until: str | None) -> _Call[UsageReport]:
+        params = {"group_by": group_by, "since": since, "until": until}
+        return _Call("GET", "/v1/usage", _USAGE, params=httpx.QueryParams(
+            {name: value for name, value in params.items() if value is not None}))
 
     def health_call(self) -> _Call[Health]:
         return _Call("GET", "/health", _HEALTH)

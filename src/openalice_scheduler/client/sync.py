@@ -28,7 +28,15 @@ from openalice_scheduler.client.renewal import (
 )
 from openalice_scheduler.client.retrying import RetryPolicy, _AcquireRetries
 from openalice_scheduler.errors import SchedulerError
-from openalice_scheduler.models import GpuClass, Health, Lease, ProviderView, WorkerKind
+from openalice_scheduler.models import (
+    GpuClass,
+    GroupBy,
+    Health,
+    Lease,
+    ProviderView,
+    UsageReport,
+    WorkerKind,
+)
 
 T = TypeVar("T")
 
@@ -123,6 +131,12 @@ class SchedulerClient:
 
     def providers(self) -> builtins.list[ProviderView]:
         return self._send(self._core.providers_call())
+
+    def usage(self, group_by: GroupBy = "owner", *, since: str | None = None,
+              until: str | None = None) -> UsageReport:
+        """Leases, lease-hours and cost per group over [since, until) (RFC 3339 times or
+        dates; the server's defaults: the last 24 h)."""
+        return self._send(self._core.usage_call(group_by, since, until))
 
     def health(self) -> Health:
         return self._send(self._core.health_call())

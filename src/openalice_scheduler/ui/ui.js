@@ -18,6 +18,8 @@ let live = [];
 // Server clock minus this browser's (from the Date header), so that a skewed laptop
 // still counts a lease's time left by the scheduler's clock.
 let skewMs = 0;
+// Set once the scheduler answers that it has no usage endpoint: not asked again.
+let noUsage = false;
 // Bumped at each sign-in and sign-out: a refresh still in flight from before then
 // neither stores its secret nor shows its answers.
 let generation = 0;
@@ -253,7 +255,10 @@ function renderLive() {
       cell("Kind", "", lease.kind + " · " + lease.gpu),
       cell("Provider", "", lease.provider + (lease.host ? " · " + lease.host : "")),
       cell("Endpoint", "endpoint", lease.endpoint),
-      cell("Time left", "time", ""), cell("Cost so far", "money cost", ""));
+      cell("Time left", "time", ""),
+      cell("Price", "money price", lease.price_per_hour === undefined ||
+        lease.price_per_hour === null ? "" : money(lease.price_per_hour) + "/h"),
+      cell("Cost so far", "money cost", ""));
     row.dataset.leaseId = lease.lease_id;
     row.title = "lease " + lease.lease_id;
     return row;
@@ -274,11 +279,10 @@ function tick() {
     const left = Math.max(0, Date.parse(lease.expires_at) - now) / 1000;
     rows[i].querySelector(".time").textContent = duration(left);
     if (lease.price_per_hour !== undefined && lease.price_per_hour !== null) {
-      // Its cost counts from its grant (a lease still provisioning has cost nothing).
-      const hours = lease.granted_at ?
-        Math.max(0, now - Date.parse(lease.granted_at)) / 3600000 : 0;
-      rows[i].querySelector(".cost").textContent =
-        money(lease.price_per_hour * hours) + " at " + money(lease.price_per_hour) + "/h";
+      // A lease costs from when it was granted (its worker ready), not from the request.
+      const since = Date.parse(lease.granted_at || lease.created_at);
+      const hours = Math.max(0, now - since) / 3600000;
+      rows[i].querySelector(".cost").textContent = money(lease.price_per_hour * hours);
     }
   }
 }
@@ -300,8 +304,7 @@ function renderReleased(leases) {
       cell("Kind", "", lease.kind + " · " + lease.gpu),
       cell("Provider", "", lease.provider),
       cell("Reason", "reason", lease.release_reason || lease.state),
-      cell("Held", "time", end && lease.granted_at ?
-        duration((end - Date.parse(lease.granted_at)) / 1000) : "—"),
+      cell("Held", "time", end ? duration((end - Date.parse(lease.created_at)) / 1000) : "—"),
       cell("Cost", "money", lease.cost === undefined || lease.cost === null ?
         "" : money(lease.cost)));
     row.dataset.leaseId = lease.lease_id;
@@ -312,10 +315,11 @@ function renderReleased(leases) {
   table.hidden = shown.length === 0;
 }
 
-// --- spend per owner ----------------------------------------------------------------
+// --- spend per owner (once the scheduler reports usage) ------------------------------
 
 async function refreshSpend() {
   const box = byId("spend");
+  if (noUsage) return;
   const now = new Date();
   const day = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate()));
   const month = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
@@ -324,6 +328,12 @@ async function refreshSpend() {
     [today, thisMonth] = await Promise.all([day, month].map((since) =>
       api("v1/usage?group_by=owner&since=" + encodeURIComponent(since.toISOString()))));
   } catch (error) {
+    if (error.status === 404 && error.code === "not_found") {
+      noUsage = true;
+      box.replaceChildren(el("p", { class: "note" },
+        "No prices configured: this scheduler does not report spend."));
+      return;
+    }
     if (error instanceof Refused) throw error;
     box.replaceChildren(el("p", { class: "note" }, "Spend unavailable: " + error.message));
     return;
@@ -332,8 +342,8 @@ async function refreshSpend() {
   const months = usageByOwner(thisMonth);
   const owners = [...new Set([...months.keys(), ...days.keys()])].sort();
   if (owners.length === 0 || ![...months.values()].some((cost) => cost > 0)) {
-    box.replaceChildren(el("p", { class: "note" }, "Nothing spent this month (no priced " +
-      "leases; README, Prices and caps)."));
+    box.replaceChildren(el("p", { class: "note" }, "No prices configured, or nothing " +
+      "spent this month."));
     return;
   }
   const table = el("table", {},
@@ -345,11 +355,11 @@ async function refreshSpend() {
   box.replaceChildren(table);
 }
 
-// Owner → cost from a `GET /v1/usage?group_by=owner` answer (`UsageReport`: `groups`,
-// each with its `key`, the owner id or null, and its `cost`).
+// Owner → cost from a `GET /v1/usage?group_by=owner` answer: {groups: [{key, cost, …}]},
+// `key` null for leases without an owner (README, Usage and retention).
 function usageByOwner(answer) {
   const costs = new Map();
-  for (const group of answer.groups) {
+  for (const group of (answer && answer.groups) || []) {
     costs.set(group.key === null ? "—" : String(group.key), Number(group.cost) || 0);
   }
   return costs;

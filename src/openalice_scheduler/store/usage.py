@@ -1,0 +1,116 @@
+"""Usage over a period (GET /v1/usage) and the purge of ended leases past retention
+(README, Usage and retention).
+
+Both read or delete straight from the leases table over the store's backend: usage is a
+report, not a state change, and the purge only removes rows no rule looks at any more."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sqlalchemy import bindparam, delete, select
+from sqlalchemy.engine import Connection
+
+from openalice_scheduler.models import GroupBy, LeaseState
+from openalice_scheduler.store.backend import Backend
+from openalice_scheduler.store.schema import leases
+from openalice_scheduler.store.spending import cost_of, held_us
+from openalice_scheduler.store.statements import HOUR_US, state_in
+
+# The column each grouping reads.
+_GROUP_COLUMN = {"owner": leases.c.owner_id, "provider": leases.c.provider,
+                 "kind": leases.c.kind, "gpu": leases.c.gpu}
+_ENDED = [LeaseState.released.value, LeaseState.failed.value]
+# Rows one purge transaction deletes at most: a big backlog never holds the table long.
+PURGE_BATCH = 500
+
+
+@dataclass
+class Tally:
+    """Leases, live ones among them, lease-hours and USD of one group (or of all)."""
+
+    leases: int = 0
+    live: int = 0
+    lease_hours: float = 0.0
+    cost: float = 0.0
+
+    def add(self, live: bool, held: int, price: float | None) -> None:
+        self.leases += 1
+        self.live += live
+        self.lease_hours += held / HOUR_US
+        self.cost += cost_of(price, held)
+
+
+@dataclass
+class Usage:
+    groups: dict[str | None, Tally] = field(default_factory=dict)
+    total: Tally = field(default_factory=Tally)
+
+    def by_cost(self) -> list[tuple[str | None, Tally]]:
+        """Groups by cost, highest first (ties: by key, null last), for a stable answer."""
+        return sorted(self.groups.items(),
+                      key=lambda kv: (-kv[1].cost, kv[0] is None, kv[0] or ""))
+
+
+async def usage(backend: Backend, group_by: GroupBy, *, since: int, until: int,
+                now: int) -> Usage:
+    """What leases held during [since, until) cost, per `group_by`: of each lease the
+    part of its held time inside the period; a live one's up to `now`."""
+    rows = await backend.read(_held_rows, group_by, since, until)
+    return tally(rows, since=since, until=min(until, now))
+
+
+def tally(rows: Iterable[tuple[str | None, float | None, int, int | None]], *,
+          since: int, until: int) -> Usage:
+    found = Usage()
+    for key, price, granted_at, released_at in rows:
+        held = held_us(granted_at, released_at, since, until)
+        live = released_at is None
+        # Overlapping the period: held inside it (a lease granted at the very end of a
+        # period that is now counts, for nothing yet).
+        if held <= 0 and not (live and granted_at <= until):
+            continue
+        found.groups.setdefault(key, Tally()).add(live, held, price)
+        found.total.add(live, held, price)
+    return found
+
+
+async def purge_ended(backend: Backend, *, before: int, batch: int = PURGE_BATCH) -> int:
+    """Delete released and failed leases whose `released_at` is before `before`, a batch
+    per transaction; how many went. Any number of replicas may run it at once: a row
+    deleted twice is deleted once."""
+    purged = 0
+    while True:
+        gone = await backend.write(_purge_batch, before, batch)
+        purged += gone
+        if gone < batch:
+            return purged
+
+
+# Only the columns usage needs, of the leases whose held time may overlap the period.
+_HELD = {
+    group: select(column, leases.c.price_per_hour, leases.c.granted_at,
+                  leases.c.released_at).where(
+        leases.c.granted_at.is_not(None), leases.c.granted_at < bindparam("b_until"),
+        leases.c.released_at.is_(None) | (leases.c.released_at > bindparam("b_since")))
+    for group, column in _GROUP_COLUMN.items()
+}
+
+
+def _held_rows(conn: Connection, group_by: GroupBy, since: int,
+               until: int) -> list[tuple[str | None, float | None, int, int | None]]:
+    rows = conn.execute(_HELD[group_by], {"b_since": since, "b_until": until})
+    return [(key, price, granted, released) for key, price, granted, released in rows]
+
+
+_OLD_ENDED = select(leases.c.lease_id).where(
+    state_in(_ENDED), leases.c.released_at < bindparam("b_before"),
+).limit(bindparam("b_batch"))
+_PURGE = delete(leases).where(leases.c.lease_id.in_(_OLD_ENDED.scalar_subquery()))
+
+
+def _purge_batch(conn: Connection, before: int, batch: int) -> int:
+    # The state is checked again by the DELETE's own subquery, in its transaction: a row
+    # is only ever removed once ended.
+    return int(conn.execute(_PURGE, {"b_before": before, "b_batch": batch}).rowcount or 0)
