@@ -447,6 +447,35 @@ def test_the_readmes_two_gpu_hosts_parse_as_declared(tmp_path: Path) -> None:
     hosts = parse_hosts(f"""gpu1=tcp://10.0.0.5:2376 gpus=0,1 max=4 region=eu tls={tmp_path};
                             gpu2=ssh://ops@10.0.0.6 gpus=0 max=2 region=eu price=0.4""")
     assert hosts == [
-        HostConfig("gpu1", "tcp://10.0.0.5:2376", ("0", "1"), 4, "eu", 0.0, str(tmp_path)),
+        # No price=: LOCAL_DOCKER_PRICE_PER_HOUR's price for each class (README, Prices).
+        HostConfig("gpu1", "tcp://10.0.0.5:2376", ("0", "1"), 4, "eu", None, str(tmp_path)),
         HostConfig("gpu2", "ssh://ops@10.0.0.6", ("0",), 2, "eu", 0.4, None),
     ]
+
+
+async def test_a_fleet_lease_is_priced_at_its_own_hosts_price() -> None:
+    """A host's price= is what its workers cost, whatever the class; a host without one
+    costs LOCAL_DOCKER_PRICE_PER_HOUR's price for the class. The policy sees the
+    cheapest answering host; the lease records the host it was placed on."""
+    from datetime import UTC, datetime
+
+    from openalice_scheduler.models import GpuClass, WorkerKind
+    from openalice_scheduler.providers import WorkerSpec
+    from openalice_scheduler.providers.docker import DockerFleetProvider
+
+    settings = Settings(  # type: ignore[call-arg]
+        internal_secret=SECRET, local_docker_price_per_hour="none=0.25,entry=0.5",
+        docker_hosts="dear=unix:///nonexistent/a.sock price=0.9 gpus=0; "
+                     "plain=unix:///nonexistent/b.sock gpus=1")
+    fleet = DockerFleetProvider(settings, parse_hosts(settings.docker_hosts or ""))
+    try:
+        for gpu, plain in ((GpuClass.none, 0.25), (GpuClass.entry, 0.5)):
+            spec = WorkerSpec(lease_id=str(uuid.uuid4()), kind=WorkerKind.renderer, gpu=gpu,
+                              expires_at=datetime.now(UTC))
+            place = fleet.placer(spec)
+            first = place(set())  # the least loaded, ties in declared order: dear
+            assert (first.host, first.price) == ("dear", 0.9)
+            second = place({first.resource})
+            assert (second.host, second.price) == ("plain", plain)
+    finally:
+        await fleet.close()
