@@ -105,10 +105,15 @@ def _cli(sched: Scheduler, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_usage_command_shows_spend_per_owner(priced: Scheduler) -> None:
-    priced.lease(owner_id="anim")
+    ended = priced.lease(owner_id="anim")
+    assert priced.release(ended["lease_id"], owner="anim").status_code == 204
+    cost = priced.http.get(f"/v1/lease/{ended['lease_id']}").json()["cost"]
     table = _cli(priced, "--since", "1h", "--by", "owner")
     assert table.returncode == 0, table.stderr
     assert "anim" in table.stdout and "cost $" in table.stdout and "total" in table.stdout
+    # What it cost, to the hundredth of a cent: a short lease does not show as 0.00.
+    assert 0 < cost < 1 and f"{cost:.4f}" in table.stdout, (cost, table.stdout)
+    priced.lease(owner_id="anim")
 
     as_json = _cli(priced, "--since", "today", "--json")
     assert as_json.returncode == 0, as_json.stderr

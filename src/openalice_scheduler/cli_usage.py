@@ -88,12 +88,18 @@ def _print_report(report: UsageReport) -> None:
         table.add_column(name, justify="right")
     for group in report.groups:
         table.add_row("(none)" if group.key is None else group.key, str(group.leases),
-                      str(group.live), f"{group.lease_hours:.2f}", f"{group.cost:.2f}")
+                      str(group.live), _amount(group.lease_hours), _amount(group.cost))
     total = report.total
     table.add_section()
-    table.add_row("total", str(total.leases), str(total.live), f"{total.lease_hours:.2f}",
-                  f"{total.cost:.2f}")
+    table.add_row("total", str(total.leases), str(total.live), _amount(total.lease_hours),
+                  _amount(total.cost))
     out = _stdout()
     out.print(table)
     if not report.complete and report.note:
         out.print(f"Incomplete: {report.note}", highlight=False)
+
+
+def _amount(value: float) -> str:
+    """Two decimals, four below 1 (as the dashboard shows money): a few minutes of a
+    cheap worker still shows what it cost."""
+    return f"{value:.4f}" if value < 1 else f"{value:.2f}"
