@@ -18,8 +18,6 @@ let live = [];
 // Server clock minus this browser's (from the Date header), so that a skewed laptop
 // still counts a lease's time left by the scheduler's clock.
 let skewMs = 0;
-// Set once the scheduler answers that it has no usage endpoint: not asked again.
-let noUsage = false;
 // Bumped at each sign-in and sign-out: a refresh still in flight from before then
 // neither stores its secret nor shows its answers.
 let generation = 0;
@@ -319,7 +317,6 @@ function renderReleased(leases) {
 
 async function refreshSpend() {
   const box = byId("spend");
-  if (noUsage) return;
   const now = new Date();
   const day = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate()));
   const month = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
@@ -328,12 +325,6 @@ async function refreshSpend() {
     [today, thisMonth] = await Promise.all([day, month].map((since) =>
       api("v1/usage?group_by=owner&since=" + encodeURIComponent(since.toISOString()))));
   } catch (error) {
-    if (error.status === 404 && error.code === "not_found") {
-      noUsage = true;
-      box.replaceChildren(el("p", { class: "note" },
-        "No prices configured: this scheduler does not report spend."));
-      return;
-    }
     if (error instanceof Refused) throw error;
     box.replaceChildren(el("p", { class: "note" }, "Spend unavailable: " + error.message));
     return;
