@@ -104,9 +104,10 @@ class HttpConnection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{self.headers}"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                ).encode() + body
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{self.headers}"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
         reused = self.writer is not None
         try:
             raw = await self._send(head)
@@ -155,7 +156,10 @@ async def lease_round(http: HttpConnection) -> bool:
 
 
 async def drive(
-    port: int, headers: dict[str, str], clients: int, seconds: float,
+    port: int,
+    headers: dict[str, str],
+    clients: int,
+    seconds: float,
     round_trip: Callable[[HttpConnection], Awaitable[bool]],
 ) -> tuple[list[float], int, float]:
     """`clients` connections, each running `round_trip` back to back for `seconds`.
@@ -186,7 +190,9 @@ async def drive(
 
 
 async def in_process_rate(
-    one_round: Callable[[], Awaitable[None]], clients: int, seconds: float,
+    one_round: Callable[[], Awaitable[None]],
+    clients: int,
+    seconds: float,
 ) -> tuple[float, float]:
     """`clients` callers in this process, each running `one_round` back to back for
     `seconds` (after one second of warm-up with 3): (round trips per second, CPU ms of
@@ -234,8 +240,9 @@ class Service:
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.url, headers={"X-Internal-Secret": self.secret},
-                                 timeout=120)
+        self.http = httpx.Client(
+            base_url=self.url, headers={"X-Internal-Secret": self.secret}, timeout=120
+        )
 
     @property
     def pid(self) -> int:
@@ -243,15 +250,21 @@ class Service:
         return self.proc.pid
 
     def start(self, timeout: float = 60) -> Service:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("OTEL_", "RUST_LOG", "LOG_LEVEL"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("OTEL_", "RUST_LOG", "LOG_LEVEL"))
+        }
         env.update(self.env)
         src = str(REPO / "src")
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [PYTHON, "-m", "openalice_scheduler", "serve"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -332,28 +345,30 @@ def lease_rows(count: int, provider: str = "local-docker") -> list[dict[str, Any
         lease_id = str(uuid.uuid4())
         kind = "renderer" if i % 2 == 0 else "anim"
         created = now - (count - i) * 1_000
-        rows.append({
-            "lease_id": lease_id,
-            "provider": provider,
-            "kind": kind,
-            "gpu": "none",
-            "state": "active",
-            "endpoint": f"http://oa-{kind}-{uuid.UUID(lease_id).hex[:12]}:8080",
-            "provider_token": uuid.uuid4().hex + uuid.uuid4().hex,
-            "owner_id": f"owner-{i % 97}" if i % 3 == 0 else None,
-            "correlation_id": f"corr-{uuid.uuid4().hex[:16]}" if i % 2 == 0 else None,
-            "region": None,
-            "resource": None,
-            "ttl_seconds": ttl,
-            "created_at": created,
-            "expires_at": created + ttl * 1_000_000,
-            "released_at": None,
-            "release_reason": None,
-            "release_attempts": 0,
-            "next_attempt_at": None,
-            "last_error": None,
-            "updated_at": created,
-        })
+        rows.append(
+            {
+                "lease_id": lease_id,
+                "provider": provider,
+                "kind": kind,
+                "gpu": "none",
+                "state": "active",
+                "endpoint": f"http://oa-{kind}-{uuid.UUID(lease_id).hex[:12]}:8080",
+                "provider_token": uuid.uuid4().hex + uuid.uuid4().hex,
+                "owner_id": f"owner-{i % 97}" if i % 3 == 0 else None,
+                "correlation_id": f"corr-{uuid.uuid4().hex[:16]}" if i % 2 == 0 else None,
+                "region": None,
+                "resource": None,
+                "ttl_seconds": ttl,
+                "created_at": created,
+                "expires_at": created + ttl * 1_000_000,
+                "released_at": None,
+                "release_reason": None,
+                "release_attempts": 0,
+                "next_attempt_at": None,
+                "last_error": None,
+                "updated_at": created,
+            }
+        )
     return rows
 
 
@@ -364,8 +379,7 @@ class Seeder:
     def __init__(self, db_path: Path) -> None:
         import sqlalchemy
 
-        self.engine = sqlalchemy.create_engine(f"sqlite:///{db_path}",
-                                               connect_args={"timeout": 30})
+        self.engine = sqlalchemy.create_engine(f"sqlite:///{db_path}", connect_args={"timeout": 30})
 
     def insert(self, rows: list[dict[str, Any]]) -> None:
         from openalice_scheduler.store.schema import leases
@@ -396,11 +410,13 @@ async def reference_body(db_path: Path) -> bytes:
     from openalice_scheduler.store import LeaseRecord
 
     with contextlib.closing(sqlite3.connect(db_path)) as conn:
-        rows = conn.execute("SELECT * FROM leases WHERE state = 'active' "
-                            "ORDER BY created_at").fetchall()
+        rows = conn.execute(
+            "SELECT * FROM leases WHERE state = 'active' ORDER BY created_at"
+        ).fetchall()
     wire = [LeaseRecord(*row).wire() for row in rows]
-    return json.dumps(wire, ensure_ascii=False, allow_nan=False, indent=None,
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        wire, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode()
 
 
 def ensure_src_on_path() -> None:

@@ -74,8 +74,9 @@ def run_cli(instance: str, network: str) -> tuple[float, float]:
         raise RuntimeError(f"docker run: {out.stderr.strip()}")
     cid = out.stdout.strip()
     t2 = time.perf_counter()
-    rm = subprocess.run(["docker", "rm", "-f", cid], capture_output=True, text=True,
-                        timeout=ROUND_TIMEOUT_S)
+    rm = subprocess.run(
+        ["docker", "rm", "-f", cid], capture_output=True, text=True, timeout=ROUND_TIMEOUT_S
+    )
     t3 = time.perf_counter()
     if rm.returncode != 0:
         raise RuntimeError(f"docker rm: {rm.stderr.strip()}")
@@ -86,8 +87,13 @@ def run_sdk(client, instance: str, network: str) -> tuple[float, float]:  # noqa
     name, labels, env = worker_args(instance)
     t0 = time.perf_counter()
     container = client.containers.run(
-        WORKER_IMAGE, name=name, hostname=name, labels=labels, environment=env,
-        network=network, detach=True,
+        WORKER_IMAGE,
+        name=name,
+        hostname=name,
+        labels=labels,
+        environment=env,
+        network=network,
+        detach=True,
     )
     t1 = time.perf_counter()
     t2 = time.perf_counter()
@@ -104,8 +110,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=30, help="measured rounds (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured rounds first")
-    parser.add_argument("--max-seconds", type=float, default=900,
-                        help="stop early (with what was measured) after this long")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=900,
+        help="stop early (with what was measured) after this long",
+    )
     args = parser.parse_args()
     if not 1 <= args.n <= 1000:
         parser.error("--n must be 1..1000")
@@ -125,7 +135,7 @@ def main() -> int:
             if time.monotonic() - started > args.max_seconds:
                 print(f"stopped after {i} rounds: --max-seconds reached", file=sys.stderr)
                 break
-            order = kinds[i % 3:] + kinds[:i % 3]
+            order = kinds[i % 3 :] + kinds[: i % 3]
             for kind in order:
                 if kind == "service":
                     a, r = run_service(svc)
@@ -144,8 +154,10 @@ def main() -> int:
     if not total["service"]:
         print("nothing measured", file=sys.stderr)
         return 1
-    print(f"acquire+release of one worker, {len(total['service'])} rounds "
-          f"(+{args.warmup} warm-up), image {WORKER_IMAGE}, alternated; times in ms")
+    print(
+        f"acquire+release of one worker, {len(total['service'])} rounds "
+        f"(+{args.warmup} warm-up), image {WORKER_IMAGE}, alternated; times in ms"
+    )
     print(f"{'':30} {'p50':>8} {'p90':>8} {'min':>8} {'max':>8}")
     labels = {
         "service": "service (HTTP)",
@@ -160,8 +172,10 @@ def main() -> int:
     svc50, cli50, sdk50 = (summary(total[k])["p50"] for k in kinds)
     svc90, cli90, sdk90 = (summary(total[k])["p90"] for k in kinds)
     ratio = svc50 / cli50
-    print(f"ratio service/cli  p50 {ratio:.3f}  p90 {svc90 / cli90:.3f}   "
-          f"(goal p50 <= {GOAL_RATIO:.2f}: {'met' if ratio <= GOAL_RATIO else 'MISSED'})")
+    print(
+        f"ratio service/cli  p50 {ratio:.3f}  p90 {svc90 / cli90:.3f}   "
+        f"(goal p50 <= {GOAL_RATIO:.2f}: {'met' if ratio <= GOAL_RATIO else 'MISSED'})"
+    )
     print(f"ratio service/sdk  p50 {svc50 / sdk50:.3f}  p90 {svc90 / sdk90:.3f}")
     return 0
 

@@ -45,11 +45,13 @@ def lateness(svc: Service, count: int) -> list[float]:
                 continue
             lease = svc.http.get(f"/v1/lease/{lease_id}").json()
             if lease["state"] == "released":
-                late[lease_id] = (_moment(lease["released_at"])
-                                  - _moment(lease["expires_at"])).total_seconds()
+                late[lease_id] = (
+                    _moment(lease["released_at"]) - _moment(lease["expires_at"])
+                ).total_seconds()
     if len(late) < len(ids):
-        raise RuntimeError(f"{len(ids) - len(late)} lease(s) not released within "
-                           f"{WAIT_LIMIT_S:.0f} s")
+        raise RuntimeError(
+            f"{len(ids) - len(late)} lease(s) not released within {WAIT_LIMIT_S:.0f} s"
+        )
     return list(late.values())
 
 
@@ -59,8 +61,10 @@ def _moment(text: str) -> datetime:
 
 def show(name: str, values: list[float]) -> bool:
     s = summary(values)
-    print(f"  {name:<14} n={len(values):<4} p50 {s['p50']:6.3f} s   p90 {s['p90']:6.3f}   "
-          f"max {s['max']:6.3f}   min {s['min']:6.3f}")
+    print(
+        f"  {name:<14} n={len(values):<4} p50 {s['p50']:6.3f} s   p90 {s['p90']:6.3f}   "
+        f"max {s['max']:6.3f}   min {s['min']:6.3f}"
+    )
     return s["max"] <= GOAL_S
 
 
@@ -81,8 +85,10 @@ def main() -> int:
         with Service("expiry-d") as svc:
             svc.start()
             ok &= show("local-docker", lateness(svc, args.docker))
-    print(f"  goal every lease released within {GOAL_S:.0f} s of expires_at: "
-          f"{'met' if ok else 'MISSED'}")
+    print(
+        f"  goal every lease released within {GOAL_S:.0f} s of expires_at: "
+        f"{'met' if ok else 'MISSED'}"
+    )
     return 0
 
 

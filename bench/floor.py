@@ -68,8 +68,14 @@ def bare_app() -> FastAPI:
 
     @app.post("/v1/lease")
     async def acquire(body: BareLeaseRequest) -> dict[str, Any]:
-        return {"lease": {"lease_id": str(uuid.uuid4()), "kind": body.kind,
-                          "endpoint": "http://w0.static.invalid:8080"}, "provider": "static"}
+        return {
+            "lease": {
+                "lease_id": str(uuid.uuid4()),
+                "kind": body.kind,
+                "endpoint": "http://w0.static.invalid:8080",
+            },
+            "provider": "static",
+        }
 
     @app.delete("/v1/lease/{lease_id}", status_code=204)
     async def release(lease_id: str) -> None:
@@ -86,8 +92,12 @@ def serve_bare(port: int) -> None:
     from openalice_scheduler import server
 
     server.tune_gc()
-    uvicorn.run(bare_app(), host="127.0.0.1", port=port,
-                **server.http_options(os.environ.get("HTTP_PARSER", "h11")))
+    uvicorn.run(
+        bare_app(),
+        host="127.0.0.1",
+        port=port,
+        **server.http_options(os.environ.get("HTTP_PARSER", "h11")),
+    )
 
 
 def bare_round_trips(clients: int, seconds: float) -> dict[str, float]:
@@ -107,16 +117,21 @@ def bare_round_trips(clients: int, seconds: float) -> dict[str, float]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {"rate": len(latencies) / elapsed, "cpu_ms": cpu * 1000 / max(1, len(latencies)),
-            "errors": errors}
+    return {
+        "rate": len(latencies) / elapsed,
+        "cpu_ms": cpu * 1000 / max(1, len(latencies)),
+        "errors": errors,
+    }
 
 
 # --- the lease's SQL on asyncpg alone --------------------------------------------------
 
 _LOCK = "SELECT pg_advisory_xact_lock($1)"
-_TAKEN = ("SELECT resource FROM leases WHERE provider = $1 AND state IN "
-          "('provisioning', 'active', 'releasing') AND lease_id != $2 "
-          "AND resource IS NOT NULL")
+_TAKEN = (
+    "SELECT resource FROM leases WHERE provider = $1 AND state IN "
+    "('provisioning', 'active', 'releasing') AND lease_id != $2 "
+    "AND resource IS NOT NULL"
+)
 _INSERT = (
     "INSERT INTO leases (lease_id, provider, kind, gpu, state, endpoint, provider_token, "
     "resource, ttl_seconds, created_at, expires_at, release_attempts, updated_at, "
@@ -124,9 +139,11 @@ _INSERT = (
     "$4, 0, $3, 'floor') RETURNING *"
 )
 _GET = "SELECT * FROM leases WHERE lease_id = $1"
-_RELEASE = ("UPDATE leases SET state = 'released', released_at = $2, "
-            "release_reason = 'explicit', next_attempt_at = NULL, updated_at = $2 "
-            "WHERE lease_id = $1 AND state IN ('active', 'releasing') RETURNING *")
+_RELEASE = (
+    "UPDATE leases SET state = 'released', released_at = $2, "
+    "release_reason = 'explicit', next_attempt_at = NULL, updated_at = $2 "
+    "WHERE lease_id = $1 AND state IN ('active', 'releasing') RETURNING *"
+)
 ENDPOINTS = [f"http://w{i}.static.invalid:8080" for i in range(1000)]
 
 
@@ -176,26 +193,47 @@ def main() -> None:
 
     rows: list[tuple[str, dict[str, float]]] = []
     with fresh_database(args.pg_host) as url, replica_set(url, 1) as services:
-        rows.append(("scheduler (1 replica, PostgreSQL)",
-                     load([services[0].url], services[0].secret, args.clients, args.seconds,
-                          [services[0].pid])))
+        rows.append(
+            (
+                "scheduler (1 replica, PostgreSQL)",
+                load(
+                    [services[0].url],
+                    services[0].secret,
+                    args.clients,
+                    args.seconds,
+                    [services[0].pid],
+                ),
+            )
+        )
     parser_name = os.environ.get("HTTP_PARSER", "h11")
-    rows.append((f"FastAPI alone ({parser_name}, no middleware, no store)",
-                 bare_round_trips(args.clients, args.seconds)))
+    rows.append(
+        (
+            f"FastAPI alone ({parser_name}, no middleware, no store)",
+            bare_round_trips(args.clients, args.seconds),
+        )
+    )
     with fresh_database(args.pg_host) as url:
-        rows.append(("lease SQL on asyncpg alone (10 statements)",
-                     uvloop.run(sql_round_trips(url, args.clients, args.seconds))))
+        rows.append(
+            (
+                "lease SQL on asyncpg alone (10 statements)",
+                uvloop.run(sql_round_trips(url, args.clients, args.seconds)),
+            )
+        )
     reference = pgbench(args.pg_host, args.seconds)
 
-    print(f"acquire+release round trips, {args.clients} concurrent callers, "
-          f"{args.seconds:g} s each; {os.cpu_count()} CPUs")
+    print(
+        f"acquire+release round trips, {args.clients} concurrent callers, "
+        f"{args.seconds:g} s each; {os.cpu_count()} CPUs"
+    )
     print(f"{'':<52} {'rate/s':>9} {'CPU ms/round':>12} {'errors':>6}")
     for name, row in rows:
         print(f"{name:<52} {row['rate']:>9.1f} {row['cpu_ms']:>12.2f} {row['errors']:>6}")
     floor = rows[1][1]["cpu_ms"] + rows[2][1]["cpu_ms"]
     print(f"{'floor: FastAPI alone + lease SQL alone':<52} {'':>9} {floor:>12.2f}")
-    print(f"reference: pgbench TPC-B-like, 32 clients, -j 2, synchronous_commit on: "
-          f"{reference['tps']:,.0f} tx/s (5 statements each)")
+    print(
+        f"reference: pgbench TPC-B-like, 32 clients, -j 2, synchronous_commit on: "
+        f"{reference['tps']:,.0f} tx/s (5 statements each)"
+    )
 
 
 if __name__ == "__main__":

@@ -66,9 +66,11 @@ def measure(svc: Service, requests: int, max_seconds: float) -> tuple[list[float
 
 def line(name: str, values: list[float]) -> str:
     s = summary(values)
-    return (f"  {name:7} n={s['n']:<4} p50 {s['p50'] * 1000:7.1f} ms   "
-            f"p90 {s['p90'] * 1000:7.1f}   p99 {s['p99'] * 1000:7.1f}   "
-            f"min {s['min'] * 1000:7.1f}   max {s['max'] * 1000:7.1f}")
+    return (
+        f"  {name:7} n={s['n']:<4} p50 {s['p50'] * 1000:7.1f} ms   "
+        f"p90 {s['p90'] * 1000:7.1f}   p99 {s['p99'] * 1000:7.1f}   "
+        f"min {s['min'] * 1000:7.1f}   max {s['max'] * 1000:7.1f}"
+    )
 
 
 def main() -> int:
@@ -76,12 +78,14 @@ def main() -> int:
     parser.add_argument("--leases", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--churn", type=int, default=50,
-                        help="requests with one new lease before each (0: skip)")
+    parser.add_argument(
+        "--churn", type=int, default=50, help="requests with one new lease before each (0: skip)"
+    )
     parser.add_argument("--max-seconds", type=float, default=300)
     args = parser.parse_args()
-    if not (1 <= args.leases <= 200_000 and 1 <= args.requests <= 10_000
-            and 0 <= args.churn <= 1000):
+    if not (
+        1 <= args.leases <= 200_000 and 1 <= args.requests <= 10_000 and 0 <= args.churn <= 1000
+    ):
         parser.error("--leases 1..200000, --requests 1..10000, --churn 0..1000")
     ensure_src_on_path()
 
@@ -116,8 +120,10 @@ def main() -> int:
             seeder.close()
         svc.cleanup()
 
-    print(f"GET /v1/leases, {args.leases} active leases (inserted in {seeded_s:.2f} s); "
-          f"body {size / 1024 / 1024:.2f} MiB; times until the whole body is received")
+    print(
+        f"GET /v1/leases, {args.leases} active leases (inserted in {seeded_s:.2f} s); "
+        f"body {size / 1024 / 1024:.2f} MiB; times until the whole body is received"
+    )
     print(line("steady", samples) + f"   (after {args.warmup} warm-up)")
     print(f"  cold    first listing after the insert: {cold * 1000:.1f} ms")
     if churn:
@@ -125,10 +131,12 @@ def main() -> int:
     print(line("empty", empty) + "   (empty store, for scale)")
     p50 = summary(churn or samples)["p50"] * 1000
     which = "churn" if churn else "steady"
-    print(f"  goal {which} p50 <= {GOAL_P50_MS:.0f} ms: "
-          f"{'met' if p50 <= GOAL_P50_MS else 'MISSED'}"
-          f"; body identical to the uncached rendering: {identical}; service alive: {alive}; "
-          f"{listed} active at the end")
+    print(
+        f"  goal {which} p50 <= {GOAL_P50_MS:.0f} ms: "
+        f"{'met' if p50 <= GOAL_P50_MS else 'MISSED'}"
+        f"; body identical to the uncached rendering: {identical}; service alive: {alive}; "
+        f"{listed} active at the end"
+    )
     return 0 if identical else 1
 
 

@@ -68,18 +68,24 @@ def main() -> int:
         svc.cleanup()
 
     print("service RSS (VmRSS), pid of `python -m openalice_scheduler serve`")
-    print(f"  idle (empty store)                       {mib(idle['VmRSS'])}   "
-          f"peak so far {mib(idle['VmHWM'])}")
-    print(f"  {args.leases} active leases, listed {args.lists}x      {mib(loaded['VmRSS'])}   "
-          f"peak {mib(loaded['VmHWM'])}")
+    print(
+        f"  idle (empty store)                       {mib(idle['VmRSS'])}   "
+        f"peak so far {mib(idle['VmHWM'])}"
+    )
+    print(
+        f"  {args.leases} active leases, listed {args.lists}x      {mib(loaded['VmRSS'])}   "
+        f"peak {mib(loaded['VmHWM'])}"
+    )
     helper_kib = sum(h.get("VmRSS", 0) for h in helpers)
     print(f"  child process(es): {len(helpers)}                   {mib(helper_kib)}")
     total = loaded["VmRSS"] + helper_kib
     print(f"  total                                    {mib(total)}")
     ok = total / 1024 <= GOAL_MIB
-    print(f"  goal <= {GOAL_MIB:.0f} MiB: {'met' if ok else 'MISSED'} "
-          f"(peak {'within' if (loaded['VmHWM'] + helper_kib) / 1024 <= GOAL_MIB else 'over'} "
-          "the goal too)")
+    print(
+        f"  goal <= {GOAL_MIB:.0f} MiB: {'met' if ok else 'MISSED'} "
+        f"(peak {'within' if (loaded['VmHWM'] + helper_kib) / 1024 <= GOAL_MIB else 'over'} "
+        "the goal too)"
+    )
     return 0
 
 

@@ -52,26 +52,37 @@ STATIC_ENDPOINTS = 1000
 
 async def _generate(url: str, secret: str, clients: int, seconds: float) -> dict[str, Any]:
     latencies, errors, elapsed = await drive(
-        int(url.rsplit(":", 1)[1]), {"X-Internal-Secret": secret}, clients, seconds,
+        int(url.rsplit(":", 1)[1]),
+        {"X-Internal-Secret": secret},
+        clients,
+        seconds,
         lease_round,
     )
-    return {"latencies": [round(x, 6) for x in latencies], "errors": errors,
-            "elapsed": elapsed}
+    return {"latencies": [round(x, 6) for x in latencies], "errors": errors, "elapsed": elapsed}
 
 
-def load(urls: list[str], secret: str, clients: int, seconds: float,
-         pids: list[int]) -> dict[str, Any]:
+def load(
+    urls: list[str], secret: str, clients: int, seconds: float, pids: list[int]
+) -> dict[str, Any]:
     """`clients` split between `urls` (one generator process each), run at once; also
     the CPU time the scheduler processes `pids` (one per url) spent per round trip,
     together and each over the round trips it served."""
     cpu_before = [cpu_seconds([pid]) for pid in pids]
-    shares = [clients // len(urls) + (1 if i < clients % len(urls) else 0)
-              for i in range(len(urls))]
+    shares = [
+        clients // len(urls) + (1 if i < clients % len(urls) else 0) for i in range(len(urls))
+    ]
     procs = [
-        (i, subprocess.Popen([sys.executable, __file__, "--generator", url, secret,
-                              str(share), str(seconds)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True))
-        for i, (url, share) in enumerate(zip(urls, shares, strict=True)) if share
+        (
+            i,
+            subprocess.Popen(
+                [sys.executable, __file__, "--generator", url, secret, str(share), str(seconds)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
+        for i, (url, share) in enumerate(zip(urls, shares, strict=True))
+        if share
     ]
     latencies: list[float] = []
     rounds = [0] * len(urls)
@@ -90,8 +101,9 @@ def load(urls: list[str], secret: str, clients: int, seconds: float,
     return {
         "cpu_ms": sum(cpu) * 1000 / max(1, len(latencies)),
         # Per replica: its CPU over the round trips it served (none: no clients on it).
-        "cpu_ms_each": [c * 1000 / n if n else float("nan")
-                        for c, n in zip(cpu, rounds, strict=True)],
+        "cpu_ms_each": [
+            c * 1000 / n if n else float("nan") for c, n in zip(cpu, rounds, strict=True)
+        ],
         "rate": rate,
         "p50_ms": percentile(latencies, 50) * 1000 if latencies else float("nan"),
         "p99_ms": percentile(latencies, 99) * 1000 if latencies else float("nan"),
@@ -107,22 +119,40 @@ def load(urls: list[str], secret: str, clients: int, seconds: float,
 @contextlib.contextmanager
 def fresh_database(pg_host: str) -> Iterator[str]:
     name = f"oa_bench_{uuid.uuid4().hex[:12]}"
-    subprocess.run(["psql", "-h", pg_host, "-d", "postgres", "-qc", f"CREATE DATABASE {name}"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["psql", "-h", pg_host, "-d", "postgres", "-qc", f"CREATE DATABASE {name}"],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield f"postgresql://{getpass.getuser()}@/{name}?host={pg_host}"
     finally:
-        subprocess.run(["psql", "-h", pg_host, "-d", "postgres", "-qc",
-                        f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
+        subprocess.run(
+            [
+                "psql",
+                "-h",
+                pg_host,
+                "-d",
+                "postgres",
+                "-qc",
+                f"DROP DATABASE IF EXISTS {name} WITH (FORCE)",
+            ],
+            capture_output=True,
+        )
 
 
 @contextlib.contextmanager
 def replica_set(database_url: str, count: int) -> Iterator[list[Service]]:
     instance = f"brepl-{uuid.uuid4().hex[:10]}"
     endpoints = ",".join(f"http://w{i}.static.invalid:8080" for i in range(STATIC_ENDPOINTS))
-    env = {"PROVIDERS": "static", "STATIC_WORKERS": f"renderer={endpoints}",
-           "DATABASE_URL": database_url, "SCHEDULER_INSTANCE": instance,
-           "DOCKER_NETWORK": f"oa-{instance}", "RUST_LOG": "warn"}
+    env = {
+        "PROVIDERS": "static",
+        "STATIC_WORKERS": f"renderer={endpoints}",
+        "DATABASE_URL": database_url,
+        "SCHEDULER_INSTANCE": instance,
+        "DOCKER_NETWORK": f"oa-{instance}",
+        "RUST_LOG": "warn",
+    }
     services = [Service("repl", **env) for _ in range(count)]
     secret = services[0].secret
     for service in services:  # one secret for all, as in production
@@ -143,14 +173,20 @@ def pgbench(pg_host: str, seconds: float) -> dict[str, float]:
     env = {**os.environ, "PGHOST": pg_host, "PGOPTIONS": "-c synchronous_commit=on"}
     with fresh_database(pg_host) as url:
         name = url.split("?")[0].rsplit("/", 1)[1]
-        subprocess.run(["pgbench", "-i", "-q", name], check=True, capture_output=True,
-                       env=env)
-        out = subprocess.run(["pgbench", "-c", "32", "-j", "2", "-T", f"{seconds:g}", name],
-                             check=True, capture_output=True, text=True, env=env).stdout
+        subprocess.run(["pgbench", "-i", "-q", name], check=True, capture_output=True, env=env)
+        out = subprocess.run(
+            ["pgbench", "-c", "32", "-j", "2", "-T", f"{seconds:g}", name],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout
     tps = next(line for line in out.splitlines() if line.startswith("tps"))
     latency = next(line for line in out.splitlines() if line.startswith("latency average"))
-    return {"tps": float(tps.split("=")[1].split()[0]),
-            "latency_ms": float(latency.split("=")[1].split()[0])}
+    return {
+        "tps": float(tps.split("=")[1].split()[0]),
+        "latency_ms": float(latency.split("=")[1].split()[0]),
+    }
 
 
 def main() -> None:
@@ -172,31 +208,39 @@ def main() -> None:
             services = stack.enter_context(replica_set(url, count))
             urls = [s.url for s in services]
             pids = [s.pid for s in services]
-            results[count] = {c: load(urls, services[0].secret, c, args.seconds, pids)
-                              for c in levels}
+            results[count] = {
+                c: load(urls, services[0].secret, c, args.seconds, pids) for c in levels
+            }
 
     reference = None if args.no_pgbench else pgbench(args.pg_host, args.seconds)
 
-    print(f"acquire+release round trips on PostgreSQL, {args.seconds:g} s per level, static "
-          f"provider with {STATIC_ENDPOINTS} endpoints, clients split between the replicas, "
-          f"one load generator process per replica; {os.cpu_count()} CPUs")
-    print(f"{'clients':>7} {'replicas':>8} {'split':>9} {'rate/s':>9} {'p50 ms':>8} "
-          f"{'p99 ms':>8} {'errors':>6} {'CPU ms/round':>12}  each replica")
+    print(
+        f"acquire+release round trips on PostgreSQL, {args.seconds:g} s per level, static "
+        f"provider with {STATIC_ENDPOINTS} endpoints, clients split between the replicas, "
+        f"one load generator process per replica; {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'clients':>7} {'replicas':>8} {'split':>9} {'rate/s':>9} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'errors':>6} {'CPU ms/round':>12}  each replica"
+    )
     for clients in levels:
         for count in configs:
             r = results[count][clients]
             split = "+".join(str(s) for s in r["split"])
-            print(f"{clients:>7} {count:>8} {split:>9} {r['rate']:>9.1f} {r['p50_ms']:>8.2f} "
-                  f"{r['p99_ms']:>8.2f} {r['errors']:>6} {r['cpu_ms']:>12.2f}  "
-                  + " / ".join(f"{c:.2f}" for c in r["cpu_ms_each"]))
+            print(
+                f"{clients:>7} {count:>8} {split:>9} {r['rate']:>9.1f} {r['p50_ms']:>8.2f} "
+                f"{r['p99_ms']:>8.2f} {r['errors']:>6} {r['cpu_ms']:>12.2f}  "
+                + " / ".join(f"{c:.2f}" for c in r["cpu_ms_each"])
+            )
         if len(configs) > 1:
             ratio = results[configs[-1]][clients]["rate"] / results[1][clients]["rate"]
-            print(f"{clients:>7} {'ratio':>8} {'':>9} {ratio:>9.2f}  "
-                  f"({configs[-1]} replicas / 1)")
+            print(f"{clients:>7} {'ratio':>8} {'':>9} {ratio:>9.2f}  ({configs[-1]} replicas / 1)")
     if reference is not None:
-        print(f"reference, same server and run: pgbench TPC-B-like, 32 clients, -j 2, "
-              f"{args.seconds:g} s, synchronous_commit on: {reference['tps']:,.0f} tx/s "
-              f"(5 statements each), latency average {reference['latency_ms']:.2f} ms")
+        print(
+            f"reference, same server and run: pgbench TPC-B-like, 32 clients, -j 2, "
+            f"{args.seconds:g} s, synchronous_commit on: {reference['tps']:,.0f} tx/s "
+            f"(5 statements each), latency average {reference['latency_ms']:.2f} ms"
+        )
 
 
 if __name__ == "__main__":

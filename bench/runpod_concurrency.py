@@ -68,36 +68,58 @@ class Processes:
 
     def start(self) -> None:
         self.emulator = subprocess.Popen(
-            [PYTHON, "-m", "tests.runpod_emulator", "--port", "0", "--api-key", self.key,
-             "--provision-delay", str(self.args.delay), "--pods-answer-after", "0"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                PYTHON,
+                "-m",
+                "tests.runpod_emulator",
+                "--port",
+                "0",
+                "--api-key",
+                self.key,
+                "--provision-delay",
+                str(self.args.delay),
+                "--pods-answer-after",
+                "0",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         assert self.emulator.stdout is not None
         self.runpod_url = self.emulator.stdout.readline().strip()
         if not self.runpod_url.startswith("http"):
             raise RuntimeError("the RunPod emulator did not start")
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("OTEL_", "RUST_LOG", "LOG_LEVEL", "RUNPOD_"))}
-        env.update({
-            "INTERNAL_SECRET": self.secret,
-            "SCHEDULER_HOST": "127.0.0.1",
-            "SCHEDULER_PORT": str(self.port),
-            "SCHEDULER_INSTANCE": f"bench-{uuid.uuid4().hex[:8]}",
-            "DATABASE_URL": f"sqlite:///{self.workdir / 'bench.db'}",
-            "PROVIDERS": "runpod",
-            "RUNPOD_API": self.args.api,
-            "RUNPOD_API_KEY": self.key,
-            "RUNPOD_API_BASE_URL": self.runpod_url,
-            # Pods are probed at their proxy URL, which the emulator answers once RUNNING.
-            "RUNPOD_PROXY_URL": self.runpod_url + "/_proxy/{pod_id}-{port}",
-            "RUNPOD_POLL_INTERVAL_SECONDS": str(self.args.poll),
-            "RUST_LOG": "warn",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("OTEL_", "RUST_LOG", "LOG_LEVEL", "RUNPOD_"))
+        }
+        env.update(
+            {
+                "INTERNAL_SECRET": self.secret,
+                "SCHEDULER_HOST": "127.0.0.1",
+                "SCHEDULER_PORT": str(self.port),
+                "SCHEDULER_INSTANCE": f"bench-{uuid.uuid4().hex[:8]}",
+                "DATABASE_URL": f"sqlite:///{self.workdir / 'bench.db'}",
+                "PROVIDERS": "runpod",
+                "RUNPOD_API": self.args.api,
+                "RUNPOD_API_KEY": self.key,
+                "RUNPOD_API_BASE_URL": self.runpod_url,
+                # Pods are probed at their proxy URL, which the emulator answers once RUNNING.
+                "RUNPOD_PROXY_URL": self.runpod_url + "/_proxy/{pod_id}-{port}",
+                "RUNPOD_POLL_INTERVAL_SECONDS": str(self.args.poll),
+                "RUST_LOG": "warn",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         with open(self.workdir / "scheduler.log", "ab") as log:
             self.scheduler = subprocess.Popen(
                 [PYTHON, "-m", "openalice_scheduler", "serve"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
             )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -132,7 +154,8 @@ class Processes:
 async def acquire(conn: HttpConnection, gpu: str) -> tuple[float, str]:
     started = time.perf_counter()
     status, body = await conn.request(
-        "POST", "/v1/lease", json.dumps({"kind": "renderer", "gpu": gpu}).encode())
+        "POST", "/v1/lease", json.dumps({"kind": "renderer", "gpu": gpu}).encode()
+    )
     took = time.perf_counter() - started
     if status != 200:
         raise RuntimeError(f"acquire answered {status}: {body.decode(errors='replace')}")
@@ -156,11 +179,13 @@ async def burst_without_provisioning(
         started = time.perf_counter()
         results = await asyncio.gather(*(acquire(c, args.gpu) for c in conns))
         wall = time.perf_counter() - started
-        await asyncio.gather(*(release(c, lease_id)
-                               for c, (_, lease_id) in zip(conns, results, strict=True)))
+        await asyncio.gather(
+            *(release(c, lease_id) for c, (_, lease_id) in zip(conns, results, strict=True))
+        )
     finally:
-        httpx.post(f"{procs.runpod_url}/_emulator/faults",
-                   json={"provision_delay": args.delay}, timeout=30)
+        httpx.post(
+            f"{procs.runpod_url}/_emulator/faults", json={"provision_delay": args.delay}, timeout=30
+        )
     return wall
 
 
@@ -188,18 +213,21 @@ async def run(procs: Processes, args: argparse.Namespace) -> int:
             wall = time.perf_counter() - started
             latencies = sorted(took for took, _ in results)
             live = len(procs.emulator_state()["pods"])
-            await asyncio.gather(*(release(c, lease_id)
-                                   for c, (_, lease_id) in zip(conns, results, strict=True)))
+            await asyncio.gather(
+                *(release(c, lease_id) for c, (_, lease_id) in zip(conns, results, strict=True))
+            )
             left = len(procs.emulator_state()["pods"])
             ratio = wall / one
             ratios.append(ratio)
             floor = await burst_without_provisioning(procs, conns, args)
-            print(f"round {round_no}: one acquire {one:.3f} s (median of {args.single}: "
-                  f"{', '.join(f'{s:.3f}' for s in singles)}); {args.n} concurrent: "
-                  f"wall {wall:.3f} s, per-request p50 {statistics.median(latencies):.3f} s "
-                  f"max {latencies[-1]:.3f} s; pods live {live}, after release {left}; "
-                  f"ratio {ratio:.2f}; same burst with 0 s provisioning {floor:.3f} s; "
-                  f"load average {os.getloadavg()[0]:.1f}")
+            print(
+                f"round {round_no}: one acquire {one:.3f} s (median of {args.single}: "
+                f"{', '.join(f'{s:.3f}' for s in singles)}); {args.n} concurrent: "
+                f"wall {wall:.3f} s, per-request p50 {statistics.median(latencies):.3f} s "
+                f"max {latencies[-1]:.3f} s; pods live {live}, after release {left}; "
+                f"ratio {ratio:.2f}; same burst with 0 s provisioning {floor:.3f} s; "
+                f"load average {os.getloadavg()[0]:.1f}"
+            )
             if live != args.n or left != 0:
                 print("  pods did not match the leases", file=sys.stderr)
                 return 1
@@ -213,33 +241,47 @@ async def run(procs: Processes, args: argparse.Namespace) -> int:
         kinds[call["kind"] or "?"] = kinds.get(call["kind"] or "?", 0) + 1
     verdict = "met" if statistics.median(ratios) <= GOAL_RATIO else "NOT met"
     print(f"RunPod calls over the run: {dict(sorted(kinds.items()))}")
-    print(f"ratio wall({args.n} concurrent) / one acquire: median {statistics.median(ratios):.2f} "
-          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}); goal <= {GOAL_RATIO}: {verdict}")
+    print(
+        f"ratio wall({args.n} concurrent) / one acquire: median {statistics.median(ratios):.2f} "
+        f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}); goal <= {GOAL_RATIO}: {verdict}"
+    )
     return 0 if verdict == "met" else 2
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=50, help="concurrent acquires (default 50)")
-    parser.add_argument("--delay", type=float, default=1.0,
-                        help="emulator seconds from create to RUNNING (default 1.0)")
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=1.0,
+        help="emulator seconds from create to RUNNING (default 1.0)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
-    parser.add_argument("--single", type=int, default=5,
-                        help="sequential acquires per round for the one-acquire time")
+    parser.add_argument(
+        "--single",
+        type=int,
+        default=5,
+        help="sequential acquires per round for the one-acquire time",
+    )
     parser.add_argument("--api", choices=["rest", "graphql"], default="rest")
     parser.add_argument("--gpu", choices=["none", "entry", "mid", "high"], default="mid")
-    parser.add_argument("--poll", type=float, default=0.1,
-                        help="RUNPOD_POLL_INTERVAL_SECONDS (default 0.1)")
+    parser.add_argument(
+        "--poll", type=float, default=0.1, help="RUNPOD_POLL_INTERVAL_SECONDS (default 0.1)"
+    )
     args = parser.parse_args()
     if args.api == "graphql" and args.gpu == "none":
         parser.error("gpu=none is a CPU pod, served on REST only")
     procs = Processes(args)
     try:
         procs.start()
-        print(f"RunPod emulator {procs.runpod_url} (provisioning {args.delay:g} s, "
-              f"api {args.api}), scheduler {procs.url}, gpu={args.gpu}, "
-              f"RUNPOD_POLL_INTERVAL_SECONDS={args.poll:g}")
+        print(
+            f"RunPod emulator {procs.runpod_url} (provisioning {args.delay:g} s, "
+            f"api {args.api}), scheduler {procs.url}, gpu={args.gpu}, "
+            f"RUNPOD_POLL_INTERVAL_SECONDS={args.poll:g}"
+        )
         return asyncio.run(run(procs, args))
     finally:
         procs.stop()

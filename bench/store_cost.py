@@ -37,13 +37,22 @@ async def run(url: str, clients: int, seconds: float) -> tuple[float, float]:
 
     async def one_round() -> None:
         now = time.time_ns() // 1000
-        lease = NewLease(lease_id=new_lease_id(), kind="renderer", gpu="none",
-                         owner_id=None, correlation_id=None, region=None,
-                         ttl_seconds=60, created_at=now, expires_at=now + 60_000_000)
+        lease = NewLease(
+            lease_id=new_lease_id(),
+            kind="renderer",
+            gpu="none",
+            owner_id=None,
+            correlation_id=None,
+            region=None,
+            ttl_seconds=60,
+            created_at=now,
+            expires_at=now + 60_000_000,
+        )
         terms = Terms(now=now, resources=ENDPOINTS, resource_label="static endpoints")
         await store.reserve_active(lease, "static", terms, lambda r: (r, r))
-        done = await store.claim_release(lease.lease_id, ReleaseReason.explicit,
-                                         now=now, at_once=("static",))
+        done = await store.claim_release(
+            lease.lease_id, ReleaseReason.explicit, now=now, at_once=("static",)
+        )
         assert done is not None and done.state == "released"
 
     try:
@@ -60,8 +69,10 @@ def main() -> None:
     args = parser.parse_args()
     import uvloop  # as the service runs
 
-    print(f"store only (no HTTP), static acquire+release on PostgreSQL, {args.seconds:g} s "
-          f"per level; {os.cpu_count()} CPUs")
+    print(
+        f"store only (no HTTP), static acquire+release on PostgreSQL, {args.seconds:g} s "
+        f"per level; {os.cpu_count()} CPUs"
+    )
     print(f"{'clients':>7} {'rate/s':>9} {'CPU ms/round':>12}")
     for clients in (int(c) for c in args.clients.split(",")):
         with fresh_database(args.pg_host) as url:

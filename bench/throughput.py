@@ -47,17 +47,28 @@ STATIC_ENDPOINTS = 1000
 GRANT_BODY = json.dumps({"TTL": 600}).encode()
 
 
-def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: float,
-         server_pid: int) -> dict:
+def load(
+    url: str, headers: dict[str, str], shape: str, clients: int, seconds: float, server_pid: int
+) -> dict:
     """Run the load generator in a second process; returns its JSON result, with the CPU
     time the server used meanwhile per round trip (`cpu_ms`) and in cores: its process
     and the ones it started."""
     pids = process_tree(server_pid)
     before = cpu_seconds(pids)
     out = subprocess.run(
-        [sys.executable, __file__, "--generator", url, json.dumps(headers), shape,
-         str(clients), str(seconds)],
-        capture_output=True, text=True, timeout=seconds + 120,
+        [
+            sys.executable,
+            __file__,
+            "--generator",
+            url,
+            json.dumps(headers),
+            shape,
+            str(clients),
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
     )
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed:\n{out.stderr[-3000:]}")
@@ -71,8 +82,9 @@ def load(url: str, headers: dict[str, str], shape: str, clients: int, seconds: f
 # --- the load generator (second process) ---------------------------------------------
 
 
-async def _generate(url: str, headers: dict[str, str], shape: str, clients: int,
-                    seconds: float) -> dict[str, Any]:
+async def _generate(
+    url: str, headers: dict[str, str], shape: str, clients: int, seconds: float
+) -> dict[str, Any]:
     async def etcd_round(http: HttpConnection) -> bool:
         status, body = await http.request("POST", "/v3/lease/grant", GRANT_BODY)
         if status != 200:
@@ -112,13 +124,27 @@ class Etcd:
         import httpx
 
         self.proc = subprocess.Popen(
-            ["etcd", "--data-dir", str(self.dir / "data"), "--name", "bench",
-             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-             "--listen-peer-urls", f"http://127.0.0.1:{self.peer}",
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer}",
-             "--initial-cluster", f"bench=http://127.0.0.1:{self.peer}",
-             "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=open(self.dir / "etcd.log", "wb"),  # noqa: SIM115
+            [
+                "etcd",
+                "--data-dir",
+                str(self.dir / "data"),
+                "--name",
+                "bench",
+                "--listen-client-urls",
+                self.url,
+                "--advertise-client-urls",
+                self.url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{self.peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{self.peer}",
+                "--initial-cluster",
+                f"bench=http://127.0.0.1:{self.peer}",
+                "--log-level",
+                "error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "etcd.log", "wb"),  # noqa: SIM115
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -147,8 +173,7 @@ def main() -> None:
     levels = list(dict.fromkeys(int(c) for c in args.clients.split(",")))
 
     endpoints = ",".join(f"http://w{i}.static.invalid:8080" for i in range(STATIC_ENDPOINTS))
-    env = {"PROVIDERS": "static", "STATIC_WORKERS": f"renderer={endpoints}",
-           "RUST_LOG": "warn"}
+    env = {"PROVIDERS": "static", "STATIC_WORKERS": f"renderer={endpoints}", "RUST_LOG": "warn"}
     if args.database_url:
         env["DATABASE_URL"] = args.database_url
     label = args.label or ("postgresql" if args.database_url else "sqlite")
@@ -156,39 +181,51 @@ def main() -> None:
     with Service("tput", **env).start() as service:
         headers = {"X-Internal-Secret": service.secret}
         for clients in levels:
-            results[label][clients] = load(service.url, headers, "scheduler", clients,
-                                           args.seconds, service.pid)
+            results[label][clients] = load(
+                service.url, headers, "scheduler", clients, args.seconds, service.pid
+            )
     etcd_bin = shutil.which("etcd")
     if etcd_bin:
         etcd = Etcd().start()
         try:
-            results["etcd"] = {c: load(etcd.url, {}, "etcd", c, args.seconds, etcd.pid)
-                               for c in levels}
+            results["etcd"] = {
+                c: load(etcd.url, {}, "etcd", c, args.seconds, etcd.pid) for c in levels
+            }
         finally:
             etcd.stop()
     else:
         print("etcd not installed (apt-get install etcd-server): no comparison", file=sys.stderr)
 
-    print(f"acquire+release round trips, {args.seconds:g} s per level, static provider with "
-          f"{STATIC_ENDPOINTS} endpoints, load from a second process")
-    print(f"{'clients':>7} {'system':>12} {'rate/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-          f" {'cpu ms/rt':>9} {'cores':>5}")
+    print(
+        f"acquire+release round trips, {args.seconds:g} s per level, static provider with "
+        f"{STATIC_ENDPOINTS} endpoints, load from a second process"
+    )
+    print(
+        f"{'clients':>7} {'system':>12} {'rate/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+        f" {'cpu ms/rt':>9} {'cores':>5}"
+    )
     for clients in levels:
         for system, by_level in results.items():
             r = by_level[clients]
-            print(f"{clients:>7} {system:>12} {r['rate']:>9.1f} {r['p50_ms']:>8.2f} "
-                  f"{r['p99_ms']:>8.2f} {r['errors']:>6} {r['cpu_ms']:>9.3f} {r['cores']:>5.2f}")
+            print(
+                f"{clients:>7} {system:>12} {r['rate']:>9.1f} {r['p50_ms']:>8.2f} "
+                f"{r['p99_ms']:>8.2f} {r['errors']:>6} {r['cpu_ms']:>9.3f} {r['cores']:>5.2f}"
+            )
         if "etcd" in results:
             ratio = results[label][clients]["rate"] / results["etcd"][clients]["rate"]
-            print(f"{clients:>7} {'ratio':>12} {ratio:>9.2f}  ({label} / etcd; goal >= 1.0 "
-                  "at 32)")
+            print(f"{clients:>7} {'ratio':>12} {ratio:>9.2f}  ({label} / etcd; goal >= 1.0 at 32)")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--generator":
         _, _, url, headers, shape, clients, seconds = sys.argv
         os.environ.pop("HTTP_PROXY", None)
-        print(json.dumps(asyncio.run(
-            _generate(url, json.loads(headers), shape, int(clients), float(seconds)))))
+        print(
+            json.dumps(
+                asyncio.run(
+                    _generate(url, json.loads(headers), shape, int(clients), float(seconds))
+                )
+            )
+        )
     else:
         main()

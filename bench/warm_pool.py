@@ -63,33 +63,44 @@ def wait_full(service: Service, pool: int, timeout: float = 300) -> float:
     return time.perf_counter() - started
 
 
-async def burst(service: Service, kind: str, callers: int
-                ) -> tuple[list[float], list[str], list[float]]:
+async def burst(
+    service: Service, kind: str, callers: int
+) -> tuple[list[float], list[str], list[float]]:
     """`callers` acquires of `kind` at once: their latencies and lease ids, and, as the
     floor, the latencies of the same callers' `GET /health` sent at once just before."""
     headers = {"X-Internal-Secret": service.secret}
-    clients = [httpx.AsyncClient(base_url=service.url, headers=headers, timeout=300)
-               for _ in range(callers)]
+    clients = [
+        httpx.AsyncClient(base_url=service.url, headers=headers, timeout=300)
+        for _ in range(callers)
+    ]
     try:
         # Connections opened first: what is timed is the acquire, not the TCP handshake.
         await asyncio.gather(*(c.get("/health") for c in clients))
 
-        async def timed(client: httpx.AsyncClient, method: str, path: str,
-                        **kwargs: object) -> tuple[float, httpx.Response]:
+        async def timed(
+            client: httpx.AsyncClient, method: str, path: str, **kwargs: object
+        ) -> tuple[float, httpx.Response]:
             started = time.perf_counter()
             response = await client.request(method, path, **kwargs)  # type: ignore[arg-type]
             took = time.perf_counter() - started
             if response.status_code != 200:
-                raise RuntimeError(f"{method} {path} answered {response.status_code}: "
-                                   f"{response.text}")
+                raise RuntimeError(
+                    f"{method} {path} answered {response.status_code}: {response.text}"
+                )
             return took, response
 
         floor = await asyncio.gather(*(timed(c, "GET", "/health") for c in clients))
-        results = await asyncio.gather(*(
-            timed(c, "POST", "/v1/lease", json={"kind": kind, "ttl_seconds": 600})
-            for c in clients))
-        return ([r[0] for r in results], [r[1].json()["lease"]["lease_id"] for r in results],
-                [f[0] for f in floor])
+        results = await asyncio.gather(
+            *(
+                timed(c, "POST", "/v1/lease", json={"kind": kind, "ttl_seconds": 600})
+                for c in clients
+            )
+        )
+        return (
+            [r[0] for r in results],
+            [r[1].json()["lease"]["lease_id"] for r in results],
+            [f[0] for f in floor],
+        )
     finally:
         await asyncio.gather(*(c.aclose() for c in clients))
 
@@ -101,7 +112,8 @@ def idle_workers(service: Service) -> list[str]:
     try:
         urls = []
         for container in client.containers.list(
-                filters={"label": f"{INSTANCE_LABEL}={service.instance}"}):
+            filters={"label": f"{INSTANCE_LABEL}={service.instance}"}
+        ):
             ip = container.attrs["NetworkSettings"]["Networks"][service.network]["IPAddress"]
             urls.append(f"http://{ip}:8080/cgi-bin/lease")
         return urls
@@ -112,13 +124,17 @@ def idle_workers(service: Service) -> list[str]:
 async def worker_alone(urls: list[str]) -> list[float]:
     """The demo worker's own share: a hand-off POSTed straight to each idle worker, all at
     once, as the scheduler sends it (one client, a new connection to each worker)."""
-    body = (b'{"lease_id":"bench","expires_at":"2030-01-01T00:00:00.000000Z",'
-            b'"kind":"renderer","env":{}}')
+    body = (
+        b'{"lease_id":"bench","expires_at":"2030-01-01T00:00:00.000000Z",'
+        b'"kind":"renderer","env":{}}'
+    )
     async with httpx.AsyncClient(timeout=30) as client:
+
         async def one(url: str) -> float:
             started = time.perf_counter()
-            response = await client.post(url, content=body,
-                                         headers={"Content-Type": "application/json"})
+            response = await client.post(
+                url, content=body, headers={"Content-Type": "application/json"}
+            )
             response.raise_for_status()
             return time.perf_counter() - started
 
@@ -126,8 +142,9 @@ async def worker_alone(urls: list[str]) -> list[float]:
 
 
 async def release(service: Service, lease_ids: list[str]) -> None:
-    async with httpx.AsyncClient(base_url=service.url, timeout=300,
-                                 headers={"X-Internal-Secret": service.secret}) as client:
+    async with httpx.AsyncClient(
+        base_url=service.url, timeout=300, headers={"X-Internal-Secret": service.secret}
+    ) as client:
         answers = await asyncio.gather(*(client.delete(f"/v1/lease/{i}") for i in lease_ids))
     bad = [a.status_code for a in answers if a.status_code != 204]
     if bad:
@@ -137,10 +154,15 @@ async def release(service: Service, lease_ids: list[str]) -> None:
 @contextlib.contextmanager
 def docker_service(pool: int) -> Iterator[Service]:
     subprocess.run([str(REPO / "scripts" / "build-worker-image.sh"), IMAGE], check=True)
-    with Service("warm", WARM_POOL=f"renderer/none={pool}", RENDERER_IMAGE=IMAGE,
-                 ANIM_IMAGE=IMAGE,
-                 WARM_HANDOFF_PATH="/cgi-bin/lease", RENDERER_READY_PATH="/healthz",
-                 ANIM_READY_PATH="/healthz").start() as service:
+    with Service(
+        "warm",
+        WARM_POOL=f"renderer/none={pool}",
+        RENDERER_IMAGE=IMAGE,
+        ANIM_IMAGE=IMAGE,
+        WARM_HANDOFF_PATH="/cgi-bin/lease",
+        RENDERER_READY_PATH="/healthz",
+        ANIM_READY_PATH="/healthz",
+    ).start() as service:
         yield service
 
 
@@ -148,18 +170,38 @@ def docker_service(pool: int) -> Iterator[Service]:
 def runpod_service(pool: int, delay: float) -> Iterator[Service]:
     key = "bench-key-" + uuid.uuid4().hex
     emulator = subprocess.Popen(
-        [PYTHON, "-m", "tests.runpod_emulator", "--port", "0", "--api-key", key,
-         "--provision-delay", str(delay), "--pods-answer-after", "0"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [
+            PYTHON,
+            "-m",
+            "tests.runpod_emulator",
+            "--port",
+            "0",
+            "--api-key",
+            key,
+            "--provision-delay",
+            str(delay),
+            "--pods-answer-after",
+            "0",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert emulator.stdout is not None
         url = emulator.stdout.readline().strip()
         if not url.startswith("http"):
             raise RuntimeError("the RunPod emulator did not start")
-        with Service("warmrp", PROVIDERS="runpod", RUNPOD_API_KEY=key,
-                     RUNPOD_API_BASE_URL=url, RUNPOD_PROXY_URL=url + "/_proxy/{pod_id}-{port}",
-                     RUNPOD_POLL_INTERVAL_SECONDS="0.2",
-                     WARM_POOL=f"renderer/none={pool}").start() as service:
+        with Service(
+            "warmrp",
+            PROVIDERS="runpod",
+            RUNPOD_API_KEY=key,
+            RUNPOD_API_BASE_URL=url,
+            RUNPOD_PROXY_URL=url + "/_proxy/{pod_id}-{port}",
+            RUNPOD_POLL_INTERVAL_SECONDS="0.2",
+            WARM_POOL=f"renderer/none={pool}",
+        ).start() as service:
             yield service
     finally:
         emulator.terminate()
@@ -171,24 +213,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--callers", type=int, default=16)
     parser.add_argument("--pool", type=int, default=16)
-    parser.add_argument("--runpod", type=float, default=None, metavar="SECONDS",
-                        help="on the RunPod emulator with this provisioning delay")
+    parser.add_argument(
+        "--runpod",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="on the RunPod emulator with this provisioning delay",
+    )
     args = parser.parse_args()
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-          f"({os.cpu_count()} CPUs)")
+    print(
+        f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+        f"({os.cpu_count()} CPUs)"
+    )
     warm: list[float] = []
     cold: list[float] = []
     refills: list[float] = []
     floor: list[float] = []
     alone: list[float] = []
-    where = (docker_service(args.pool) if args.runpod is None
-             else runpod_service(args.pool, args.runpod))
+    where = (
+        docker_service(args.pool) if args.runpod is None else runpod_service(args.pool, args.runpod)
+    )
     with where as service:
         wait_full(service, args.pool)
         for round_ in range(args.rounds):
             wait_full(service, args.pool)
             if args.runpod is None:
-                alone += asyncio.run(worker_alone(idle_workers(service)[:args.callers]))
+                alone += asyncio.run(worker_alone(idle_workers(service)[: args.callers]))
             took, leases, health = asyncio.run(burst(service, "renderer", args.callers))
             warm += took
             floor += health
@@ -199,9 +249,12 @@ def main() -> None:
             floor += health
             cold += took_cold
             asyncio.run(release(service, leases))
-            print(f"round {round_ + 1}: warm p50 {summary(took)['p50'] * 1e3:.1f} ms, "
-                  f"cold p50 {summary(took_cold)['p50'] * 1e3:.1f} ms, "
-                  f"refill {refill:.2f} s", flush=True)
+            print(
+                f"round {round_ + 1}: warm p50 {summary(took)['p50'] * 1e3:.1f} ms, "
+                f"cold p50 {summary(took_cold)['p50'] * 1e3:.1f} ms, "
+                f"refill {refill:.2f} s",
+                flush=True,
+            )
     w, c, f = summary(warm), summary(cold), summary(floor)
     on = "Docker" if args.runpod is None else f"RunPod emulator, {args.runpod:g} s to RUNNING"
     print(f"\n{on}: {args.callers} concurrent callers, pool of {args.pool}, {args.rounds} rounds")
@@ -210,16 +263,24 @@ def main() -> None:
     if alone:
         rows.append(("worker", summary(alone)))
     for name, s in rows:
-        print(f"{name:6} {s['n']:>4} {s['p50'] * 1e3:>9.1f} {s['p99'] * 1e3:>9.1f} "
-              f"{s['max'] * 1e3:>9.1f}")
-    print("floor: the same callers' GET /health, sent at once just before each burst "
-          "(HTTP both ways and the middleware, nothing else)")
+        print(
+            f"{name:6} {s['n']:>4} {s['p50'] * 1e3:>9.1f} {s['p99'] * 1e3:>9.1f} "
+            f"{s['max'] * 1e3:>9.1f}"
+        )
+    print(
+        "floor: the same callers' GET /health, sent at once just before each burst "
+        "(HTTP both ways and the middleware, nothing else)"
+    )
     if alone:
-        print(f"worker: the demo worker's hand-off alone, POSTed to {args.callers} idle "
-              "workers at once (its CGI starts a shell per call)")
+        print(
+            f"worker: the demo worker's hand-off alone, POSTed to {args.callers} idle "
+            "workers at once (its CGI starts a shell per call)"
+        )
     print(f"ratio warm/cold: p50 {w['p50'] / c['p50']:.3f}, p99 {w['p99'] / c['p99']:.3f}")
-    print(f"refill of {args.callers} after a burst: median {summary(refills)['p50']:.2f} s, "
-          f"max {max(refills):.2f} s")
+    print(
+        f"refill of {args.callers} after a burst: median {summary(refills)['p50']:.2f} s, "
+        f"max {max(refills):.2f} s"
+    )
     met = w["p50"] <= GOAL_P50_S and w["p99"] <= GOAL_P99_S
     print(f"goal warm p50 <= 20 ms and p99 <= 100 ms: {'met' if met else 'NOT met'}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -24,7 +24,8 @@ def docker_engine() -> None:
     except Exception as exc:  # noqa: BLE001 - any failure means no engine
         pytest.fail(
             f"no Docker engine answers on /var/run/docker.sock ({exc}); run the tests with "
-            "scripts/test, which starts one", pytrace=False,
+            "scripts/test, which starts one",
+            pytrace=False,
         )
     subprocess.run([str(REPO / "scripts" / "build-worker-image.sh"), WORKER_IMAGE], check=True)
 

@@ -53,8 +53,9 @@ class DockerProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="docker-proxy",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="docker-proxy", daemon=True
+        )
         self._thread.start()
 
     # --- control, from the test's thread ----------------------------------------------
@@ -96,8 +97,10 @@ class DockerProxy:
         deadline = time.monotonic() + timeout
         while self.held != count:
             if time.monotonic() > deadline:
-                raise AssertionError(f"proxy holds {self.held} requests, not {count}, "
-                                     f"after {timeout}s; seen: {self.seen[-10:]}")
+                raise AssertionError(
+                    f"proxy holds {self.held} requests, not {count}, "
+                    f"after {timeout}s; seen: {self.seen[-10:]}"
+                )
             time.sleep(_POLL_S)
 
     def __enter__(self) -> DockerProxy:
@@ -113,8 +116,9 @@ class DockerProxy:
 
     async def _start(self) -> None:
         if self._server is None:
-            self._server = await asyncio.start_unix_server(self._serve, self.path,
-                                                           limit=_HEAD_LIMIT)
+            self._server = await asyncio.start_unix_server(
+                self._serve, self.path, limit=_HEAD_LIMIT
+            )
 
     async def _stop(self) -> None:
         if self._server is not None:
@@ -148,8 +152,7 @@ class DockerProxy:
             while True:
                 try:
                     head = await client_r.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                        ConnectionError):
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
                 method, target, headers = _parse_head(head)
                 what = f"{method} {target}"
@@ -189,8 +192,9 @@ class DockerProxy:
         finally:
             self.held -= 1
 
-    async def _forward_body(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            headers: dict[str, str]) -> None:
+    async def _forward_body(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]
+    ) -> None:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             while True:
                 size_line = await reader.readuntil(b"\r\n")

@@ -47,8 +47,9 @@ class Route:
     @classmethod
     def unused(cls) -> Route:
         """A Route whose pool no route of the host's overlaps yet."""
-        taken = subprocess.run(["ip", "route", "show"], capture_output=True, text=True,
-                               check=True).stdout
+        taken = subprocess.run(
+            ["ip", "route", "show"], capture_output=True, text=True, check=True
+        ).stdout
         for octet in random.sample(range(200, 250), 50):
             if f"10.{octet}." not in taken and octet not in _CHOSEN:
                 _CHOSEN.add(octet)  # another engine of this process may not be started yet
@@ -78,8 +79,15 @@ class Engine:
     With `own_netns`, it is started in a fresh network namespace (`unshare --net`),
     reachable from the host's through `route` when given."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], sock: str, log: Path,
-                 own_netns: bool = False, route: Route | None = None) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        sock: str,
+        log: Path,
+        own_netns: bool = False,
+        route: Route | None = None,
+    ) -> None:
         self.argv, self.env, self.sock, self.log = argv, env, sock, log
         self.own_netns = own_netns
         self.route = route
@@ -87,8 +95,9 @@ class Engine:
         self.pid: int | None = None
 
     @classmethod
-    def capture(cls, pid: int, sock: str, log: Path, own_netns: bool = False,
-                route: Route | None = None) -> Engine:
+    def capture(
+        cls, pid: int, sock: str, log: Path, own_netns: bool = False, route: Route | None = None
+    ) -> Engine:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
@@ -120,8 +129,12 @@ class Engine:
             # `unshare` execs dockerd: the child's pid is dockerd's.
             prefix = ["unshare", "--net", "--"] if self.own_netns else []
             self.proc = subprocess.Popen(
-                [*prefix, *self.argv], env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,  # what `setsid` does
+                [*prefix, *self.argv],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # what `setsid` does
             )
         self.pid = self.proc.pid
         try:
@@ -188,20 +201,33 @@ class PrivateEngine:
     def start(self) -> PrivateEngine:
         argv = [
             shutil.which("dockerd") or "dockerd",
-            "--data-root", str(self.root / "data"),
-            "--exec-root", str(self.root / "x"),
-            "--pidfile", str(self.pidfile),
-            "-H", self.url,
-            "--iptables=false", "--ip-forward=false",
+            "--data-root",
+            str(self.root / "data"),
+            "--exec-root",
+            str(self.root / "x"),
+            "--pidfile",
+            str(self.pidfile),
+            "-H",
+            self.url,
+            "--iptables=false",
+            "--ip-forward=false",
             # Its networks from a pool of its own, routed from the host (Route).
-            "--default-address-pool", f"base={self.route.pool},size=24",
+            "--default-address-pool",
+            f"base={self.route.pool},size=24",
         ]
         if self.tls:
             server = make_tls_files(self.root / "tls", self.route.engine_end)
-            argv += ["-H", f"tcp://0.0.0.0:{TLS_PORT}", "--tlsverify",
-                     "--tlscacert", str(server / "ca.pem"),
-                     "--tlscert", str(server / "server-cert.pem"),
-                     "--tlskey", str(server / "server-key.pem")]
+            argv += [
+                "-H",
+                f"tcp://0.0.0.0:{TLS_PORT}",
+                "--tlsverify",
+                "--tlscacert",
+                str(server / "ca.pem"),
+                "--tlscert",
+                str(server / "server-cert.pem"),
+                "--tlskey",
+                str(server / "server-key.pem"),
+            ]
             self.tls_dir.mkdir()
             for name in ("ca.pem", "cert.pem", "key.pem"):
                 shutil.copy(server / name, self.tls_dir / name)
@@ -213,8 +239,9 @@ class PrivateEngine:
             hook.write_text(_NO_OP_HOOK)
             hook.chmod(0o755)
             env["PATH"] = f"{shim_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
-        self.engine = Engine(argv, env, self.sock, self.root / "dockerd.log", own_netns=True,
-                             route=self.route)
+        self.engine = Engine(
+            argv, env, self.sock, self.root / "dockerd.log", own_netns=True, route=self.route
+        )
         self.engine.start()
         # The worker image, copied from the shared engine: no registry is needed.
         image = b"".join(docker_client().images.get(WORKER_IMAGE).save(named=True))
@@ -228,8 +255,9 @@ class PrivateEngine:
         return self._client
 
     def containers(self, instance: str) -> list[Any]:
-        return list_containers(self.client, all=True,
-                               filters={"label": f"{INSTANCE_LABEL}={instance}"})
+        return list_containers(
+            self.client, all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
+        )
 
     def running_pid(self) -> int:
         return int(self.pidfile.read_text().strip())
@@ -289,19 +317,55 @@ def make_tls_files(where: Path, address: str) -> Path:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-keyout", "ca-key.pem", "-out", "ca.pem", "-subj", "/CN=openalice test CA")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca.pem",
+        "-subj",
+        "/CN=openalice test CA",
+    )
     for name, subject, usage in (
-        ("server", f"/CN={address}",
-         f"subjectAltName=IP:{address}\nextendedKeyUsage=serverAuth"),
+        ("server", f"/CN={address}", f"subjectAltName=IP:{address}\nextendedKeyUsage=serverAuth"),
         ("client", "/CN=openalice scheduler", "extendedKeyUsage=clientAuth"),
     ):
         (where / f"{name}.ext").write_text(usage + "\n")
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-key.pem",
-                "-out", f"{name}.csr", "-subj", subject)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
-                "-CAcreateserial", "-days", "2", "-out", f"{name}-cert.pem",
-                "-extfile", f"{name}.ext")
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}-key.pem",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            subject,
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            f"{name}-cert.pem",
+            "-extfile",
+            f"{name}.ext",
+        )
     (where / "client-cert.pem").rename(where / "cert.pem")
     (where / "client-key.pem").rename(where / "key.pem")
     return where

@@ -15,22 +15,27 @@ import threading
 from tests.harness import Scheduler, free_port
 
 # Short enough for a test, each a knob of its own: poll 0.5 s, silence 3 s, grace 2 s.
-FAST = {"GUARD_POLL_SECONDS": "0.5", "GUARD_SILENCE_SECONDS": "3",
-        "GUARD_GRACE_SECONDS": "2"}
+FAST = {"GUARD_POLL_SECONDS": "0.5", "GUARD_SILENCE_SECONDS": "3", "GUARD_GRACE_SECONDS": "2"}
 
 
 class GuardProcess:
     """A guard with the scheduler's own provider settings (what a deployment gives it),
     polling `url` (the scheduler's unless given), its state in the test's directory."""
 
-    def __init__(self, sched: Scheduler, name: str = "guard", url: str | None = None,
-                 **env: str) -> None:
+    def __init__(
+        self, sched: Scheduler, name: str = "guard", url: str | None = None, **env: str
+    ) -> None:
         self.name = name
         self.state_file = sched.workdir / f"{name}-{sched.instance}.json"
         self.log_path = sched.workdir / f"{name}-{sched.instance}.log"
-        self.env = {**sched.env, "GUARD_SCHEDULER_URL": url or sched.url,
-                    "GUARD_ID": f"{name}-{sched.instance}",
-                    "GUARD_STATE_FILE": str(self.state_file), **FAST, **env}
+        self.env = {
+            **sched.env,
+            "GUARD_SCHEDULER_URL": url or sched.url,
+            "GUARD_ID": f"{name}-{sched.instance}",
+            "GUARD_STATE_FILE": str(self.state_file),
+            **FAST,
+            **env,
+        }
         self.workdir = sched.workdir
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -42,9 +47,13 @@ class GuardProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RUST_LOG"))}
         env.update(self.env, PYTHONUNBUFFERED="1")
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen([sys.executable, "-m", "openalice_scheduler", "guard"],
-                                     env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     cwd=self.workdir)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "openalice_scheduler", "guard"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+        )
         log.close()
         return self
 
@@ -91,8 +100,9 @@ class CutProxy:
         asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)  # type: ignore[arg-type]
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", self.port,
-                                                  family=socket.AF_INET)
+        self._server = await asyncio.start_server(
+            self._pipe, "127.0.0.1", self.port, family=socket.AF_INET
+        )
 
     async def _cut(self) -> None:
         if self._server is not None:

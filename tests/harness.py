@@ -64,8 +64,9 @@ class Scheduler:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"scheduler-{self.instance}.log"
-        self.http = httpx.Client(base_url=self.url, headers={"X-Internal-Secret": SECRET},
-                                 timeout=60)
+        self.http = httpx.Client(
+            base_url=self.url, headers={"X-Internal-Secret": SECRET}, timeout=60
+        )
 
     # --- process ---------------------------------------------------------------------
 
@@ -75,7 +76,10 @@ class Scheduler:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "openalice_scheduler", "serve"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
         )
         log.close()
         if wait:
@@ -150,8 +154,11 @@ class Scheduler:
     # --- Docker ----------------------------------------------------------------------
 
     def containers(self, all: bool = True) -> list[Any]:
-        return list_containers(docker_client(self.engine), all=all,
-                               filters={"label": f"{INSTANCE_LABEL}={self.instance}"})
+        return list_containers(
+            docker_client(self.engine),
+            all=all,
+            filters={"label": f"{INSTANCE_LABEL}={self.instance}"},
+        )
 
     def cleanup(self) -> None:
         self.kill()
@@ -179,8 +186,7 @@ def list_containers(client: docker.DockerClient, **filters: Any) -> list[Any]:
     return found
 
 
-def remove_instance(instance: str, network: str | None = None,
-                    engine: str = SHARED_ENGINE) -> None:
+def remove_instance(instance: str, network: str | None = None, engine: str = SHARED_ENGINE) -> None:
     client = docker_client(engine)
     for container in list_containers(
         client, all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
@@ -212,7 +218,9 @@ def fetch_in_network(network: str, url: str) -> str:
         # busybox 1.35's wget crashes when given -T: bound it with `timeout` instead.
         WORKER_IMAGE,
         ["/bin/busybox", "timeout", "10", "/bin/busybox", "wget", "-q", "-O", "-", url],
-        network=network, remove=True, labels={INSTANCE_LABEL: "probe"},
+        network=network,
+        remove=True,
+        labels={INSTANCE_LABEL: "probe"},
     )
     return out.decode()
 
@@ -227,13 +235,26 @@ def database_url(kind: str, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'state.db'}"
         return
     name = f"oa_test_{uuid.uuid4().hex[:12]}"
-    subprocess.run(["psql", "-h", PG_HOST, "-d", "postgres", "-qc", f"CREATE DATABASE {name}"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["psql", "-h", PG_HOST, "-d", "postgres", "-qc", f"CREATE DATABASE {name}"],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield f"postgresql://{getpass.getuser()}@/{name}?host={PG_HOST}"
     finally:
-        subprocess.run(["psql", "-h", PG_HOST, "-d", "postgres", "-qc",
-                        f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
+        subprocess.run(
+            [
+                "psql",
+                "-h",
+                PG_HOST,
+                "-d",
+                "postgres",
+                "-qc",
+                f"DROP DATABASE IF EXISTS {name} WITH (FORCE)",
+            ],
+            capture_output=True,
+        )
 
 
 @contextmanager

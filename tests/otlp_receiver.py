@@ -56,14 +56,16 @@ class OtlpReceiver:
                 resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        self.spans.append(ReceivedSpan(
-                            name=span.name,
-                            trace_id=span.trace_id.hex(),
-                            span_id=span.span_id.hex(),
-                            parent_span_id=span.parent_span_id.hex(),
-                            attributes={a.key: _value(a.value) for a in span.attributes},
-                            resource=resource,
-                        ))
+                        self.spans.append(
+                            ReceivedSpan(
+                                name=span.name,
+                                trace_id=span.trace_id.hex(),
+                                span_id=span.span_id.hex(),
+                                parent_span_id=span.parent_span_id.hex(),
+                                attributes={a.key: _value(a.value) for a in span.attributes},
+                                resource=resource,
+                            )
+                        )
 
     def named(self, name: str) -> list[ReceivedSpan]:
         with self.lock:

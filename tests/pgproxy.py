@@ -47,11 +47,9 @@ class PgProxy:
         self._thread.join(10)
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._serve,
-                                                       str(self.dir / ".s.PGSQL.5432"))
+        self._server = await asyncio.start_unix_server(self._serve, str(self.dir / ".s.PGSQL.5432"))
 
-    async def _serve(self, client_r: asyncio.StreamReader,
-                     client_w: asyncio.StreamWriter) -> None:
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_unix_connection(self.upstream)
         cutting = asyncio.Event()
 

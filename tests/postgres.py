@@ -20,11 +20,15 @@ class PrivatePostgres:
     other test. As root, the server runs as the `postgres` user (it refuses root)."""
 
     def __init__(self) -> None:
-        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
-                       key=lambda p: int(p.parent.parent.name))
+        found = sorted(
+            Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
+            key=lambda p: int(p.parent.parent.name),
+        )
         if not found:
-            pytest.fail("PostgreSQL server binaries not found: run scripts/ensure-postgres.sh",
-                        pytrace=False)
+            pytest.fail(
+                "PostgreSQL server binaries not found: run scripts/ensure-postgres.sh",
+                pytrace=False,
+            )
         self.bin = found[-1].parent
         self.root = Path(tempfile.mkdtemp(prefix="oa-pg-", dir="/tmp"))
         self.data = self.root / "data"
@@ -42,12 +46,24 @@ class PrivatePostgres:
         return done
 
     def _psql(self, sql: str) -> None:
-        subprocess.run(["psql", "-h", str(self.root), "-U", "postgres", "-d", "postgres",
-                        "-qc", sql], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["psql", "-h", str(self.root), "-U", "postgres", "-d", "postgres", "-qc", sql],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def init(self) -> PrivatePostgres:
-        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust",
-                  "-U", "postgres", "--no-sync")
+        self._run(
+            str(self.bin / "initdb"),
+            "-D",
+            str(self.data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        )
         self.start()
         if self.user != "postgres":
             self._psql(f'CREATE ROLE "{self.user}" SUPERUSER LOGIN')
@@ -55,20 +71,34 @@ class PrivatePostgres:
         return self
 
     def start(self) -> None:
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l",
-                  str(self.root / "postgres.log"), "-w", "-t", "60",
-                  "-o", f"-k {self.root} -c listen_addresses='' -c max_connections=200",
-                  "start")
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "postgres.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-k {self.root} -c listen_addresses='' -c max_connections=200",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         """`fast`: what `pg_ctlcluster … stop` does (sessions cut, transactions rolled
         back); `immediate`: a crash."""
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w",
-                  "-t", "60", "stop")
+        self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"
+        )
 
     def running(self) -> bool:
-        return self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "status",
-                         check=False).returncode == 0
+        return (
+            self._run(
+                str(self.bin / "pg_ctl"), "-D", str(self.data), "status", check=False
+            ).returncode
+            == 0
+        )
 
     def destroy(self) -> None:
         if self.data.exists() and self.running():

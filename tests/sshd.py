@@ -34,8 +34,11 @@ class PrivateSshd:
     def start(self) -> PrivateSshd:
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
         for key in ("host_key", "client_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
-                            str(self.root / key)], check=True, capture_output=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.root / key)],
+                check=True,
+                capture_output=True,
+            )
         (self.root / "authorized_keys").write_text((self.root / "client_key.pub").read_text())
         (self.root / "sshd_config").write_text(
             f"ListenAddress 127.0.0.1\nPort {self.port}\n"
@@ -48,22 +51,29 @@ class PrivateSshd:
         )
         host_key = (self.root / "host_key.pub").read_text().split()
         (self.root / "known_hosts").write_text(
-            f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
+            f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n"
+        )
         (self.root / "ssh_config").write_text(
             f"Host 127.0.0.1\n  IdentityFile {self.root / 'client_key'}\n"
             f"  UserKnownHostsFile {self.root / 'known_hosts'}\n"
-            "  StrictHostKeyChecking yes\n  BatchMode yes\n")
+            "  StrictHostKeyChecking yes\n  BatchMode yes\n"
+        )
         self.client_bin.mkdir()
         wrapper = self.client_bin / "ssh"
-        wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("ssh") or "/usr/bin/ssh"} '
-                           f'-F {self.root / "ssh_config"} "$@"\n')
+        wrapper.write_text(
+            f"#!/bin/sh\nexec {shutil.which('ssh') or '/usr/bin/ssh'} "
+            f'-F {self.root / "ssh_config"} "$@"\n'
+        )
         wrapper.chmod(0o755)
         # sshd wants its privilege separation directory.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(self.root / "sshd_config")],
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sshd, "-D", "-e", "-f", str(self.root / "sshd_config")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         log.close()
         wait_for(self._answers, 30, interval=0.1, what=f"sshd on port {self.port}")
         return self

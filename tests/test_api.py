@@ -27,7 +27,10 @@ def test_acquire_list_release_round_trip(sched: Scheduler) -> None:
     assert body["provider"] == "local-docker" == lease["provider"]
     parsed = uuid.UUID(lease["lease_id"])
     assert (str(parsed), parsed.version, parsed.variant) == (
-        lease["lease_id"], 4, uuid.RFC_4122)  # canonical and random
+        lease["lease_id"],
+        4,
+        uuid.RFC_4122,
+    )  # canonical and random
     assert lease["kind"] == "anim" and lease["gpu"] == "none"
     assert lease["state"] == "active" and lease["correlation_id"] == "job-7"
     assert lease["owner_id"] is None
@@ -50,11 +53,15 @@ def rendered_as_every_error(body: dict) -> bytes:
 
 
 def test_gated_routes_need_the_secret(sched: Scheduler) -> None:
-    for method, path in [("POST", "/v1/lease"), ("GET", "/v1/leases"),
-                         ("DELETE", f"/v1/lease/{uuid.uuid4()}")]:
+    for method, path in [
+        ("POST", "/v1/lease"),
+        ("GET", "/v1/leases"),
+        ("DELETE", f"/v1/lease/{uuid.uuid4()}"),
+    ]:
         for headers in ({}, {"X-Internal-Secret": SECRET + "x"}, {"X-Internal-Secret": ""}):
-            response = httpx.request(method, f"{sched.url}{path}", headers=headers,
-                                     json={"kind": "renderer"})
+            response = httpx.request(
+                method, f"{sched.url}{path}", headers=headers, json={"kind": "renderer"}
+            )
             assert response.status_code == 401, (method, path, headers)
             assert response.json()["error"] == "unauthorized"
             assert response.content == rendered_as_every_error(response.json())
@@ -111,8 +118,12 @@ def test_every_lease_request_rule_is_a_422_naming_the_field(sched: Scheduler) ->
         assert data["field"].split(".")[0] == field.strip(), (body, data)
         assert data["message"].startswith(field.strip()), data
     # Boundaries are accepted.
-    ok = sched.acquire(kind="renderer", ttl_seconds=28800, region=None,
-                       env={f"K{i}": "v" for i in range(63)} | {"BIG": "é" * 2048})
+    ok = sched.acquire(
+        kind="renderer",
+        ttl_seconds=28800,
+        region=None,
+        env={f"K{i}": "v" for i in range(63)} | {"BIG": "é" * 2048},
+    )
     assert ok.status_code == 200, ok.text
     assert sched.release(ok.json()["lease"]["lease_id"]).status_code == 204
 
@@ -137,14 +148,18 @@ def test_bad_bodies_get_clear_4xx_and_the_service_keeps_serving(sched: Scheduler
     wrong_type = post("/v1/lease", json={"kind": 3, "ttl_seconds": [1]})
     assert wrong_type.status_code == 422
 
-    oversized = post("/v1/lease", content=b'{"kind":"renderer","pad":"' + b"x" * (2 << 20)
-                     + b'"}', headers=json_header)
+    oversized = post(
+        "/v1/lease",
+        content=b'{"kind":"renderer","pad":"' + b"x" * (2 << 20) + b'"}',
+        headers=json_header,
+    )
     assert oversized.status_code == 413
     assert oversized.json()["error"] == "body_too_large"
     assert oversized.content == rendered_as_every_error(oversized.json())
 
-    huge_env = post("/v1/lease", json={"kind": "renderer",
-                                       "env": {f"K{i}": "v" for i in range(10_000)}})
+    huge_env = post(
+        "/v1/lease", json={"kind": "renderer", "env": {f"K{i}": "v" for i in range(10_000)}}
+    )
     assert huge_env.status_code == 422
     assert huge_env.json()["field"] == "env"
     assert "10000" in huge_env.json()["message"]
@@ -171,19 +186,31 @@ def test_metrics_use_the_contract_names(sched: Scheduler) -> None:
     lease = sched.lease(kind="anim")
     sched.acquire(kind="renderer", region="mars")
     text = httpx.get(f"{sched.url}/metrics").text
-    for name in ("scheduler_up", "scheduler_active_leases", "scheduler_providers",
-                 "scheduler_leases_acquired_total", "scheduler_acquire_failures_total",
-                 "scheduler_provision_seconds_bucket", "scheduler_leases_releasing"):
+    for name in (
+        "scheduler_up",
+        "scheduler_active_leases",
+        "scheduler_providers",
+        "scheduler_leases_acquired_total",
+        "scheduler_acquire_failures_total",
+        "scheduler_provision_seconds_bucket",
+        "scheduler_leases_releasing",
+    ):
         assert re.search(rf"^{name}[{{ ]", text, re.MULTILINE), name
     assert sched.metric("scheduler_up") == 1
     assert sched.metric("scheduler_active_leases") == 1
     assert sched.metric("scheduler_providers") == 1
-    assert sched.metric("scheduler_leases_acquired_total", provider="local-docker",
-                        kind="anim", gpu="none") == 1
+    assert (
+        sched.metric(
+            "scheduler_leases_acquired_total", provider="local-docker", kind="anim", gpu="none"
+        )
+        == 1
+    )
     assert sched.metric("scheduler_acquire_failures_total", reason="no_provider") == 1
     sched.release(lease["lease_id"])
-    assert sched.metric("scheduler_leases_released_total", provider="local-docker",
-                        reason="explicit") == 1
+    assert (
+        sched.metric("scheduler_leases_released_total", provider="local-docker", reason="explicit")
+        == 1
+    )
     assert sched.metric("scheduler_active_leases") == 0
 
 
@@ -196,8 +223,9 @@ def test_metrics_name_owners_only_when_the_operator_turns_it_on(make_scheduler) 
     assert default.metric("scheduler_active_leases") == 1  # the page is really there
     assert "anim-service" not in text and "scheduler_owner_leases" not in text
 
-    opted_in = make_scheduler(PROVIDERS="static", STATIC_WORKERS=workers,
-                              METRICS_OWNER_SERIES="true")
+    opted_in = make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS=workers, METRICS_OWNER_SERIES="true"
+    )
     opted_in.lease(owner_id="anim-service")
     opted_in.lease(owner_id="anim-service")
     assert opted_in.metric("scheduler_owner_leases", owner="anim-service") == 2
@@ -206,8 +234,7 @@ def test_metrics_name_owners_only_when_the_operator_turns_it_on(make_scheduler) 
 def test_openapi_describes_what_the_service_does(sched: Scheduler) -> None:
     spec = httpx.get(f"{sched.url}/openapi.json").json()
     paths = spec["paths"]
-    assert set(paths) >= {"/v1/lease", "/v1/lease/{lease_id}", "/v1/leases", "/health",
-                          "/metrics"}
+    assert set(paths) >= {"/v1/lease", "/v1/lease/{lease_id}", "/v1/leases", "/health", "/metrics"}
     acquire = paths["/v1/lease"]["post"]
     assert set(acquire["responses"]) >= {"200", "401", "413", "422", "502", "503"}
     assert acquire["security"] == [{"APIKeyHeader": []}]
@@ -230,6 +257,7 @@ def test_cors_is_off_unless_configured(make_scheduler) -> None:  # type: ignore[
     response = httpx.options(f"{open_.url}/v1/lease", headers=preflight)
     assert response.status_code == 200
     assert response.headers["access-control-allow-origin"] == "https://ops.example"
-    other = httpx.options(f"{open_.url}/v1/lease",
-                          headers={**preflight, "Origin": "https://evil.example"})
+    other = httpx.options(
+        f"{open_.url}/v1/lease", headers={**preflight, "Origin": "https://evil.example"}
+    )
     assert other.headers.get("access-control-allow-origin") != "https://evil.example"

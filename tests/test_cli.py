@@ -23,20 +23,23 @@ ENV_VALUE = "env-value-" + uuid.uuid4().hex
 
 @pytest.fixture
 def static(make_scheduler: Callable[..., Scheduler]) -> Scheduler:
-    return make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS,
-                          MAX_LEASES_PER_OWNER="1")
+    return make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS, MAX_LEASES_PER_OWNER="1"
+    )
 
 
 def cli(url: str, *args: str, secret: str | None = SECRET) -> subprocess.CompletedProcess[str]:
     """Run the console script; whatever it does, neither the secret nor a worker env value
     may appear in what it prints."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("INTERNAL_SECRET", "SCHEDULER_URL", "COLUMNS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("INTERNAL_SECRET", "SCHEDULER_URL", "COLUMNS")
+    }
     env["SCHEDULER_URL"] = url
     if secret is not None:
         env["INTERNAL_SECRET"] = secret
-    done = subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True, timeout=120)
     printed = done.stdout + done.stderr
     assert SECRET not in printed
     assert ENV_VALUE not in printed
@@ -44,16 +47,33 @@ def cli(url: str, *args: str, secret: str | None = SECRET) -> subprocess.Complet
 
 
 def test_lease_commands_round_trip(static: Scheduler) -> None:
-    acquired = cli(static.url, "lease", "acquire", "--kind", "renderer", "--ttl", "600",
-                   "--owner", "me", "--correlation-id", "job-1", "--env", f"TOKEN={ENV_VALUE}",
-                   "--json")
+    acquired = cli(
+        static.url,
+        "lease",
+        "acquire",
+        "--kind",
+        "renderer",
+        "--ttl",
+        "600",
+        "--owner",
+        "me",
+        "--correlation-id",
+        "job-1",
+        "--env",
+        f"TOKEN={ENV_VALUE}",
+        "--json",
+    )
     assert acquired.returncode == 0, acquired.stderr
     assert acquired.stderr == ""  # the spinner shows on a terminal only
     lease = json.loads(acquired.stdout)
     lease_id = lease["lease_id"]
     assert lease == static.http.get(f"/v1/lease/{lease_id}").json()
     assert (lease["kind"], lease["owner_id"], lease["correlation_id"], lease["state"]) == (
-        "renderer", "me", "job-1", "active")
+        "renderer",
+        "me",
+        "job-1",
+        "active",
+    )
 
     got = cli(static.url, "lease", "get", lease_id, "--json")
     assert (got.returncode, json.loads(got.stdout)) == (0, lease)
@@ -62,13 +82,20 @@ def test_lease_commands_round_trip(static: Scheduler) -> None:
 
     listed = cli(static.url, "lease", "ls", "--owner", "me", "--kind", "renderer", "--json")
     assert [x["lease_id"] for x in json.loads(listed.stdout)] == [lease_id]
-    assert json.loads(cli(static.url, "lease", "ls", "--state", "released", "--state",
-                          "failed", "--json").stdout) == []
+    assert (
+        json.loads(
+            cli(
+                static.url, "lease", "ls", "--state", "released", "--state", "failed", "--json"
+            ).stdout
+        )
+        == []
+    )
     rows = cli(static.url, "lease", "ls").stdout.splitlines()
     assert any(row.startswith(lease_id) and "active" in row for row in rows), rows
 
-    renewed = cli(static.url, "lease", "renew", lease_id, "--ttl", "1200", "--owner", "me",
-                  "--json")
+    renewed = cli(
+        static.url, "lease", "renew", lease_id, "--ttl", "1200", "--owner", "me", "--json"
+    )
     assert renewed.returncode == 0, renewed.stderr
     assert json.loads(renewed.stdout)["expires_at"] > lease["expires_at"]
 
@@ -80,9 +107,13 @@ def test_lease_commands_round_trip(static: Scheduler) -> None:
     assert cli(static.url, "lease", "release", lease_id).returncode == 4
     released = cli(static.url, "lease", "release", lease_id, "--owner", "me", "--json")
     assert (released.returncode, json.loads(released.stdout)) == (
-        0, {"lease_id": lease_id, "released": True})
-    assert json.loads(cli(static.url, "lease", "get", lease_id, "--json").stdout)[
-        "state"] == "released"
+        0,
+        {"lease_id": lease_id, "released": True},
+    )
+    assert (
+        json.loads(cli(static.url, "lease", "get", lease_id, "--json").stdout)["state"]
+        == "released"
+    )
     assert cli(static.url, "lease", "ls").stdout.strip() == "No leases."
 
 
@@ -104,8 +135,9 @@ def test_exit_codes(static: Scheduler) -> None:
     assert cli(static.url, "lease", "acquire", "--kind", "renderer", "--ttl", "0").returncode == 2
     bad_env = cli(static.url, "lease", "acquire", "--kind", "renderer", "--env", ENV_VALUE)
     assert bad_env.returncode == 2 and "KEY=VALUE" in bad_env.stderr
-    bad_key = cli(static.url, "lease", "acquire", "--kind", "renderer",
-                  "--env", f"bad-key={ENV_VALUE}")
+    bad_key = cli(
+        static.url, "lease", "acquire", "--kind", "renderer", "--env", f"bad-key={ENV_VALUE}"
+    )
     assert bad_key.returncode == 2 and "bad-key" in bad_key.stderr
     assert cli(static.url, "lease", "acquire", "--kind", "painter").returncode == 2
 
@@ -132,14 +164,25 @@ def test_provision_failure_exits_6(make_scheduler: Callable[..., Scheduler]) -> 
 
 
 def test_help_documents_the_exit_codes() -> None:
-    for args in (["lease", "--help"], ["lease", "acquire", "--help"], ["providers", "--help"],
-                 ["usage", "--help"]):
+    for args in (
+        ["lease", "--help"],
+        ["lease", "acquire", "--help"],
+        ["providers", "--help"],
+        ["usage", "--help"],
+    ):
         shown = cli("http://127.0.0.1:1", *args)
         assert shown.returncode == 0
         text = " ".join(shown.stdout.split())
-        for code in ("0 ok", "1 other error", "2 usage", "3 lease not found",
-                     "4 unauthorized or forbidden", "5 no capacity", "6 provision failed",
-                     "7 owner quota"):
+        for code in (
+            "0 ok",
+            "1 other error",
+            "2 usage",
+            "3 lease not found",
+            "4 unauthorized or forbidden",
+            "5 no capacity",
+            "6 provision failed",
+            "7 owner quota",
+        ):
             assert code in text, (args, code)
 
 
@@ -163,8 +206,9 @@ def test_tune_gc_freezes_what_exists_and_widens_the_first_generation() -> None:
         "print(tracked, gc.get_freeze_count(), len(gc.get_objects()),\n"
         "      gc.get_threshold()[0] == GC_YOUNG_THRESHOLD)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     tracked, frozen, left, widened = done.stdout.split()
     # Everything the imports made is out of the generations a collection walks.
     assert int(frozen) >= 0.9 * int(tracked) > 10_000
@@ -173,15 +217,28 @@ def test_tune_gc_freezes_what_exists_and_widens_the_first_generation() -> None:
 
 
 def test_output_formats(static: Scheduler) -> None:
-    acquired = cli(static.url, "lease", "acquire", "--kind", "renderer", "--owner", "me",
-                   "--correlation-id", "job-42", "-o", "json")
+    acquired = cli(
+        static.url,
+        "lease",
+        "acquire",
+        "--kind",
+        "renderer",
+        "--owner",
+        "me",
+        "--correlation-id",
+        "job-42",
+        "-o",
+        "json",
+    )
     assert acquired.returncode == 0, acquired.stderr
     lease = json.loads(acquired.stdout)
     lease_id = lease["lease_id"]
     # -o json is what --json prints.
     for command in (["lease", "get", lease_id], ["lease", "ls"], ["providers"]):
-        assert cli(static.url, *command, "-o", "json").stdout == \
-            cli(static.url, *command, "--json").stdout, command
+        assert (
+            cli(static.url, *command, "-o", "json").stdout
+            == cli(static.url, *command, "--json").stdout
+        ), command
 
     def header_and_row(*args: str) -> tuple[list[str], str]:
         done = cli(static.url, "lease", "ls", *args)
@@ -194,11 +251,27 @@ def test_output_formats(static: Scheduler) -> None:
     assert "CORRELATION ID" not in " ".join(table_header) and "job-42" not in table_row
     wide_header, wide_row = header_and_row("-o", "wide")
     names = [n.strip() for n in wide_header if n.strip()]
-    assert names == ["LEASE ID", "STATE", "KIND", "GPU", "CREATED (UTC)", "EXPIRES (UTC)",
-                     "PROVIDER", "PROVIDER TOKEN", "OWNER", "CORRELATION ID", "REGION",
-                     "REASON", "ENDPOINT"]
-    for value in ("job-42", lease["provider_token"], lease["endpoint"],
-                  lease["created_at"][:19].replace("T", " ")):
+    assert names == [
+        "LEASE ID",
+        "STATE",
+        "KIND",
+        "GPU",
+        "CREATED (UTC)",
+        "EXPIRES (UTC)",
+        "PROVIDER",
+        "PROVIDER TOKEN",
+        "OWNER",
+        "CORRELATION ID",
+        "REGION",
+        "REASON",
+        "ENDPOINT",
+    ]
+    for value in (
+        "job-42",
+        lease["provider_token"],
+        lease["endpoint"],
+        lease["created_at"][:19].replace("T", " "),
+    ):
         assert value in wide_row, (value, wide_row)
 
     # One lease's table already shows every field: wide is the same.
@@ -240,8 +313,21 @@ def test_an_idempotent_acquire_is_retried(make_scheduler: Callable[..., Schedule
     starter = threading.Timer(1.0, sched.start, kwargs={"wait": False})
     starter.start()
     try:
-        late = cli(sched.url, "lease", "acquire", "--kind", "anim", "--owner", "o",
-                   "--correlation-id", "late", "--retry-timeout", "120", "-o", "json")
+        late = cli(
+            sched.url,
+            "lease",
+            "acquire",
+            "--kind",
+            "anim",
+            "--owner",
+            "o",
+            "--correlation-id",
+            "late",
+            "--retry-timeout",
+            "120",
+            "-o",
+            "json",
+        )
     finally:
         starter.join()
     assert late.returncode == 0, late.stderr

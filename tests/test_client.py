@@ -43,8 +43,9 @@ ENV_VALUE = "env-value-" + uuid.uuid4().hex
 @pytest.fixture
 def static(make_scheduler: Callable[..., Scheduler]) -> Scheduler:
     # A one-second sweep, so that a lease nobody renews really ends within the tests.
-    return make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS,
-                          SWEEP_INTERVAL_SECONDS="1")
+    return make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS, SWEEP_INTERVAL_SECONDS="1"
+    )
 
 
 @pytest.fixture
@@ -54,11 +55,11 @@ def client(static: Scheduler) -> Iterator[SchedulerClient]:
 
 
 def test_client_round_trip(static: Scheduler, client: SchedulerClient) -> None:
-    lease = client.acquire("renderer", ttl_seconds=600, owner_id="me", correlation_id="job-1",
-                           env={"TOKEN": ENV_VALUE})
+    lease = client.acquire(
+        "renderer", ttl_seconds=600, owner_id="me", correlation_id="job-1", env={"TOKEN": ENV_VALUE}
+    )
     assert lease.endpoint in ("http://a:8080", "http://b:8080")
-    assert (lease.owner_id, lease.correlation_id, lease.state) == ("me", "job-1",
-                                                                  LeaseState.active)
+    assert (lease.owner_id, lease.correlation_id, lease.state) == ("me", "job-1", LeaseState.active)
     assert client.get(lease.lease_id) == lease
     assert [x.lease_id for x in client.list()] == [lease.lease_id]
     assert [x.lease_id for x in client.list(owner_id="me", kind="renderer")] == [lease.lease_id]
@@ -84,8 +85,10 @@ def test_client_round_trip(static: Scheduler, client: SchedulerClient) -> None:
 
 
 def test_errors_are_typed_by_code(static: Scheduler, client: SchedulerClient) -> None:
-    with SchedulerClient(static.url, "wrong-secret") as stranger, \
-            pytest.raises(Unauthorized) as unauthorized:
+    with (
+        SchedulerClient(static.url, "wrong-secret") as stranger,
+        pytest.raises(Unauthorized) as unauthorized,
+    ):
         stranger.list()
     assert unauthorized.value.status == 401
     assert SECRET not in str(unauthorized.value)
@@ -125,14 +128,17 @@ def test_errors_are_typed_by_code(static: Scheduler, client: SchedulerClient) ->
     assert no_capacity.value.retry_after is not None and 1 <= no_capacity.value.retry_after <= 300
     assert "static" in no_capacity.value.details["reasons"]
 
-    with SchedulerClient(f"http://127.0.0.1:{free_port()}", SECRET) as nowhere, \
-            pytest.raises(SchedulerError) as unreachable:
+    with (
+        SchedulerClient(f"http://127.0.0.1:{free_port()}", SECRET) as nowhere,
+        pytest.raises(SchedulerError) as unreachable,
+    ):
         nowhere.providers()
     assert isinstance(unreachable.value, SchedulerUnreachable)
 
 
-def test_the_client_refuses_strings_no_lease_can_carry(static: Scheduler,
-                                                      client: SchedulerClient) -> None:
+def test_the_client_refuses_strings_no_lease_can_carry(
+    static: Scheduler, client: SchedulerClient
+) -> None:
     # Before the rule, the first of these made a lease that release() could never give
     # back: httpx raised UnicodeEncodeError on the X-Lease-Owner header.
     for bad in ("é", "\N{SLIGHTLY SMILING FACE}", "a\nb", "a\x00b", "anim service", ""):
@@ -173,8 +179,9 @@ async def test_the_async_client_refuses_an_owner_that_cannot_be_a_header(
 
 
 def test_quota_is_429(make_scheduler: Callable[..., Scheduler]) -> None:
-    sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS,
-                           MAX_LEASES_PER_OWNER="1")
+    sched = make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS, MAX_LEASES_PER_OWNER="1"
+    )
     with SchedulerClient(sched.url, SECRET) as client:
         client.acquire("renderer", owner_id="greedy")
         with pytest.raises(QuotaExceeded) as quota:
@@ -185,15 +192,13 @@ def test_quota_is_429(make_scheduler: Callable[..., Scheduler]) -> None:
 
 def test_provision_failure_is_502(make_scheduler: Callable[..., Scheduler]) -> None:
     sched = make_scheduler(PROVIDERS="local-docker", RENDERER_IMAGE="openalice-missing:never")
-    with SchedulerClient(sched.url, SECRET) as client, \
-            pytest.raises(ProvisionFailed) as failed:
+    with SchedulerClient(sched.url, SECRET) as client, pytest.raises(ProvisionFailed) as failed:
         client.acquire("renderer")
     assert failed.value.status == 502
     assert "openalice-missing:never" in failed.value.details["failures"]["local-docker"]
 
 
-def test_lease_context_renews_in_the_background(static: Scheduler,
-                                                client: SchedulerClient) -> None:
+def test_lease_context_renews_in_the_background(static: Scheduler, client: SchedulerClient) -> None:
     # The control: the same TTL, not renewed, ends within the hold.
     unrenewed = client.acquire("renderer", ttl_seconds=3)
     with client.lease("renderer", ttl_seconds=3, owner_id="me") as held:
@@ -209,8 +214,10 @@ def test_lease_context_renews_in_the_background(static: Scheduler,
 
 
 def test_lease_context_releases_when_the_block_raises(client: SchedulerClient) -> None:
-    with pytest.raises(RuntimeError, match="render crashed"), \
-            client.lease("anim", ttl_seconds=600, owner_id="me") as held:
+    with (
+        pytest.raises(RuntimeError, match="render crashed"),
+        client.lease("anim", ttl_seconds=600, owner_id="me") as held,
+    ):
         assert client.get(held.lease_id).state == LeaseState.active
         raise RuntimeError("render crashed")
     assert client.get(held.lease_id).release_reason == ReleaseReason.explicit
@@ -255,8 +262,9 @@ QUICK = RetryPolicy(attempts=3, wait_initial=0.01, wait_max=0.05, wait_jitter=0)
 
 
 def retry_records(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "openalice_scheduler.client.retrying"]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "openalice_scheduler.client.retrying"
+    ]
 
 
 def test_an_idempotent_acquire_waits_for_a_scheduler_that_comes_up(
@@ -273,8 +281,10 @@ def test_an_idempotent_acquire_waits_for_a_scheduler_that_comes_up(
             # Exactly one lease for the pair; asking again returns it.
             mine = [x for x in sched.leases() if x["correlation_id"] == "job-7"]
             assert [x["lease_id"] for x in mine] == [lease.lease_id]
-            assert client.acquire("renderer", owner_id="anim",
-                                  correlation_id="job-7").lease_id == lease.lease_id
+            assert (
+                client.acquire("renderer", owner_id="anim", correlation_id="job-7").lease_id
+                == lease.lease_id
+            )
     finally:
         starter.join()
     retried = retry_records(caplog)
@@ -289,7 +299,9 @@ async def test_retries_are_bounded_and_only_for_idempotent_acquires(
         with pytest.raises(SchedulerUnreachable):
             client.acquire("renderer", owner_id="o", correlation_id="c")
         assert [m.split(" after ")[0].rsplit(": ", 1)[1] for m in retry_records(caplog)] == [
-            "attempt 2 of at most 3", "attempt 3 of at most 3"]
+            "attempt 2 of at most 3",
+            "attempt 3 of at most 3",
+        ]
         caplog.clear()
         # Without the pair a repeat could make a second worker: sent once.
         for unsafe in ({"correlation_id": "c"}, {"owner_id": "o"}, {}):
@@ -302,8 +314,9 @@ async def test_retries_are_bounded_and_only_for_idempotent_acquires(
         assert retry_records(caplog) == []
 
     # Bounded in time too: many attempts allowed, one second to make them in.
-    brief = RetryPolicy(attempts=10_000, timeout=1.0, wait_initial=0.05, wait_max=0.1,
-                        wait_jitter=0)
+    brief = RetryPolicy(
+        attempts=10_000, timeout=1.0, wait_initial=0.05, wait_max=0.1, wait_jitter=0
+    )
     async with AsyncSchedulerClient(nowhere, SECRET, retry=brief) as aclient:
         with pytest.raises(SchedulerUnreachable):
             await aclient.acquire("anim", owner_id="o", correlation_id="c")
@@ -313,8 +326,9 @@ async def test_retries_are_bounded_and_only_for_idempotent_acquires(
         RetryPolicy(attempts=0)
 
 
-def test_no_capacity_is_not_retried(static: Scheduler, client: SchedulerClient,
-                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_no_capacity_is_not_retried(
+    static: Scheduler, client: SchedulerClient, caplog: pytest.LogCaptureFixture
+) -> None:
     client.acquire("anim", owner_id="a", correlation_id="first")
     with pytest.raises(NoProviderAvailable):
         client.acquire("anim", owner_id="a", correlation_id="second")
@@ -322,11 +336,13 @@ def test_no_capacity_is_not_retried(static: Scheduler, client: SchedulerClient,
 
 
 def test_an_idempotent_acquire_is_retried_while_the_store_is_unavailable(
-    make_scheduler: Callable[..., Scheduler], private_pg: PrivatePostgres,
+    make_scheduler: Callable[..., Scheduler],
+    private_pg: PrivatePostgres,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS,
-                           DATABASE_URL=private_pg.url)
+    sched = make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS, DATABASE_URL=private_pg.url
+    )
     private_pg.stop()
     try:
         refused = sched.acquire(owner_id="probe", correlation_id="probe")
@@ -337,15 +353,19 @@ def test_an_idempotent_acquire_is_retried_while_the_store_is_unavailable(
         def acquire() -> None:
             with SchedulerClient(sched.url, SECRET, retry=PATIENT) as client:
                 try:
-                    outcome["lease"] = client.acquire("renderer", owner_id="anim",
-                                                      correlation_id="job-9")
+                    outcome["lease"] = client.acquire(
+                        "renderer", owner_id="anim", correlation_id="job-9"
+                    )
                 except SchedulerError as exc:
                     outcome["error"] = exc
 
         caller = threading.Thread(target=acquire, daemon=True)
         caller.start()
-        wait_for(lambda: any("store_unavailable" in m for m in retry_records(caplog)), 60,
-                 what="the acquire to be retried after a 503 store_unavailable")
+        wait_for(
+            lambda: any("store_unavailable" in m for m in retry_records(caplog)),
+            60,
+            what="the acquire to be retried after a 503 store_unavailable",
+        )
     finally:
         private_pg.start()
     caller.join(120)
@@ -358,8 +378,9 @@ def test_an_idempotent_acquire_is_retried_while_the_store_is_unavailable(
 # --- a held lease that ends while held ---------------------------------------------------
 
 
-def test_on_lost_hears_of_a_lease_released_elsewhere(static: Scheduler,
-                                                     client: SchedulerClient) -> None:
+def test_on_lost_hears_of_a_lease_released_elsewhere(
+    static: Scheduler, client: SchedulerClient
+) -> None:
     lost: list[tuple[str, str]] = []
     told = threading.Event()
 
@@ -381,12 +402,18 @@ def test_on_lost_hears_of_a_lease_released_elsewhere(static: Scheduler,
 async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Scheduler) -> None:
     lost: list[tuple[str, str]] = []
     seen: list[str] = []
-    async with AsyncSchedulerClient(static.url, SECRET) as client, \
-            AsyncSchedulerClient(static.url, SECRET) as other:
+    async with (
+        AsyncSchedulerClient(static.url, SECRET) as client,
+        AsyncSchedulerClient(static.url, SECRET) as other,
+    ):
         with pytest.raises(LeaseLost) as ended:
-            async with client.lease("renderer", ttl_seconds=3, owner_id="me",
-                                    on_lost=lambda *args: lost.append(args),
-                                    cancel_on_lost=True) as held:
+            async with client.lease(
+                "renderer",
+                ttl_seconds=3,
+                owner_id="me",
+                on_lost=lambda *args: lost.append(args),
+                cancel_on_lost=True,
+            ) as held:
                 await other.release(held.lease_id, owner="me")
                 try:
                     await asyncio.sleep(60)
@@ -405,8 +432,9 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
 
         # Not asked to cancel: the block runs to its end, and on_lost still hears of it.
         told = asyncio.Event()
-        async with client.lease("renderer", ttl_seconds=3, owner_id="me",
-                                on_lost=lambda *args: told.set()) as kept:
+        async with client.lease(
+            "renderer", ttl_seconds=3, owner_id="me", on_lost=lambda *args: told.set()
+        ) as kept:
             await other.release(kept.lease_id, owner="me")
             await asyncio.wait_for(told.wait(), 30)
             seen.append("block ended")
@@ -414,8 +442,9 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
 
         # A block that swallows the cancellation ends as it chose; the task is left with
         # no cancellation pending, so a later asyncio.timeout() in it still works.
-        async with client.lease("renderer", ttl_seconds=3, owner_id="me",
-                                cancel_on_lost=True) as stubborn:
+        async with client.lease(
+            "renderer", ttl_seconds=3, owner_id="me", cancel_on_lost=True
+        ) as stubborn:
             await other.release(stubborn.lease_id, owner="me")
             try:
                 await asyncio.sleep(60)
@@ -427,15 +456,21 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
                 await asyncio.sleep(5)
 
 
-def test_a_failing_on_lost_is_logged(static: Scheduler, client: SchedulerClient,
-                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_on_lost_is_logged(
+    static: Scheduler, client: SchedulerClient, caplog: pytest.LogCaptureFixture
+) -> None:
     def on_lost(lease_id: str, reason: str) -> None:
         raise RuntimeError("callback broke")
 
-    with caplog.at_level(logging.ERROR), \
-            client.lease("anim", ttl_seconds=3, owner_id="me", on_lost=on_lost) as held:
+    with (
+        caplog.at_level(logging.ERROR),
+        client.lease("anim", ttl_seconds=3, owner_id="me", on_lost=on_lost) as held,
+    ):
         static.release(held.lease_id, owner="me")
         wait_for(lambda: held.lost_reason is not None, 30, what="the loss to be noticed")
-        wait_for(lambda: any("on_lost" in r.getMessage() for r in caplog.records), 10,
-                 what="the callback's failure to be logged")
+        wait_for(
+            lambda: any("on_lost" in r.getMessage() for r in caplog.records),
+            10,
+            what="the callback's failure to be logged",
+        )
     assert client.get(held.lease_id).state == LeaseState.released

@@ -32,8 +32,9 @@ def acquire_concurrently(sched: Scheduler, n: int, **body: Any) -> list[httpx.Re
     barrier = threading.Barrier(n)
 
     def one(_: int) -> httpx.Response:
-        with httpx.Client(base_url=sched.url, headers={"X-Internal-Secret": SECRET},
-                          timeout=120) as client:
+        with httpx.Client(
+            base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=120
+        ) as client:
             barrier.wait(timeout=60)
             return client.post("/v1/lease", json=body)
 
@@ -74,8 +75,12 @@ def test_worker_container_has_the_contract_name_labels_env_and_network(
     assert not network_exists(network)
     sched = make_scheduler(DOCKER_NETWORK=network)
 
-    lease = sched.lease(kind="anim", owner_id="anim-service", ttl_seconds=900,
-                        env={"SCENE": "intro", "QUALITY": "draft", "LEASE_ID": "forged"})
+    lease = sched.lease(
+        kind="anim",
+        owner_id="anim-service",
+        ttl_seconds=900,
+        env={"SCENE": "intro", "QUALITY": "draft", "LEASE_ID": "forged"},
+    )
     lease_id = lease["lease_id"]
     name = f"oa-anim-{uuid.UUID(lease_id).hex[:12]}"
     assert network_exists(network), "DOCKER_NETWORK is created when missing"

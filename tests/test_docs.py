@@ -49,12 +49,16 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
 
 
 def test_a_browser_renders_every_operation_with_nothing_beyond_loopback(
-        service: Scheduler, tmp_path: Path) -> None:
+    service: Scheduler, tmp_path: Path
+) -> None:
     spec = httpx.get(f"{service.url}/openapi.json").json()
     dom, requested = _render(f"{service.url}/docs", tmp_path)
     shown = re.findall(r'class="opblock-summary-operation-id">([^<]*)<', dom)
-    listed = [operation["operationId"] for operations in spec["paths"].values()
-              for operation in operations.values()]
+    listed = [
+        operation["operationId"]
+        for operations in spec["paths"].values()
+        for operation in operations.values()
+    ]
     assert shown == listed and "acquire_lease" in shown, dom[:2000]
     for operations in spec["paths"].values():
         for operation in operations.values():
@@ -62,12 +66,16 @@ def test_a_browser_renders_every_operation_with_nothing_beyond_loopback(
     # Everything the page asked for, it asked of the service (a CDN fetch would be here
     # too, refused: the page might still render from what it had).
     assert requested and all(url.startswith(f"{service.url}/") for url in requested), requested
-    assert {f"{service.url}/openapi.json", f"{service.url}/docs/assets/swagger-ui-bundle.js",
-            f"{service.url}/docs/assets/swagger-ui.css"} <= set(requested), requested
+    assert {
+        f"{service.url}/openapi.json",
+        f"{service.url}/docs/assets/swagger-ui-bundle.js",
+        f"{service.url}/docs/assets/swagger-ui.css",
+    } <= set(requested), requested
 
 
 def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
-        service: Scheduler) -> None:
+    service: Scheduler,
+) -> None:
     page = httpx.get(f"{service.url}/docs")  # no X-Internal-Secret: ungated, as /openapi.json
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     references = page_references(page.text)
@@ -91,9 +99,11 @@ def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
 
 def test_operation_ids_are_stable_unique_names(service: Scheduler) -> None:
     spec = httpx.get(f"{service.url}/openapi.json").json()
-    found = {(method, path): operation["operationId"]
-             for path, operations in spec["paths"].items()
-             for method, operation in operations.items()}
+    found = {
+        (method, path): operation["operationId"]
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+    }
     assert len(set(found.values())) == len(found), found
     # Every operation has its name; /readyz lands with the drain work, named `readyz`.
     assert found.items() <= OPERATION_IDS.items(), found
@@ -114,18 +124,33 @@ def _render(url: str, workdir: Path) -> tuple[str, list[str]]:
         blackhole.bind(("127.0.0.1", 0))
         proxy = f"127.0.0.1:{blackhole.getsockname()[1]}"
         done = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             f"--user-data-dir={workdir / 'profile'}", f"--proxy-server={proxy}",
-             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-             f"--log-net-log={netlog}", "--virtual-time-budget=15000", "--dump-dom", url],
-            capture_output=True, text=True, timeout=120, check=False,
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                f"--user-data-dir={workdir / 'profile'}",
+                f"--proxy-server={proxy}",
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                f"--log-net-log={netlog}",
+                "--virtual-time-budget=15000",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     assert done.returncode == 0, done.stderr[-3000:]
     log = json.loads(netlog.read_text())
     start = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
     parts = urlsplit(url)
     origin = f"{parts.scheme}://{parts.netloc}"
-    requested = [event["params"]["url"] for event in log["events"]
-                 if event["type"] == start
-                 and event.get("params", {}).get("initiator") == origin]
+    requested = [
+        event["params"]["url"]
+        for event in log["events"]
+        if event["type"] == start and event.get("params", {}).get("initiator") == origin
+    ]
     return done.stdout, requested

@@ -62,14 +62,16 @@ class Call:
         self.response: httpx.Response | None = None
         self.error: httpx.HTTPError | None = None
         self.done_at = 0.0
-        self._thread = threading.Thread(target=self._run, args=(s, method, path, kwargs),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(s, method, path, kwargs), daemon=True
+        )
         self._thread.start()
 
     def _run(self, s: Scheduler, method: str, path: str, kwargs: dict[str, Any]) -> None:
         try:
-            with httpx.Client(base_url=s.url, headers={"X-Internal-Secret": SECRET},
-                              timeout=180) as client:
+            with httpx.Client(
+                base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=180
+            ) as client:
                 self.response = client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             self.error = exc
@@ -136,9 +138,14 @@ def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
 
 
 def on_runpod(runpod: RunPodEmulator, **env: str) -> dict[str, str]:
-    return {"PROVIDERS": "runpod", "RUNPOD_API_KEY": KEY,
-            "RUNPOD_API_BASE_URL": runpod.base_url, "RUNPOD_POLL_INTERVAL_SECONDS": "0.1",
-            "RUNPOD_CATALOG_TTL_SECONDS": "0", **env}
+    return {
+        "PROVIDERS": "runpod",
+        "RUNPOD_API_KEY": KEY,
+        "RUNPOD_API_BASE_URL": runpod.base_url,
+        "RUNPOD_POLL_INTERVAL_SECONDS": "0.1",
+        "RUNPOD_CATALOG_TTL_SECONDS": "0",
+        **env,
+    }
 
 
 # --- waiting callers ---------------------------------------------------------------------
@@ -185,8 +192,9 @@ def test_sigterm_lets_a_provision_under_way_finish_and_be_answered(
     s.proc.send_signal(signal.SIGTERM)
 
     # While it drains: not ready, no new acquire, still alive.
-    draining = wait_for(lambda: (r := readyz(s)).status_code == 503 and r, 10,
-                        what="/readyz to say 503")
+    draining = wait_for(
+        lambda: (r := readyz(s)).status_code == 503 and r, 10, what="/readyz to say 503"
+    )
     body = draining.json()
     assert body["ready"] is False and body["reasons"] == ["shutting down"], body
     assert body["error"] == "shutting_down"
@@ -290,8 +298,12 @@ def test_readyz_names_an_unreachable_store_and_recovers(
         assert httpx.get(f"{s.url}/health", timeout=30).status_code == 200
     finally:
         private_pg.start()
-    wait_for(lambda: readyz(s).status_code == 200, 60, interval=0.2,
-             what="ready again once the store is back")
+    wait_for(
+        lambda: readyz(s).status_code == 200,
+        60,
+        interval=0.2,
+        what="ready again once the store is back",
+    )
     assert s.lease(kind="renderer")["state"] == "active"
 
 

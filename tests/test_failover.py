@@ -22,8 +22,12 @@ from tests.harness import SECRET, WORKER_IMAGE, remove_instance
 
 def docker_provider(name: str, instance: str, image: str) -> LocalDockerProvider:
     settings = Settings(  # type: ignore[call-arg]
-        internal_secret=SECRET, scheduler_instance=instance, docker_network=f"oa-{instance}",
-        renderer_image=image, anim_image=image, local_gpu_devices="",
+        internal_secret=SECRET,
+        scheduler_instance=instance,
+        docker_network=f"oa-{instance}",
+        renderer_image=image,
+        anim_image=image,
+        local_gpu_devices="",
     )
     provider = LocalDockerProvider(settings)
     provider.name = name
@@ -37,8 +41,7 @@ async def service(tmp_path: Path):  # type: ignore[no-untyped-def]
     await store.migrate()
     broken = docker_provider("broken-docker", instance, "openalice-no-such-image:0")
     working = docker_provider("local-docker", instance, WORKER_IMAGE)
-    svc = LeaseService(store, [broken, working], OrderedFirstAvailable(), Metrics(),
-                       NoOpTracer())
+    svc = LeaseService(store, [broken, working], OrderedFirstAvailable(), Metrics(), NoOpTracer())
     yield svc
     await store.close()
     remove_instance(instance, f"oa-{instance}")

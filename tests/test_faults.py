@@ -59,9 +59,7 @@ def _proxy_to(upstream: str) -> Iterator[DockerProxy]:
 def db_state(s: Scheduler, lease_id: str) -> str | None:
     """The lease's state as recorded in the scheduler's SQLite file, read-only."""
     path = s.env["DATABASE_URL"].removeprefix("sqlite:///")
-    with contextlib.closing(
-        sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    ) as db:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
         row = db.execute("SELECT state FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
     return row[0] if row else None
 
@@ -145,7 +143,8 @@ def test_kill_9_mid_provision_keeps_leases_and_leaks_nothing(
         gpu_proxy.wait_held(1, timeout=60)
         extra = wait_for(
             lambda: [c for c in s.containers() if c.labels[LEASE_LABEL] not in ids],
-            60, what="the 6th container",
+            60,
+            what="the 6th container",
         )
         assert len(extra) == 1
         doomed = extra[0].labels[LEASE_LABEL]
@@ -166,8 +165,9 @@ def test_kill_9_mid_provision_keeps_leases_and_leaks_nothing(
     assert s.leases() == before
     assert db_state(s, doomed) in ("failed", None)
     # Its container is gone; every container of this instance belongs to a live lease.
-    wait_for(lambda: lease_ids_of(s.containers()) == ids, 60,
-             what="only the five leases' containers")
+    wait_for(
+        lambda: lease_ids_of(s.containers()) == ids, 60, what="only the five leases' containers"
+    )
     assert all(c.status == "running" for c in s.containers())
     assert released(s, "failed") == 1
     gone = s.release(doomed)
@@ -204,8 +204,11 @@ def test_kill_9_mid_release_the_worker_is_still_destroyed(
     proxy.delay(REMOVE, 30)
     with own_client(s) as a, own_client(s) as b:
         calls = [
-            in_thread(lambda: a.delete(f"/v1/lease/{retried['lease_id']}",
-                                       headers={"X-Lease-Owner": "anim-service"})),
+            in_thread(
+                lambda: a.delete(
+                    f"/v1/lease/{retried['lease_id']}", headers={"X-Lease-Owner": "anim-service"}
+                )
+            ),
             in_thread(lambda: b.delete(f"/v1/lease/{forgotten['lease_id']}")),
         ]
         proxy.wait_held(2, timeout=60)
@@ -247,9 +250,13 @@ def test_docker_engine_stopped_and_restarted(
     )
 
     # Stop the engine the way an operator would: SIGTERM to the pid in its pid file.
-    engine = Engine.capture(private_engine.running_pid(), private_engine.sock,
-                            private_engine.root / "dockerd.log", own_netns=True,
-                            route=private_engine.route)  # its workers stay reachable
+    engine = Engine.capture(
+        private_engine.running_pid(),
+        private_engine.sock,
+        private_engine.root / "dockerd.log",
+        own_netns=True,
+        route=private_engine.route,
+    )  # its workers stay reachable
     assert engine.argv == private_engine.engine.argv  # type: ignore[union-attr]
     assert engine.env == private_engine.engine.env  # type: ignore[union-attr]
     try:
@@ -267,9 +274,12 @@ def test_docker_engine_stopped_and_restarted(
         assert db_state(s, lease["lease_id"]) == "releasing"
         assert s.metric("scheduler_leases_releasing") == 1
         # The service keeps trying on its own while the engine is down.
-        wait_for(lambda: s.metric("scheduler_release_failures_total",
-                                  provider="local-docker") >= 2,
-                 60, interval=0.2, what="a background retry")
+        wait_for(
+            lambda: s.metric("scheduler_release_failures_total", provider="local-docker") >= 2,
+            60,
+            interval=0.2,
+            what="a background retry",
+        )
         assert db_state(s, lease["lease_id"]) == "releasing"
         # Listing needs no engine; the untouched lease is still listed as it was.
         assert s.leases() == [keep]
@@ -281,9 +291,11 @@ def test_docker_engine_stopped_and_restarted(
 
     # Nobody calls again: the sweeper finishes the release once the engine is back.
     def release_done() -> bool:
-        return (s.metric("scheduler_leases_releasing") == 0
-                and released(s, "explicit") == 1
-                and lease_ids_of(private_engine.containers(s.instance)) == [keep["lease_id"]])
+        return (
+            s.metric("scheduler_leases_releasing") == 0
+            and released(s, "explicit") == 1
+            and lease_ids_of(private_engine.containers(s.instance)) == [keep["lease_id"]]
+        )
 
     wait_for(release_done, 90, interval=0.5, what="the release to complete")
     assert db_state(s, lease["lease_id"]) == "released"
@@ -319,15 +331,22 @@ def test_docker_unreachable_then_back(
         assert db_state(s, lease["lease_id"]) == "releasing"
         # The worker is still there (the engine is fine; only the way to it is cut).
         assert lease_ids_of(s.containers()) == sorted([keep["lease_id"], lease["lease_id"]])
-        wait_for(lambda: s.metric("scheduler_release_failures_total",
-                                  provider="local-docker") >= 2,
-                 60, interval=0.2, what="a background retry")
+        wait_for(
+            lambda: s.metric("scheduler_release_failures_total", provider="local-docker") >= 2,
+            60,
+            interval=0.2,
+            what="a background retry",
+        )
         assert s.leases() == [keep]
     finally:
         proxy.start()
 
-    wait_for(lambda: lease_ids_of(s.containers()) == [keep["lease_id"]], 90, interval=0.5,
-             what="the worker to be destroyed")
+    wait_for(
+        lambda: lease_ids_of(s.containers()) == [keep["lease_id"]],
+        90,
+        interval=0.5,
+        what="the worker to be destroyed",
+    )
     wait_for(lambda: s.metric("scheduler_leases_releasing") == 0, 30)
     assert released(s, "explicit") == 1
     assert db_state(s, lease["lease_id"]) == "released"
@@ -351,8 +370,12 @@ def test_service_starts_while_docker_is_unreachable(
     assert s.leases() == []
 
     proxy.start()
-    lease = wait_for(lambda: (r := s.acquire(kind="renderer")).status_code == 200 and r, 30,
-                     interval=0.5, what="an acquire to succeed").json()["lease"]
+    lease = wait_for(
+        lambda: (r := s.acquire(kind="renderer")).status_code == 200 and r,
+        30,
+        interval=0.5,
+        what="an acquire to succeed",
+    ).json()["lease"]
     assert s.leases() == [lease]
     assert lease_ids_of(s.containers()) == [lease["lease_id"]]
     assert s.release(lease["lease_id"]).status_code == 204

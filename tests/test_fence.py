@@ -23,8 +23,10 @@ Make = Callable[..., Scheduler]
 MIGRATIONS = Path(__file__).resolve().parent.parent / "src/openalice_scheduler/store/migrations"
 # Static endpoints: leases made and ended in one transaction each, so a thousand of them
 # take seconds, and each endpoint is leased again and again.
-STATIC = {"PROVIDERS": "static",
-          "STATIC_WORKERS": "renderer=" + ",".join(f"http://w{i}:8080" for i in range(200))}
+STATIC = {
+    "PROVIDERS": "static",
+    "STATIC_WORKERS": "renderer=" + ",".join(f"http://w{i}:8080" for i in range(200)),
+}
 NOW = 1_800_000_000_000_000
 
 
@@ -53,7 +55,9 @@ def test_a_thousand_leases_over_two_replicas_have_unique_increasing_fences(
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_after_a_restart_the_next_fence_is_larger_than_all_before(
-    make_scheduler: Make, tmp_path: Path, kind: str,
+    make_scheduler: Make,
+    tmp_path: Path,
+    kind: str,
 ) -> None:
     with database_url(kind, tmp_path) as url:
         sched = make_scheduler(DATABASE_URL=url, **STATIC)
@@ -69,8 +73,7 @@ def test_a_renewal_keeps_the_fence(make_scheduler: Make) -> None:
     sched = make_scheduler(**STATIC)
     lease = sched.lease(kind="renderer", ttl_seconds=60)
     later = sched.lease(kind="renderer")
-    renewed = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew",
-                              json={"ttl_seconds": 600})
+    renewed = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 600})
     assert renewed.status_code == 200, renewed.text
     assert renewed.json()["expires_at"] != lease["expires_at"]
     assert renewed.json()["fence"] == lease["fence"] < later["fence"]
@@ -81,7 +84,8 @@ def test_a_renewal_keeps_the_fence(make_scheduler: Make) -> None:
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 async def test_the_migration_numbers_existing_leases_in_created_order(
-    tmp_path: Path, kind: str,
+    tmp_path: Path,
+    kind: str,
 ) -> None:
     with database_url(kind, tmp_path) as url:
         store = open_store(url)
@@ -92,15 +96,24 @@ async def test_the_migration_numbers_existing_leases_in_created_order(
         await store.migrate()
         by_created = sorted(made, key=made.__getitem__)
         assert [(await store.get(i)).fence for i in by_created] == [1, 2, 3]  # type: ignore[union-attr]
-        new = NewLease(lease_id=str(uuid.uuid4()), kind="renderer", gpu="none",
-                       owner_id=None, correlation_id=None, region=None, ttl_seconds=60,
-                       created_at=NOW, expires_at=NOW + 60_000_000)
+        new = NewLease(
+            lease_id=str(uuid.uuid4()),
+            kind="renderer",
+            gpu="none",
+            owner_id=None,
+            correlation_id=None,
+            region=None,
+            ttl_seconds=60,
+            created_at=NOW,
+            expires_at=NOW + 60_000_000,
+        )
         assert (await store.reserve_lease(new, "p", Terms(NOW))).fence == 4
         await store.close()
 
 
 def test_a_worker_is_told_its_fence_cold_and_warm(
-    make_scheduler: Make, image: dict[str, str],  # noqa: F811 - the fixture
+    make_scheduler: Make,
+    image: dict[str, str],  # noqa: F811 - the fixture
 ) -> None:
     sched = make_scheduler(WARM_POOL="renderer/none=1", **POOL_ENV, **image)
     wait_idle(sched, 1)
@@ -136,9 +149,12 @@ def _upgrade_to(conn: object, revision: str) -> None:
 
 def _insert_old(conn: object, made: dict[str, int]) -> None:
     for lease_id, created in made.items():
-        conn.execute(text(  # type: ignore[attr-defined]
-            "INSERT INTO leases (lease_id, provider, kind, gpu, state, endpoint, "
-            "provider_token, ttl_seconds, created_at, expires_at, release_attempts, "
-            "updated_at) VALUES (:id, 'p', 'renderer', 'none', 'active', '', '', 60, "
-            ":created, :expires, 0, :created)"),
-            {"id": lease_id, "created": created, "expires": created + 60_000_000})
+        conn.execute(
+            text(  # type: ignore[attr-defined]
+                "INSERT INTO leases (lease_id, provider, kind, gpu, state, endpoint, "
+                "provider_token, ttl_seconds, created_at, expires_at, release_attempts, "
+                "updated_at) VALUES (:id, 'p', 'renderer', 'none', 'active', '', '', 60, "
+                ":created, :expires, 0, :created)"
+            ),
+            {"id": lease_id, "created": created, "expires": created + 60_000_000},
+        )

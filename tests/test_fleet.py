@@ -48,8 +48,9 @@ def engines(gpu_engine: PrivateEngine, second_engine: PrivateEngine) -> dict[str
 
 
 @pytest.fixture
-def make_fleet(make_scheduler: Callable[..., Scheduler],
-               engines: dict[str, PrivateEngine]) -> Iterator[MakeFleet]:
+def make_fleet(
+    make_scheduler: Callable[..., Scheduler], engines: dict[str, PrivateEngine]
+) -> Iterator[MakeFleet]:
     """A scheduler over both engines; `hosts` is DOCKER_HOSTS with {gpu1} and {gpu2}
     standing for the engines' addresses. Its containers are removed from both at the end."""
     made: list[Scheduler] = []
@@ -96,8 +97,10 @@ def test_leases_go_to_the_least_loaded_host_within_each_hosts_cap(
     leases = [s.lease(kind="renderer") for _ in range(5)]
     # Least loaded first, ties in declared order; gpu1 is full after two.
     assert hosts_of(leases) == ["gpu1", "gpu2", "gpu1", "gpu2", "gpu2"]
-    by_host = {name: sorted(lease["lease_id"] for lease in leases if lease["host"] == name)
-               for name in engines}
+    by_host = {
+        name: sorted(lease["lease_id"] for lease in leases if lease["host"] == name)
+        for name in engines
+    }
     for name, engine in engines.items():
         assert on_engine(engine, s) == by_host[name], name
 
@@ -105,10 +108,24 @@ def test_leases_go_to_the_least_loaded_host_within_each_hosts_cap(
     view = fleet_view(s)
     assert (view["max_workers"], view["in_use"]) == (5, 5)
     assert view["hosts"] == [
-        {"name": "gpu1", "healthy": True, "detail": "", "region": None, "max_workers": 2,
-         "gpu_devices": [], "workers": 2},
-        {"name": "gpu2", "healthy": True, "detail": "", "region": None, "max_workers": 3,
-         "gpu_devices": [], "workers": 3},
+        {
+            "name": "gpu1",
+            "healthy": True,
+            "detail": "",
+            "region": None,
+            "max_workers": 2,
+            "gpu_devices": [],
+            "workers": 2,
+        },
+        {
+            "name": "gpu2",
+            "healthy": True,
+            "detail": "",
+            "region": None,
+            "max_workers": 3,
+            "gpu_devices": [],
+            "workers": 3,
+        },
     ]
 
     full = s.acquire(kind="renderer")
@@ -164,13 +181,16 @@ def test_caps_and_gpus_of_each_host_hold_across_two_replicas(
     hosts = "gpu1={gpu1} gpus=0,1 max=3; gpu2={gpu2} gpus=0 max=2"
     with database_url("postgresql", tmp_path) as url:
         first = make_fleet(hosts, DATABASE_URL=url)
-        second = make_fleet(hosts, DATABASE_URL=url, SCHEDULER_INSTANCE=first.instance,
-                            DOCKER_NETWORK=first.env["DOCKER_NETWORK"])
+        second = make_fleet(
+            hosts,
+            DATABASE_URL=url,
+            SCHEDULER_INSTANCE=first.instance,
+            DOCKER_NETWORK=first.env["DOCKER_NETWORK"],
+        )
         # 12 acquires at once, half on each replica, half of them for a GPU: 5 slots.
         asks = [(replica, gpu) for replica in (first, second) for gpu in ("entry", "none") * 3]
         with ThreadPoolExecutor(len(asks)) as pool:
-            answers = list(pool.map(
-                lambda ask: ask[0].acquire(kind="renderer", gpu=ask[1]), asks))
+            answers = list(pool.map(lambda ask: ask[0].acquire(kind="renderer", gpu=ask[1]), asks))
         granted = [a.json()["lease"] for a in answers if a.status_code == 200]
         assert sorted({a.status_code for a in answers}) == [200, 503], [a.text for a in answers]
         assert len(granted) == 5
@@ -180,9 +200,12 @@ def test_caps_and_gpus_of_each_host_hold_across_two_replicas(
         assert len(on_engine(engines["gpu1"], first)) == 3
         assert len(on_engine(engines["gpu2"], first)) == 2
         for engine in engines.values():
-            devices = [device for c in engine.containers(first.instance)
-                       for request in c.attrs["HostConfig"]["DeviceRequests"] or []
-                       for device in request["DeviceIDs"]]
+            devices = [
+                device
+                for c in engine.containers(first.instance)
+                for request in c.attrs["HostConfig"]["DeviceRequests"] or []
+                for device in request["DeviceIDs"]
+            ]
             assert len(devices) == len(set(devices)), devices
         for s in (first, second):
             s.kill()
@@ -215,8 +238,10 @@ def test_a_tls_engine_is_a_fleet_host_and_both_ends_are_verified(
     scheduler): the host is unhealthy, no worker is made, the caller is told why."""
     # A CA bundle in the environment, as many hosts and images have, must not stand in
     # for the engine's own CA.
-    good = make_scheduler(DOCKER_HOSTS=f"tls1={tls_engine.tcp_url} tls={tls_engine.tls_dir} "
-                                       "max=2", REQUESTS_CA_BUNDLE=SYSTEM_CA_BUNDLE)
+    good = make_scheduler(
+        DOCKER_HOSTS=f"tls1={tls_engine.tcp_url} tls={tls_engine.tls_dir} max=2",
+        REQUESTS_CA_BUNDLE=SYSTEM_CA_BUNDLE,
+    )
     try:
         lease = good.lease(kind="renderer")
         assert lease["host"] == "tls1"
@@ -258,8 +283,10 @@ def test_an_ssh_engine_is_a_fleet_host(
     """`name=ssh://user@host`: the scheduler's `ssh` (its keys, its known_hosts) runs
     `docker system dial-stdio` on the host, and the worker is made, handed out once it
     answers, and destroyed there."""
-    s = make_scheduler(DOCKER_HOSTS=f"ssh1={ssh_host.url} max=2",
-                       PATH=f"{ssh_host.client_bin}:{os.environ['PATH']}")
+    s = make_scheduler(
+        DOCKER_HOSTS=f"ssh1={ssh_host.url} max=2",
+        PATH=f"{ssh_host.client_bin}:{os.environ['PATH']}",
+    )
     try:
         lease = s.lease(kind="anim")
         assert lease["host"] == "ssh1"
@@ -273,16 +300,21 @@ def test_an_ssh_engine_is_a_fleet_host(
 
 
 def test_a_bad_docker_hosts_is_refused_at_start_naming_each_problem(
-    make_scheduler: Callable[..., Scheduler]
+    make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    s = make_scheduler(start=False, DOCKER_HOSTS="gpu1=tcp://10.0.0.5 gpus=0; gpu2=x",
-                       LOCAL_DOCKER_REGION="eu", SWEEP_INTERVAL_SECONDS="0")
+    s = make_scheduler(
+        start=False,
+        DOCKER_HOSTS="gpu1=tcp://10.0.0.5 gpus=0; gpu2=x",
+        LOCAL_DOCKER_REGION="eu",
+        SWEEP_INTERVAL_SECONDS="0",
+    )
     s.start(wait=False)
     assert s.proc is not None
     assert s.proc.wait(60) == 2
     lines = [line for line in s.log().splitlines() if "invalid configuration" in line]
-    assert any("DOCKER_HOSTS: host 'gpu1': address 'tcp://10.0.0.5' needs a port" in line
-               for line in lines), lines
+    assert any(
+        "DOCKER_HOSTS: host 'gpu1': address 'tcp://10.0.0.5' needs a port" in line for line in lines
+    ), lines
     assert any("LOCAL_DOCKER_REGION: not used with DOCKER_HOSTS" in line for line in lines)
     # Reported with the settings' own errors, all at once.
     assert any("SWEEP_INTERVAL_SECONDS" in line for line in lines), lines
@@ -292,8 +324,11 @@ def test_a_bad_docker_hosts_is_refused_at_start_naming_each_problem(
 def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     make_fleet: MakeFleet, engines: dict[str, PrivateEngine]
 ) -> None:
-    s = make_fleet("gpu1={gpu1} max=3; gpu2={gpu2} max=3", SWEEP_INTERVAL_SECONDS="1",
-                   RECONCILE_INTERVAL_SECONDS="1")
+    s = make_fleet(
+        "gpu1={gpu1} max=3; gpu2={gpu2} max=3",
+        SWEEP_INTERVAL_SECONDS="1",
+        RECONCILE_INTERVAL_SECONDS="1",
+    )
     leases = [s.lease(kind="renderer") for _ in range(4)]
     assert hosts_of(leases) == ["gpu1", "gpu2", "gpu1", "gpu2"]
     kept, doomed = leases[1], leases[3]
@@ -354,16 +389,26 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     wait_for(lambda: state(doomed) == "released", 90, interval=0.5, what="the retried release")
     assert doomed["lease_id"] not in on_engine(engines["gpu2"], s)
     assert kept["lease_id"] in on_engine(engines["gpu2"], s)
-    back = wait_for(lambda: s.acquire(kind="renderer").json().get("lease"), 30, interval=0.5,
-                    what="an acquire placed on gpu2 again")
+    back = wait_for(
+        lambda: s.acquire(kind="renderer").json().get("lease"),
+        30,
+        interval=0.5,
+        what="an acquire placed on gpu2 again",
+    )
     assert back["host"] == "gpu2"
 
     # Nothing of the traffic is left: each of its leases ended, and its workers with it
     # (a release cut off is retried, a worker half-made on gpu2 destroyed as an orphan).
     made = {lease["lease_id"]: lease for _, lease in traffic if lease is not None}
-    wait_for(lambda: all(state(lease) in ("released", "failed") for lease in made.values())
-             and not set(made) & {*on_engine(engines["gpu1"], s), *on_engine(engines["gpu2"], s)},
-             90, interval=0.5, what="the traffic's leases and workers gone")
+    wait_for(
+        lambda: (
+            all(state(lease) in ("released", "failed") for lease in made.values())
+            and not set(made) & {*on_engine(engines["gpu1"], s), *on_engine(engines["gpu2"], s)}
+        ),
+        90,
+        interval=0.5,
+        what="the traffic's leases and workers gone",
+    )
 
 
 @pytest.mark.timeout(300)
@@ -382,58 +427,88 @@ def test_after_kill_9_each_host_is_reconciled_once_it_answers(
     gpu1.client.containers.get(container_of(gpu1, s, leases[2])).remove(force=True)
     gpu2.client.containers.get(container_of(gpu2, s, leases[1])).remove(force=True)
     orphan = gpu2.client.containers.run(
-        WORKER_IMAGE, detach=True,
-        labels={INSTANCE_LABEL: s.instance, LEASE_LABEL: str(uuid.uuid4())})
+        WORKER_IMAGE,
+        detach=True,
+        labels={INSTANCE_LABEL: s.instance, LEASE_LABEL: str(uuid.uuid4())},
+    )
     down = gpu2.engine
     assert down is not None
     down.stop()
     try:
         # The scheduler again, on the same store, while gpu2 does not answer.
-        again = make_fleet(hosts, SCHEDULER_INSTANCE=s.instance,
-                           DATABASE_URL=s.env["DATABASE_URL"],
-                           DOCKER_NETWORK=s.env["DOCKER_NETWORK"],
-                           RECONCILE_INTERVAL_SECONDS="1")
-        wait_for(lambda: state_of(again, leases[2]) == "released", 60, interval=0.5,
-                 what="gpu1's vanished worker marked lost")
-        assert again.http.get(f"/v1/lease/{leases[2]['lease_id']}").json()[
-            "release_reason"] == "lost"
+        again = make_fleet(
+            hosts,
+            SCHEDULER_INSTANCE=s.instance,
+            DATABASE_URL=s.env["DATABASE_URL"],
+            DOCKER_NETWORK=s.env["DOCKER_NETWORK"],
+            RECONCILE_INTERVAL_SECONDS="1",
+        )
+        wait_for(
+            lambda: state_of(again, leases[2]) == "released",
+            60,
+            interval=0.5,
+            what="gpu1's vanished worker marked lost",
+        )
+        assert (
+            again.http.get(f"/v1/lease/{leases[2]['lease_id']}").json()["release_reason"] == "lost"
+        )
         # gpu2's leases are left as they are while it cannot be looked at.
         assert [state_of(again, lease) for lease in leases] == [
-            "active", "active", "released", "active"]
+            "active",
+            "active",
+            "released",
+            "active",
+        ]
     finally:
         if not down.answers():
             down.start()
 
     # gpu2 back: its vanished worker's lease is marked lost, its orphan destroyed.
-    wait_for(lambda: state_of(again, leases[1]) == "released", 60, interval=0.5,
-             what="gpu2's vanished worker marked lost")
-    wait_for(lambda: orphan.id not in [c.id for c in gpu2.containers(s.instance)], 60,
-             interval=0.5, what="gpu2's orphan destroyed")
+    wait_for(
+        lambda: state_of(again, leases[1]) == "released",
+        60,
+        interval=0.5,
+        what="gpu2's vanished worker marked lost",
+    )
+    wait_for(
+        lambda: orphan.id not in [c.id for c in gpu2.containers(s.instance)],
+        60,
+        interval=0.5,
+        what="gpu2's orphan destroyed",
+    )
     assert [state_of(again, lease) for lease in leases] == [
-        "active", "released", "released", "active"]
+        "active",
+        "released",
+        "released",
+        "active",
+    ]
     assert on_engine(gpu2, again) == [leases[3]["lease_id"]]
     assert on_engine(gpu1, again) == [leases[0]["lease_id"]]
 
 
 def container_of(engine: PrivateEngine, s: Scheduler, lease: dict[str, Any]) -> str:
-    return next(c.id for c in engine.containers(s.instance)
-                if c.labels[LEASE_LABEL] == lease["lease_id"])
+    return next(
+        c.id for c in engine.containers(s.instance) if c.labels[LEASE_LABEL] == lease["lease_id"]
+    )
 
 
-@pytest.mark.parametrize(("hosts", "problem"), [
-    (" ; ", "names no host"),
-    ("GPU1=unix:///x.sock", "must start name=address"),
-    ("gpu1=unix:///x.sock; gpu1=unix:///y.sock", "host 'gpu1' is declared twice"),
-    ("gpu1=http://10.0.0.5:2375", "must be unix:///path/docker.sock"),
-    ("gpu1=tcp://10.0.0.5:x", "has a port that is not a number"),
-    ("gpu1=unix:///x.sock cpus=4", "unknown option 'cpus=4'"),
-    ("gpu1=unix:///x.sock gpus=0,0", "a GPU is listed twice"),
-    ("gpu1=unix:///x.sock gpus=0;1", "must start name=address"),
-    ("gpu1=unix:///x.sock max=-1", "max= must be a number ≥ 0"),
-    ("gpu1=unix:///x.sock price=nan", "price= must be a number ≥ 0"),
-    ("gpu1=unix:///x.sock tls=/etc", "tls= is for tcp:// addresses"),
-    ("gpu1=tcp://10.0.0.5:2376 tls=/nonexistent", "lacks ca.pem, cert.pem, key.pem"),
-])
+@pytest.mark.parametrize(
+    ("hosts", "problem"),
+    [
+        (" ; ", "names no host"),
+        ("GPU1=unix:///x.sock", "must start name=address"),
+        ("gpu1=unix:///x.sock; gpu1=unix:///y.sock", "host 'gpu1' is declared twice"),
+        ("gpu1=http://10.0.0.5:2375", "must be unix:///path/docker.sock"),
+        ("gpu1=tcp://10.0.0.5:x", "has a port that is not a number"),
+        ("gpu1=unix:///x.sock cpus=4", "unknown option 'cpus=4'"),
+        ("gpu1=unix:///x.sock gpus=0,0", "a GPU is listed twice"),
+        ("gpu1=unix:///x.sock gpus=0;1", "must start name=address"),
+        ("gpu1=unix:///x.sock max=-1", "max= must be a number ≥ 0"),
+        ("gpu1=unix:///x.sock price=nan", "price= must be a number ≥ 0"),
+        ("gpu1=unix:///x.sock tls=/etc", "tls= is for tcp:// addresses"),
+        ("gpu1=tcp://10.0.0.5:2376 tls=/nonexistent", "lacks ca.pem, cert.pem, key.pem"),
+    ],
+)
 def test_each_docker_hosts_mistake_is_named(hosts: str, problem: str) -> None:
     settings = Settings(internal_secret=SECRET, docker_hosts=hosts)  # type: ignore[call-arg]
     problems = configuration_problems(settings)
@@ -464,14 +539,20 @@ async def test_a_fleet_lease_is_priced_at_its_own_hosts_price() -> None:
     from openalice_scheduler.providers.docker import DockerFleetProvider
 
     settings = Settings(  # type: ignore[call-arg]
-        internal_secret=SECRET, local_docker_price_per_hour="none=0.25,entry=0.5",
+        internal_secret=SECRET,
+        local_docker_price_per_hour="none=0.25,entry=0.5",
         docker_hosts="dear=unix:///nonexistent/a.sock price=0.9 gpus=0; "
-                     "plain=unix:///nonexistent/b.sock gpus=1")
+        "plain=unix:///nonexistent/b.sock gpus=1",
+    )
     fleet = DockerFleetProvider(settings, parse_hosts(settings.docker_hosts or ""))
     try:
         for gpu, plain in ((GpuClass.none, 0.25), (GpuClass.entry, 0.5)):
-            spec = WorkerSpec(lease_id=str(uuid.uuid4()), kind=WorkerKind.renderer, gpu=gpu,
-                              expires_at=datetime.now(UTC))
+            spec = WorkerSpec(
+                lease_id=str(uuid.uuid4()),
+                kind=WorkerKind.renderer,
+                gpu=gpu,
+                expires_at=datetime.now(UTC),
+            )
             place = fleet.placer(spec)
             first = place(set())  # the least loaded, ties in declared order: dear
             assert (first.host, first.price) == ("dear", 0.9)

@@ -20,8 +20,9 @@ from tests.runpod_emulator import RunPodEmulator
 
 KEY = "rpk-guard-" + uuid.uuid4().hex
 LEASE_LABEL = "openalice.scheduler.lease_id"
-POLL, SILENCE, GRACE = (float(FAST[k]) for k in
-                        ("GUARD_POLL_SECONDS", "GUARD_SILENCE_SECONDS", "GUARD_GRACE_SECONDS"))
+POLL, SILENCE, GRACE = (
+    float(FAST[k]) for k in ("GUARD_POLL_SECONDS", "GUARD_SILENCE_SECONDS", "GUARD_GRACE_SECONDS")
+)
 # On top of the bound (silence + grace + one poll): the provider's own time to destroy,
 # and a loaded test machine.
 SLACK_S = 30
@@ -51,8 +52,9 @@ def lease_state(sched: Scheduler, lease: dict[str, Any]) -> dict[str, Any]:
     return dict(sched.http.get(f"/v1/lease/{lease['lease_id']}").json())
 
 
-def polled_since(sched: Scheduler, guard: GuardProcess, provider: str,
-                 since: float) -> float | None:
+def polled_since(
+    sched: Scheduler, guard: GuardProcess, provider: str, since: float
+) -> float | None:
     """The guard's last contact once it is at or after `since`, else None."""
     seen = contact(sched, guard, provider)
     return seen if seen is not None and seen >= since else None
@@ -64,15 +66,23 @@ Alive = Callable[[str], bool]
 
 def docker_workers(sched: Scheduler) -> Alive:
     def alive(lease_id: str) -> bool:
-        return any(c.labels.get(LEASE_LABEL) == lease_id and c.status == "running"
-                   for c in sched.containers())
+        return any(
+            c.labels.get(LEASE_LABEL) == lease_id and c.status == "running"
+            for c in sched.containers()
+        )
+
     return alive
 
 
 def runpod_workers(runpod: RunPodEmulator, sched: Scheduler) -> Alive:
     def alive(lease_id: str) -> bool:
-        return any(p.name.startswith(f"oa-{sched.instance}-") and lease_id in p.name
-                   and p.status != "TERMINATED" for p in runpod.list_pods())
+        return any(
+            p.name.startswith(f"oa-{sched.instance}-")
+            and lease_id in p.name
+            and p.status != "TERMINATED"
+            for p in runpod.list_pods()
+        )
+
     return alive
 
 
@@ -90,12 +100,17 @@ def never_early(alive: Alive, lease: dict[str, Any]) -> None:
 def gone_within_bound(alive: Alive, lease: dict[str, Any], last_contact: float) -> None:
     """Destroyed by max(last contact + silence, end + grace) + one poll (README)."""
     bound = max(last_contact + SILENCE, at(lease["expires_at"]) + GRACE) + POLL
-    wait_for(lambda: not alive(lease["lease_id"]), timeout=bound - time.time() + SLACK_S,
-             interval=0.25, what="the guard to destroy the expired lease's worker")
+    wait_for(
+        lambda: not alive(lease["lease_id"]),
+        timeout=bound - time.time() + SLACK_S,
+        interval=0.25,
+        what="the guard to destroy the expired lease's worker",
+    )
 
 
-def only_the_expired_goes(alive: Alive, short: dict[str, Any], long: dict[str, Any],
-                          last_contact: float) -> None:
+def only_the_expired_goes(
+    alive: Alive, short: dict[str, Any], long: dict[str, Any], last_contact: float
+) -> None:
     """The short lease's worker runs until its end + grace and is gone within the bound;
     a few more passes of the guard later, the long lease's worker still runs."""
     never_early(alive, short)
@@ -104,37 +119,55 @@ def only_the_expired_goes(alive: Alive, short: dict[str, Any], long: dict[str, A
     assert alive(long["lease_id"])
 
 
-def back_and_coherent(sched: Scheduler, guard: GuardProcess, short: dict[str, Any],
-                      long: dict[str, Any], alive: Alive, provider: str) -> None:
+def back_and_coherent(
+    sched: Scheduler,
+    guard: GuardProcess,
+    short: dict[str, Any],
+    long: dict[str, Any],
+    alive: Alive,
+    provider: str,
+) -> None:
     """The scheduler started again: the short lease released as expired ("already gone"
     confirms it), the long one active with its worker, no release retried or failed."""
     sched.start()
-    wait_for(lambda: lease_state(sched, short)["state"] == "released", timeout=60,
-             what="the expired lease released once the scheduler is back")
+    wait_for(
+        lambda: lease_state(sched, short)["state"] == "released",
+        timeout=60,
+        what="the expired lease released once the scheduler is back",
+    )
     assert lease_state(sched, short)["release_reason"] == "expired"
     assert lease_state(sched, long)["state"] == "active" and alive(long["lease_id"])
     assert sched.metric("scheduler_release_failures_total", provider=provider) == 0
-    assert sched.metric("scheduler_leases_released_total", provider=provider,
-                        reason="expired") == 1
-    wait_for(lambda: "a scheduler answers again; standing down" in guard.log(), timeout=30,
-             what="the guard standing down")
+    assert sched.metric("scheduler_leases_released_total", provider=provider, reason="expired") == 1
+    wait_for(
+        lambda: "a scheduler answers again; standing down" in guard.log(),
+        timeout=30,
+        what="the guard standing down",
+    )
     # Destroyed once, by the guard; the scheduler only confirmed it gone.
     assert guard.log().count(f"destroyed the worker of lease {short['lease_id']}") == 1
     assert long["lease_id"] not in guard.log()
     assert SECRET not in guard.log()
 
 
-def leases_learned(sched: Scheduler, guard: GuardProcess, provider: str,
-                   **body: Any) -> tuple[dict[str, Any], dict[str, Any], float]:
+def leases_learned(
+    sched: Scheduler, guard: GuardProcess, provider: str, **body: Any
+) -> tuple[dict[str, Any], dict[str, Any], float]:
     """A 5 s and a 600 s lease, once the guard has polled since both exist; and that
     poll's time, the guard's last contact as the scheduler shows it."""
-    wait_for(lambda: contact(sched, guard, provider) is not None, timeout=60,
-             what="the guard's first poll")
+    wait_for(
+        lambda: contact(sched, guard, provider) is not None,
+        timeout=60,
+        what="the guard's first poll",
+    )
     short = sched.lease(ttl_seconds=5, **body)
     long = sched.lease(ttl_seconds=600, **body)
     made = time.time()
-    last = wait_for(lambda: polled_since(sched, guard, provider, made), timeout=30,
-                    what="a poll of the guard after both leases")
+    last = wait_for(
+        lambda: polled_since(sched, guard, provider, made),
+        timeout=30,
+        what="a poll of the guard after both leases",
+    )
     return short, long, last
 
 
@@ -195,13 +228,17 @@ def test_a_guard_alone_cut_off_acts_on_what_it_last_learned(
             proxy.cut()
             learned = short  # what the guard knows: the 5 s lease's first end
             # The caller renews through the scheduler, which the guard cannot see.
-            renewed = sched.http.post(f"/v1/lease/{short['lease_id']}/renew",
-                                      json={"ttl_seconds": 600})
+            renewed = sched.http.post(
+                f"/v1/lease/{short['lease_id']}/renew", json={"ttl_seconds": 600}
+            )
             assert renewed.status_code == 200, renewed.text
             never_early(alive, learned)
             gone_within_bound(alive, learned, time.time())
-            wait_for(lambda: lease_state(sched, short)["state"] == "released", timeout=60,
-                     what="the scheduler finding the renewed lease's worker gone")
+            wait_for(
+                lambda: lease_state(sched, short)["state"] == "released",
+                timeout=60,
+                what="the scheduler finding the renewed lease's worker gone",
+            )
             assert lease_state(sched, short)["release_reason"] == "lost"
             assert alive(long["lease_id"])
             silent = guard_view(sched, guard, "local-docker")
@@ -221,12 +258,19 @@ def runpod(runpod_server: RunPodEmulator) -> Iterator[RunPodEmulator]:
 
 
 def test_runpod_pod_terminated_within_the_bound_when_the_scheduler_is_dead(
-    make_scheduler: Callable[..., Scheduler], runpod: RunPodEmulator, api: str,
+    make_scheduler: Callable[..., Scheduler],
+    runpod: RunPodEmulator,
+    api: str,
 ) -> None:
     sched = make_scheduler(
-        PROVIDERS="runpod", RUNPOD_API=api, RUNPOD_API_KEY=KEY,
-        RUNPOD_API_BASE_URL=runpod.base_url, RUNPOD_POLL_INTERVAL_SECONDS="0.1",
-        RUNPOD_CATALOG_TTL_SECONDS="0", RUNPOD_REQUEST_TIMEOUT_SECONDS="10")
+        PROVIDERS="runpod",
+        RUNPOD_API=api,
+        RUNPOD_API_KEY=KEY,
+        RUNPOD_API_BASE_URL=runpod.base_url,
+        RUNPOD_POLL_INTERVAL_SECONDS="0.1",
+        RUNPOD_CATALOG_TTL_SECONDS="0",
+        RUNPOD_REQUEST_TIMEOUT_SECONDS="10",
+    )
     guard = GuardProcess(sched).start()
     try:
         alive = runpod_workers(runpod, sched)

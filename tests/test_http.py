@@ -68,8 +68,15 @@ class Wire:
         self.buffer += chunk
 
 
-def request(method: str, path: str, body: bytes | None = None, *, extra: str = "",
-            secret: bool = True, version: str = "1.1") -> bytes:
+def request(
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    *,
+    extra: str = "",
+    secret: bool = True,
+    version: str = "1.1",
+) -> bytes:
     head = f"{method} {path} HTTP/{version}\r\nHost: t\r\n"
     if secret:
         head += f"X-Internal-Secret: {SECRET}\r\n"
@@ -91,20 +98,26 @@ def test_pipelined_calls_are_answered_in_order_on_a_kept_alive_connection(
     sched = make_scheduler(**TWO)
     wire = Wire(sched)
     unknown = str(uuid.uuid4())
-    wire.send(acquire(owner_id="alice"), request("GET", "/health", secret=False),
-              request("DELETE", f"/v1/lease/{unknown}"), acquire())
+    wire.send(
+        acquire(owner_id="alice"),
+        request("GET", "/health", secret=False),
+        request("DELETE", f"/v1/lease/{unknown}"),
+        acquire(),
+    )
     answers = [wire.answer() for _ in range(4)]
     assert [a[0] for a in answers] == [200, 200, 404, 200], answers
     assert json.loads(answers[2][2])["error"] == "lease_not_found"
     leases = [json.loads(answers[i][2])["lease"] for i in (0, 3)]
     assert {lease["endpoint"] for lease in leases} == {"http://a:80", "http://b:80"}
     # The release, on the same connection: wrong owner first.
-    wire.send(request("DELETE", f"/v1/lease/{leases[0]['lease_id']}",
-                      extra="X-Lease-Owner: bob\r\n"))
+    wire.send(
+        request("DELETE", f"/v1/lease/{leases[0]['lease_id']}", extra="X-Lease-Owner: bob\r\n")
+    )
     status, _, body = wire.answer()
     assert (status, json.loads(body)["error"]) == (403, "forbidden")
-    wire.send(request("DELETE", f"/v1/lease/{leases[0]['lease_id']}",
-                      extra="X-Lease-Owner: alice\r\n"))
+    wire.send(
+        request("DELETE", f"/v1/lease/{leases[0]['lease_id']}", extra="X-Lease-Owner: alice\r\n")
+    )
     status, headers, body = wire.answer()
     assert (status, body) == (204, b"")
     assert [lease["lease_id"] for lease in sched.leases()] == [leases[1]["lease_id"]]
@@ -121,8 +134,7 @@ def test_connection_close_is_honoured(make_scheduler: Make) -> None:
 
 
 @pytest.mark.parametrize("behind", ["nothing", "a pipelined call"])
-def test_a_caller_that_hangs_up_in_line_gets_no_worker(make_scheduler: Make,
-                                                       behind: str) -> None:
+def test_a_caller_that_hangs_up_in_line_gets_no_worker(make_scheduler: Make, behind: str) -> None:
     """Regression: with a call pipelined behind it, the server stopped reading the
     connection and never told the waiting acquire that its caller had left."""
     sched = make_scheduler(**ONE)
@@ -159,8 +171,11 @@ def test_a_waiting_caller_that_stays_gets_the_freed_worker(make_scheduler: Make)
 def test_calls_of_every_shape_work(make_scheduler: Make) -> None:
     sched = make_scheduler(**ONE)
     # A chunked body.
-    chunked = sched.http.post("/v1/lease", content=iter([b'{"kind": ', b'"renderer"}']),
-                              headers={"Content-Type": "application/json"})
+    chunked = sched.http.post(
+        "/v1/lease",
+        content=iter([b'{"kind": ', b'"renderer"}']),
+        headers={"Content-Type": "application/json"},
+    )
     assert chunked.status_code == 200, chunked.text
     lease_id = chunked.json()["lease"]["lease_id"]
     # A DELETE with a small body is a release like any other.
@@ -184,8 +199,9 @@ def test_calls_of_every_shape_work(make_scheduler: Make) -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/leases", "/health"])
-def test_a_repeated_header_is_refused_before_anything_else_decides(sched: Scheduler,
-                                                                   path: str) -> None:
+def test_a_repeated_header_is_refused_before_anything_else_decides(
+    sched: Scheduler, path: str
+) -> None:
     """Regression: a repeated header was read differently by different parts."""
     repeated = {
         "X-Internal-Secret": f"X-Internal-Secret: wrong\r\nX-Internal-Secret: {SECRET}\r\n",
@@ -205,8 +221,11 @@ def test_a_repeated_header_is_refused_before_anything_else_decides(sched: Schedu
     # Content-Length: the server itself refuses two values first (400, its plain text);
     # the same value twice it takes as one (RFC 9110, 8.6).
     wire = Wire(sched)
-    wire.send(request("POST", path, b"{}").replace(
-        b"Content-Length: 2\r\n", b"Content-Length: 2\r\nContent-Length: 3\r\n"))
+    wire.send(
+        request("POST", path, b"{}").replace(
+            b"Content-Length: 2\r\n", b"Content-Length: 2\r\nContent-Length: 3\r\n"
+        )
+    )
     assert wire.answer()[0] == 400
     wire.close()
 
@@ -243,11 +262,18 @@ def test_every_body_is_cut_at_one_mib_without_being_held(make_scheduler: Make) -
     sched = make_scheduler(**ONE)
     lease = sched.lease()
     before = _rss_kib(sched)
-    for method, path, secret in [("DELETE", f"/v1/lease/{lease['lease_id']}", True),
-                                 ("POST", "/v1/lease", True), ("GET", "/health", False)]:
+    for method, path, secret in [
+        ("DELETE", f"/v1/lease/{lease['lease_id']}", True),
+        ("POST", "/v1/lease", True),
+        ("GET", "/health", False),
+    ]:
         wire = Wire(sched)
-        head = request(method, path, secret=secret, extra="Transfer-Encoding: chunked\r\n"
-                       "Content-Type: application/json\r\n")
+        head = request(
+            method,
+            path,
+            secret=secret,
+            extra="Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n",
+        )
         sender = _send_chunked(wire, head, 64 << 20)
         status, _, body = wire.answer()
         assert (status, json.loads(body)["error"]) == (413, "body_too_large"), (method, body)
@@ -258,8 +284,9 @@ def test_every_body_is_cut_at_one_mib_without_being_held(make_scheduler: Make) -
     assert [found["lease_id"] for found in sched.leases()] == [lease["lease_id"]]
     # A Content-Length over the limit is refused before any of it is read.
     wire = Wire(sched)
-    wire.send(request("DELETE", f"/v1/lease/{lease['lease_id']}",
-                      extra=f"Content-Length: {64 << 20}\r\n"))
+    wire.send(
+        request("DELETE", f"/v1/lease/{lease['lease_id']}", extra=f"Content-Length: {64 << 20}\r\n")
+    )
     assert wire.answer()[0] == 413
     wire.close()
 
@@ -267,9 +294,13 @@ def test_every_body_is_cut_at_one_mib_without_being_held(make_scheduler: Make) -
 def test_headers_are_capped(sched: Scheduler) -> None:
     """Regression: an 8 MiB header was accepted."""
     wire = Wire(sched)
-    sender = threading.Thread(target=lambda: _quietly(
-        wire.sock.sendall, request("GET", "/health", extra="X-Big: " + "a" * (8 << 20) + "\r\n",
-                                   secret=False)), daemon=True)
+    sender = threading.Thread(
+        target=lambda: _quietly(
+            wire.sock.sendall,
+            request("GET", "/health", extra="X-Big: " + "a" * (8 << 20) + "\r\n", secret=False),
+        ),
+        daemon=True,
+    )
     sender.start()
     status, _, _ = wire.answer()
     # uvicorn (h11) refuses a header block it cannot complete within its buffer: 400.
@@ -283,12 +314,14 @@ def test_headers_are_capped(sched: Scheduler) -> None:
     assert httpx.get(f"{sched.url}/health").status_code == 200
 
 
-def test_the_faster_parser_keeps_the_apps_header_cap(make_scheduler: Callable[..., Scheduler]
-                                                     ) -> None:
+def test_the_faster_parser_keeps_the_apps_header_cap(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
     """HTTP_PARSER=httptools (no header cap of its own): the app's 16 KiB cap still
     answers 431, and calls are served."""
-    sched = make_scheduler(HTTP_PARSER="httptools", PROVIDERS="static",
-                           STATIC_WORKERS="renderer=http://a:8080")
+    sched = make_scheduler(
+        HTTP_PARSER="httptools", PROVIDERS="static", STATIC_WORKERS="renderer=http://a:8080"
+    )
     response = httpx.get(f"{sched.url}/health", headers={"X-Big": "a" * (20 << 10)})
     assert response.status_code == 431 and response.json()["error"] == "headers_too_large"
     lease = sched.lease(ttl_seconds=60)
@@ -355,17 +388,17 @@ def test_whole_number_floats_are_integers(make_scheduler: Make) -> None:
             refused = sched.acquire(**{field: bad})
             assert refused.status_code == 422, (field, bad, refused.text)
             assert refused.json()["field"] == field
-        refused = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew",
-                                  json={"ttl_seconds": bad})
+        refused = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": bad})
         assert refused.status_code == 422 and refused.json()["field"] == "ttl_seconds"
-    assert sched.http.get("/v1/leases", params={"state": "active", "limit": "5.5"}
-                          ).status_code == 422
+    assert (
+        sched.http.get("/v1/leases", params={"state": "active", "limit": "5.5"}).status_code == 422
+    )
 
 
 def test_a_body_that_is_not_json_text_is_a_422(sched: Scheduler) -> None:
     """Regression: a body that is not UTF-8 got FastAPI's 400."""
-    response = sched.http.post("/v1/lease", content=b'{"kind": "\xff"}',
-                               headers={"Content-Type": "application/json"})
+    response = sched.http.post(
+        "/v1/lease", content=b'{"kind": "\xff"}', headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 422, response.text
     assert (response.json()["error"], response.json()["field"]) == ("invalid_request", "body")
-

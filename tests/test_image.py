@@ -69,7 +69,9 @@ def image() -> Image:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     built = subprocess.run(
         [str(REPO / "scripts" / "build-image.sh"), "--debian-base", "--repository", REPOSITORY],
-        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
     )
     assert built.returncode == 0, f"build-image.sh failed:\n{built.stdout}\n{built.stderr}"
     return Image(name=f"{REPOSITORY}:{version}", version=version)
@@ -93,8 +95,9 @@ def test_a_lease_survives_a_restart_and_a_new_container_on_the_volume(image: Ima
         run = deployment.run(volume=True)
         assert run.docker_health() == "healthy"
 
-        response = run.http.post("/v1/lease", json={
-            "kind": "renderer", "ttl_seconds": 600, "owner_id": "image-test"})
+        response = run.http.post(
+            "/v1/lease", json={"kind": "renderer", "ttl_seconds": 600, "owner_id": "image-test"}
+        )
         assert response.status_code == 200, f"{response.text}\n{run.logs()}"
         lease = response.json()["lease"]
         assert lease["state"] == "active"
@@ -125,11 +128,15 @@ def test_a_lease_survives_a_restart_and_a_new_container_on_the_volume(image: Ima
         assert again.status_code == 200 and again.json()["state"] == "active", again.text
         assert deployment.worker(lease["lease_id"]).id == worker.id
 
-        released = run.http.delete(f"/v1/lease/{lease['lease_id']}",
-                                   headers={"X-Lease-Owner": "image-test"})
+        released = run.http.delete(
+            f"/v1/lease/{lease['lease_id']}", headers={"X-Lease-Owner": "image-test"}
+        )
         assert released.status_code == 204, f"{released.text}\n{run.logs()}"
-        wait_for(lambda: deployment.worker(lease["lease_id"]) is None, timeout=30,
-                 what="the worker removed on release")
+        wait_for(
+            lambda: deployment.worker(lease["lease_id"]) is None,
+            timeout=30,
+            what="the worker removed on release",
+        )
 
 
 def test_a_guard_from_the_image_destroys_a_dead_schedulers_expired_worker(image: Image) -> None:
@@ -140,36 +147,53 @@ def test_a_guard_from_the_image_destroys_a_dead_schedulers_expired_worker(image:
     with Deployment(image) as deployment:
         run = deployment.run()
         guard = deployment.client.containers.run(
-            image.name, ["guard"], detach=True, labels={TEST_LABEL: "image"},
-            name=f"oa-img-{deployment.instance}-guard", network=deployment.network,
+            image.name,
+            ["guard"],
+            detach=True,
+            labels={TEST_LABEL: "image"},
+            name=f"oa-img-{deployment.instance}-guard",
+            network=deployment.network,
             restart_policy={"Name": "always"},
             group_add=[str(os.stat(SOCKET).st_gid)],
             volumes={SOCKET: {"bind": SOCKET, "mode": "rw"}},
             environment={
-                "INTERNAL_SECRET": SECRET, "SCHEDULER_INSTANCE": deployment.instance,
-                "LOCAL_GPU_DEVICES": "", "GUARD_ID": "guard-image",
+                "INTERNAL_SECRET": SECRET,
+                "SCHEDULER_INSTANCE": deployment.instance,
+                "LOCAL_GPU_DEVICES": "",
+                "GUARD_ID": "guard-image",
                 "GUARD_SCHEDULER_URL": f"http://{run.container.name}:8080",
-                "GUARD_STATE_FILE": "/data/guard.json", **guardproc.FAST,
+                "GUARD_STATE_FILE": "/data/guard.json",
+                **guardproc.FAST,
             },
         )
         try:
+
             def guard_contacts() -> list[Any]:
                 views = run.http.get("/v1/providers").json()
                 return [g for v in views for g in v["guards"] if g["guard_id"] == "guard-image"]
 
-            wait_for(guard_contacts, timeout=60, what=f"the guard's first poll:\n"
-                     f"{guard.logs().decode(errors='replace')}")
+            wait_for(
+                guard_contacts,
+                timeout=60,
+                what=f"the guard's first poll:\n{guard.logs().decode(errors='replace')}",
+            )
             short = run.http.post("/v1/lease", json={"kind": "renderer", "ttl_seconds": 5})
             long = run.http.post("/v1/lease", json={"kind": "renderer", "ttl_seconds": 600})
             assert short.status_code == 200 and long.status_code == 200, short.text + long.text
             short_id, long_id = short.json()["lease"]["lease_id"], long.json()["lease"]["lease_id"]
             polled = guard_contacts()[0]["last_contact"]
-            wait_for(lambda: guard_contacts()[0]["last_contact"] > polled, timeout=30,
-                     what="a poll of the guard after both leases")
+            wait_for(
+                lambda: guard_contacts()[0]["last_contact"] > polled,
+                timeout=30,
+                what="a poll of the guard after both leases",
+            )
             run.container.kill()
-            wait_for(lambda: deployment.worker(short_id) is None, timeout=60,
-                     what=f"the guard destroying the expired lease's worker:\n"
-                     f"{guard.logs().decode(errors='replace')}")
+            wait_for(
+                lambda: deployment.worker(short_id) is None,
+                timeout=60,
+                what=f"the guard destroying the expired lease's worker:\n"
+                f"{guard.logs().decode(errors='replace')}",
+            )
             kept = deployment.worker(long_id)
             assert kept is not None and kept.status == "running"
             guard.reload()
@@ -193,8 +217,11 @@ def test_two_replicas_of_the_image_share_leases_on_postgresql(image: Image) -> N
         assert deployment.worker(lease_id) is not None
 
         assert b.http.delete(f"/v1/lease/{lease_id}").status_code == 204
-        wait_for(lambda: deployment.worker(lease_id) is None, timeout=30,
-                 what="the worker removed on release")
+        wait_for(
+            lambda: deployment.worker(lease_id) is None,
+            timeout=30,
+            what="the worker removed on release",
+        )
         assert a.http.get(f"/v1/lease/{lease_id}").json()["state"] == "released"
 
 
@@ -215,7 +242,8 @@ def run_once(image: Image, *command: str, entrypoint: str | None = None) -> str:
     """What a one-off `docker run --rm IMAGE command` prints. Removed with its anonymous
     /data volume, as the CLI's --rm does (the SDK's remove keeps volumes)."""
     container = docker_client().containers.create(
-        image.name, list(command), entrypoint=entrypoint, labels={TEST_LABEL: "image"})
+        image.name, list(command), entrypoint=entrypoint, labels={TEST_LABEL: "image"}
+    )
     try:
         container.start()
         status = container.wait(timeout=60)
@@ -233,8 +261,9 @@ class Replica:
     container: Any
     host_network: bool
     port: int = 8080
-    http: httpx.Client = field(default_factory=lambda: httpx.Client(
-        timeout=60, headers={"X-Internal-Secret": SECRET}))
+    http: httpx.Client = field(
+        default_factory=lambda: httpx.Client(timeout=60, headers={"X-Internal-Secret": SECRET})
+    )
 
     def wait_serving(self) -> None:
         """Until /health answers (on the published port, read again: a restart may
@@ -305,8 +334,9 @@ class Deployment:
         with suppress(docker.errors.NotFound):
             self.client.volumes.get(self.volume).remove(force=True)
 
-    def run(self, volume: bool = False, group_add: bool = True, host_network: bool = False,
-            **env: str) -> Replica:
+    def run(
+        self, volume: bool = False, group_add: bool = True, host_network: bool = False, **env: str
+    ) -> Replica:
         """Start one scheduler container and wait until it serves. `volume`: the
         deployment's volume on /data; `host_network`: on the host's network, on a port of
         its own, instead of the deployment's network with a published port."""
@@ -317,10 +347,14 @@ class Deployment:
         if volume:
             volumes[self.volume] = {"bind": "/data", "mode": "rw"}
         network: dict[str, Any] = (
-            {"network_mode": "host"} if host_network
-            else {"network": self.network, "ports": {"8080/tcp": ("127.0.0.1", None)}})
+            {"network_mode": "host"}
+            if host_network
+            else {"network": self.network, "ports": {"8080/tcp": ("127.0.0.1", None)}}
+        )
         container = self.client.containers.run(
-            self.image.name, detach=True, labels={TEST_LABEL: "image"},
+            self.image.name,
+            detach=True,
+            labels={TEST_LABEL: "image"},
             name=f"oa-img-{self.instance}-{len(self.replicas)}",
             # The socket is root:docker (or root:root) on the host; the image's user gets
             # its group, as README tells operators.
@@ -343,12 +377,16 @@ class Deployment:
         return replica
 
     def workers(self) -> list[Any]:
-        return list_containers(self.client, all=True,
-                               filters={"label": f"{INSTANCE_LABEL}={self.instance}"})
+        return list_containers(
+            self.client, all=True, filters={"label": f"{INSTANCE_LABEL}={self.instance}"}
+        )
 
     def worker(self, lease_id: str) -> Any:
-        found = list_containers(self.client, all=True, filters={
-            "label": [f"{LEASE_LABEL}={lease_id}", f"{INSTANCE_LABEL}={self.instance}"]})
+        found = list_containers(
+            self.client,
+            all=True,
+            filters={"label": [f"{LEASE_LABEL}={lease_id}", f"{INSTANCE_LABEL}={self.instance}"]},
+        )
         return found[0] if found else None
 
 
@@ -360,8 +398,9 @@ def postgres_database() -> Iterator[str]:
     password = secrets.token_urlsafe(16)
 
     def psql(sql: str) -> None:
-        subprocess.run(["psql", "-h", PG_HOST, "-d", "postgres", "-qc", sql],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["psql", "-h", PG_HOST, "-d", "postgres", "-qc", sql], check=True, capture_output=True
+        )
 
     psql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
     try:

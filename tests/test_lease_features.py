@@ -37,13 +37,15 @@ def parse_time(value: str) -> datetime:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
-def static(make_scheduler: Make, workers: str = "renderer=http://only:8080", **env: str
-           ) -> Scheduler:
+def static(
+    make_scheduler: Make, workers: str = "renderer=http://only:8080", **env: str
+) -> Scheduler:
     return make_scheduler(PROVIDERS="static", STATIC_WORKERS=workers, **env)
 
 
-def renew(sched: Scheduler, lease_id: str, body: dict[str, Any] | None = None,
-          owner: str | None = None) -> httpx.Response:
+def renew(
+    sched: Scheduler, lease_id: str, body: dict[str, Any] | None = None, owner: str | None = None
+) -> httpx.Response:
     headers = {"X-Lease-Owner": owner} if owner else {}
     if body is None:
         return sched.http.post(f"/v1/lease/{lease_id}/renew", headers=headers)
@@ -107,8 +109,12 @@ def acquire_in_thread(sched: Scheduler, timeout: float = 120, **body: Any) -> Ca
     body.setdefault("kind", "renderer")
 
     def post() -> httpx.Response:
-        return httpx.post(f"{sched.url}/v1/lease", json=body, timeout=timeout,
-                          headers={"X-Internal-Secret": SECRET})
+        return httpx.post(
+            f"{sched.url}/v1/lease",
+            json=body,
+            timeout=timeout,
+            headers={"X-Internal-Secret": SECRET},
+        )
 
     return Call(post)
 
@@ -119,8 +125,9 @@ def acquire_at_once(sched: Scheduler, n: int, **body: Any) -> list[httpx.Respons
     barrier = threading.Barrier(n)
 
     def post() -> httpx.Response:
-        with httpx.Client(base_url=sched.url, headers={"X-Internal-Secret": SECRET},
-                          timeout=120) as client:
+        with httpx.Client(
+            base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=120
+        ) as client:
             barrier.wait(30)
             return client.post("/v1/lease", json=body)
 
@@ -143,8 +150,9 @@ def test_renew_sets_expiry_from_now_defaulting_to_the_lease_ttl(make_scheduler: 
     assert renewed["lease_id"] == lease["lease_id"] and renewed["state"] == "active"
     assert renewed["endpoint"] == lease["endpoint"]
     expires = parse_time(renewed["expires_at"])
-    assert before + timedelta(seconds=600) - SLACK <= expires <= after + timedelta(
-        seconds=600) + SLACK
+    assert (
+        before + timedelta(seconds=600) - SLACK <= expires <= after + timedelta(seconds=600) + SLACK
+    )
     assert expires > parse_time(lease["expires_at"])
 
     before = datetime.now(UTC)
@@ -153,8 +161,9 @@ def test_renew_sets_expiry_from_now_defaulting_to_the_lease_ttl(make_scheduler: 
     assert response.status_code == 200, response.text
     expires = parse_time(response.json()["expires_at"])
     # Shorter than before is allowed: expires_at is now + ttl, not old expiry + ttl.
-    assert before + timedelta(seconds=60) - SLACK <= expires <= after + timedelta(
-        seconds=60) + SLACK
+    assert (
+        before + timedelta(seconds=60) - SLACK <= expires <= after + timedelta(seconds=60) + SLACK
+    )
     # What the caller is told is what the scheduler holds.
     assert lookup(sched, lease["lease_id"])["expires_at"] == response.json()["expires_at"]
     assert [item["expires_at"] for item in sched.leases()] == [response.json()["expires_at"]]
@@ -226,8 +235,11 @@ def test_renew_never_resurrects_released_or_expired_leases(make_scheduler: Make)
     response = renew(sched, expiring["lease_id"], {"ttl_seconds": 600})
     assert response.status_code == 404, response.text
     assert response.json()["error"] == "lease_not_found"
-    wait_for(lambda: lookup(sched, expiring["lease_id"])["state"] == "released", 30,
-             what="the expired lease to be released")
+    wait_for(
+        lambda: lookup(sched, expiring["lease_id"])["state"] == "released",
+        30,
+        what="the expired lease to be released",
+    )
     assert lookup(sched, expiring["lease_id"])["release_reason"] == "expired"
     assert renew(sched, expiring["lease_id"]).status_code == 404
     assert sched.leases() == []
@@ -258,8 +270,11 @@ def test_a_renewed_lease_outlives_its_old_expiry(make_scheduler: Make) -> None:
     assert response.status_code == 200, response.text
     old_expiry = parse_time(renewed["expires_at"])
 
-    wait_for(lambda: lookup(sched, control["lease_id"])["state"] == "released", 60,
-             what="the control lease to expire")
+    wait_for(
+        lambda: lookup(sched, control["lease_id"])["state"] == "released",
+        60,
+        what="the control lease to expire",
+    )
     assert lookup(sched, control["lease_id"])["release_reason"] == "expired"
     wait_for(lambda: datetime.now(UTC) > old_expiry + timedelta(seconds=2), 30)
 
@@ -276,8 +291,9 @@ def test_a_renewed_lease_outlives_its_old_expiry(make_scheduler: Make) -> None:
 
 
 def test_lookup_shows_a_lease_in_every_state(make_scheduler: Make) -> None:
-    sched = static(make_scheduler, "renderer=http://a:8080,http://b:8080",
-                   SWEEP_INTERVAL_SECONDS="0.2")
+    sched = static(
+        make_scheduler, "renderer=http://a:8080,http://b:8080", SWEEP_INTERVAL_SECONDS="0.2"
+    )
     lease = sched.lease(ttl_seconds=600, owner_id="o1", correlation_id="c1")
 
     active = lookup(sched, lease["lease_id"])
@@ -291,13 +307,24 @@ def test_lookup_shows_a_lease_in_every_state(make_scheduler: Make) -> None:
     assert released["state"] == "released" and released["release_reason"] == "explicit"
     assert before - SLACK <= parse_time(released["released_at"]) <= datetime.now(UTC) + SLACK
     # The rest of the lease is as it was.
-    for field in ("lease_id", "provider", "kind", "endpoint", "created_at", "owner_id",
-                  "correlation_id", "provider_token"):
+    for field in (
+        "lease_id",
+        "provider",
+        "kind",
+        "endpoint",
+        "created_at",
+        "owner_id",
+        "correlation_id",
+        "provider_token",
+    ):
         assert released[field] == lease[field], field
 
     expiring = sched.lease(ttl_seconds=1)
-    wait_for(lambda: lookup(sched, expiring["lease_id"])["state"] == "released", 30,
-             what="the lease to expire")
+    wait_for(
+        lambda: lookup(sched, expiring["lease_id"])["state"] == "released",
+        30,
+        what="the lease to expire",
+    )
     expired = lookup(sched, expiring["lease_id"])
     assert expired["release_reason"] == "expired"
     assert parse_time(expired["released_at"]) >= parse_time(expiring["expires_at"])
@@ -310,8 +337,9 @@ def test_lookup_shows_a_lease_in_every_state(make_scheduler: Make) -> None:
 
 def test_list_filters_by_state_owner_kind_and_provider(make_scheduler: Make) -> None:
     # One static renderer endpoint; a second renderer and every anim go to local Docker.
-    sched = make_scheduler(PROVIDERS="static,local-docker",
-                           STATIC_WORKERS="renderer=http://static-r:8080")
+    sched = make_scheduler(
+        PROVIDERS="static,local-docker", STATIC_WORKERS="renderer=http://static-r:8080"
+    )
     r_static = sched.lease(kind="renderer", owner_id="alice")
     r_docker = sched.lease(kind="renderer", owner_id="bob")
     anim = sched.lease(kind="anim", owner_id="alice")
@@ -330,8 +358,7 @@ def test_list_filters_by_state_owner_kind_and_provider(make_scheduler: Make) -> 
 
     assert ids(search(sched, state="released")) == {gone["lease_id"]}
     assert search(sched, state="released")[0]["release_reason"] == "explicit"
-    assert ids(search(sched, state=["active", "released"])) == ids(
-        [r_static, r_docker, anim, gone])
+    assert ids(search(sched, state=["active", "released"])) == ids([r_static, r_docker, anim, gone])
     assert ids(search(sched, owner_id="alice")) == ids([r_static, anim])
     assert ids(search(sched, owner_id="bob")) == {r_docker["lease_id"]}  # active by default
     assert ids(search(sched, owner_id="bob", state=["released"])) == {gone["lease_id"]}
@@ -372,14 +399,16 @@ def test_same_owner_and_correlation_id_gets_the_same_lease(make_scheduler: Make)
     assert lookup(sched, first["lease_id"])["state"] == "released"
     assert sched.lease(owner_id="anim", correlation_id="job-1") == fresh
     assert {c.id for c in sched.containers()} == {
-        fresh["provider_token"], other_owner["provider_token"], other_job["provider_token"]}
+        fresh["provider_token"],
+        other_owner["provider_token"],
+        other_job["provider_token"],
+    }
 
 
 @pytest.mark.parametrize("n", [2, 10])
 def test_simultaneous_identical_acquires_make_one_worker(make_scheduler: Make, n: int) -> None:
     sched = make_scheduler()
-    responses = acquire_at_once(sched, n, owner_id="anim", correlation_id="burst",
-                                ttl_seconds=600)
+    responses = acquire_at_once(sched, n, owner_id="anim", correlation_id="burst", ttl_seconds=600)
     assert [r.status_code for r in responses] == [200] * n, [r.text for r in responses]
     leases = [r.json()["lease"] for r in responses]
     assert len(ids(leases)) == 1, leases
@@ -388,8 +417,12 @@ def test_simultaneous_identical_acquires_make_one_worker(make_scheduler: Make, n
     assert sched.containers()[0].id == leases[0]["provider_token"]
     assert ids(sched.leases()) == ids(leases)
     assert held_by(sched, "anim") == [lookup(sched, leases[0]["lease_id"])]
-    assert sched.metric("scheduler_leases_acquired_total", provider="local-docker",
-                        kind="renderer", gpu="none") == 1
+    assert (
+        sched.metric(
+            "scheduler_leases_acquired_total", provider="local-docker", kind="renderer", gpu="none"
+        )
+        == 1
+    )
 
 
 def test_a_repeat_while_provisioning_waits_for_that_same_lease(
@@ -498,10 +531,14 @@ def test_callers_who_hang_up_leave_the_line_and_get_no_worker(make_scheduler: Ma
     gave_up_before = sched.metric("scheduler_acquire_failures_total", reason="no_provider")
 
     # One caller times out on its own side...
-    impatient = Call(lambda: httpx.post(
-        f"{sched.url}/v1/lease", headers={"X-Internal-Secret": SECRET},
-        json={"kind": "renderer", "wait_seconds": 120, "owner_id": "impatient"},
-        timeout=httpx.Timeout(60, read=3)))
+    impatient = Call(
+        lambda: httpx.post(
+            f"{sched.url}/v1/lease",
+            headers={"X-Internal-Secret": SECRET},
+            json={"kind": "renderer", "wait_seconds": 120, "owner_id": "impatient"},
+            timeout=httpx.Timeout(60, read=3),
+        )
+    )
     wait_for(lambda: log_count(sched, WAITING) >= 1, 30, what="the first caller in line")
     # ...another closes its connection while in line...
     closer = socket.create_connection(("127.0.0.1", sched.port))
@@ -509,7 +546,8 @@ def test_callers_who_hang_up_leave_the_line_and_get_no_worker(make_scheduler: Ma
     closer.sendall(
         b"POST /v1/lease HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"X-Internal-Secret: {SECRET}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body)
+        + body
+    )
     wait_for(lambda: log_count(sched, WAITING) >= 2, 30, what="the second caller in line")
     # ...and a third waits patiently behind both.
     patient = acquire_in_thread(sched, wait_seconds=150, owner_id="patient")
@@ -519,8 +557,14 @@ def test_callers_who_hang_up_leave_the_line_and_get_no_worker(make_scheduler: Ma
         impatient.response(30)
     closer.close()
     # Both left the line: each ended as a refused acquire nobody hears about.
-    wait_for(lambda: sched.metric("scheduler_acquire_failures_total", reason="no_provider")
-             >= gave_up_before + 2, 30, what="the server to notice both callers left")
+    wait_for(
+        lambda: (
+            sched.metric("scheduler_acquire_failures_total", reason="no_provider")
+            >= gave_up_before + 2
+        ),
+        30,
+        what="the server to notice both callers left",
+    )
 
     assert sched.release(holder["lease_id"]).status_code == 204
     response = patient.response(100)
@@ -534,15 +578,22 @@ def test_callers_who_hang_up_leave_the_line_and_get_no_worker(make_scheduler: Ma
 def test_a_caller_who_hangs_up_does_not_keep_the_freed_slot(make_scheduler: Make) -> None:
     sched = make_scheduler(LOCAL_DOCKER_MAX_WORKERS="1")
     holder = sched.lease(ttl_seconds=600)
-    gone = Call(lambda: httpx.post(
-        f"{sched.url}/v1/lease", headers={"X-Internal-Secret": SECRET},
-        json={"kind": "renderer", "wait_seconds": 120, "owner_id": "gone"},
-        timeout=httpx.Timeout(60, read=3)))
+    gone = Call(
+        lambda: httpx.post(
+            f"{sched.url}/v1/lease",
+            headers={"X-Internal-Secret": SECRET},
+            json={"kind": "renderer", "wait_seconds": 120, "owner_id": "gone"},
+            timeout=httpx.Timeout(60, read=3),
+        )
+    )
     wait_for(lambda: log_count(sched, WAITING) >= 1, 30, what="the caller in line")
     with pytest.raises(httpx.ReadTimeout):
         gone.response(30)
-    wait_for(lambda: sched.metric("scheduler_acquire_failures_total", reason="no_provider")
-             >= 1, 30, what="the server to notice the caller left")
+    wait_for(
+        lambda: sched.metric("scheduler_acquire_failures_total", reason="no_provider") >= 1,
+        30,
+        what="the server to notice the caller left",
+    )
 
     assert sched.release(holder["lease_id"]).status_code == 204
     # Nobody holds the freed slot: the next caller gets it without waiting.
@@ -555,8 +606,12 @@ def test_a_caller_who_hangs_up_does_not_keep_the_freed_slot(make_scheduler: Make
 
 
 def test_owner_quota(make_scheduler: Make) -> None:
-    sched = static(make_scheduler, "renderer=" + ",".join(f"http://w{i}:8080" for i in range(6)),
-                   MAX_LEASES_PER_OWNER="2", METRICS_OWNER_SERIES="true")
+    sched = static(
+        make_scheduler,
+        "renderer=" + ",".join(f"http://w{i}:8080" for i in range(6)),
+        MAX_LEASES_PER_OWNER="2",
+        METRICS_OWNER_SERIES="true",
+    )
     a1 = sched.lease(owner_id="alice", correlation_id="a1")
     a2 = sched.lease(owner_id="alice", correlation_id="a2")
 
@@ -601,15 +656,17 @@ def runpod(runpod_server: RunPodEmulator) -> Iterator[RunPodEmulator]:
 
 
 def with_runpod(make_scheduler: Make, runpod: RunPodEmulator, **env: str) -> Scheduler:
-    return make_scheduler(**{
-        "PROVIDERS": "runpod,local-docker",
-        "RUNPOD_API": "rest",
-        "RUNPOD_API_KEY": KEY,
-        "RUNPOD_API_BASE_URL": runpod.base_url,
-        "RUNPOD_POLL_INTERVAL_SECONDS": "0.1",
-        "RUNPOD_CATALOG_TTL_SECONDS": "0",
-        **env,
-    })
+    return make_scheduler(
+        **{
+            "PROVIDERS": "runpod,local-docker",
+            "RUNPOD_API": "rest",
+            "RUNPOD_API_KEY": KEY,
+            "RUNPOD_API_BASE_URL": runpod.base_url,
+            "RUNPOD_POLL_INTERVAL_SECONDS": "0.1",
+            "RUNPOD_CATALOG_TTL_SECONDS": "0",
+            **env,
+        }
+    )
 
 
 def pods_of(runpod: RunPodEmulator, sched: Scheduler) -> list[Any]:
@@ -697,8 +754,9 @@ def test_providers_view_shows_static_capacity_and_use(make_scheduler: Make) -> N
 def test_providers_view_shows_docker_workers_and_gpus(
     gpu_engine: PrivateEngine, make_scheduler: Make
 ) -> None:
-    sched = make_scheduler(engine=gpu_engine.url, LOCAL_DOCKER_MAX_WORKERS="3",
-                           LOCAL_GPU_DEVICES="0,1")
+    sched = make_scheduler(
+        engine=gpu_engine.url, LOCAL_DOCKER_MAX_WORKERS="3", LOCAL_GPU_DEVICES="0,1"
+    )
 
     def view() -> dict[str, Any]:
         response = sched.http.get("/v1/providers")

@@ -91,16 +91,21 @@ def test_periodic_reconcile_destroys_orphans_and_marks_vanished_workers_lost(
 
     orphan_id = str(uuid.uuid4())
     orphan = client.containers.run(
-        WORKER_IMAGE, detach=True, network_mode="none",
+        WORKER_IMAGE,
+        detach=True,
+        network_mode="none",
         labels={INSTANCE_LABEL: sched.instance, LEASE_LABEL: orphan_id},
     )
     # Another scheduler's worker is none of this one's business.
     other_instance = f"t-other-{uuid.uuid4().hex[:8]}"
     foreign = client.containers.run(
-        WORKER_IMAGE, detach=True, network_mode="none",
+        WORKER_IMAGE,
+        detach=True,
+        network_mode="none",
         labels={INSTANCE_LABEL: other_instance, LEASE_LABEL: str(uuid.uuid4())},
     )
     try:
+
         def orphan_gone() -> bool:
             return orphan.id not in {c.id for c in sched.containers()}
 
@@ -109,8 +114,12 @@ def test_periodic_reconcile_destroys_orphans_and_marks_vanished_workers_lost(
 
         # Someone removes a leased worker by hand: the lease is lost, not kept alive.
         client.api.remove_container(doomed["provider_token"], force=True)
-        wait_for(lambda: doomed["lease_id"] not in listed_ids(sched), timeout=30,
-                 interval=0.2, what="the lease of the vanished worker to be dropped")
+        wait_for(
+            lambda: doomed["lease_id"] not in listed_ids(sched),
+            timeout=30,
+            interval=0.2,
+            what="the lease of the vanished worker to be dropped",
+        )
         assert sched.metric(RELEASED, provider="local-docker", reason="lost") == 1
         assert sched.release(doomed["lease_id"]).status_code == 404
 
@@ -129,30 +138,42 @@ def test_periodic_reconcile_destroys_orphans_and_marks_vanished_workers_lost(
 
 
 def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_workers(
-    make_scheduler: Callable[..., Scheduler], tmp_path: Path,
+    make_scheduler: Callable[..., Scheduler],
+    tmp_path: Path,
 ) -> None:
     """Two schedulers with one SCHEDULER_INSTANCE (the default is `default` for everyone)
     and their own databases: each worker carries its store's id, so neither destroys the
     other's workers as orphans; an unlabelled worker (made before the label) is still
     taken for this instance's."""
     instance = f"t-shared-{uuid.uuid4().hex[:8]}"
-    first = make_scheduler(SCHEDULER_INSTANCE=instance, RECONCILE_INTERVAL_SECONDS="1",
-                           DATABASE_URL=f"sqlite:///{tmp_path / 'first.db'}")
-    second = make_scheduler(SCHEDULER_INSTANCE=instance, RECONCILE_INTERVAL_SECONDS="1",
-                            DATABASE_URL=f"sqlite:///{tmp_path / 'second.db'}")
+    first = make_scheduler(
+        SCHEDULER_INSTANCE=instance,
+        RECONCILE_INTERVAL_SECONDS="1",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'first.db'}",
+    )
+    second = make_scheduler(
+        SCHEDULER_INSTANCE=instance,
+        RECONCILE_INTERVAL_SECONDS="1",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'second.db'}",
+    )
     leases = [first.lease(ttl_seconds=600), second.lease(ttl_seconds=600)]
     labels = {c.id: c.labels for c in first.containers()}
-    stores = {labels[lease["provider_token"]].get(STORE_LABEL)
-              for lease in leases}
+    stores = {labels[lease["provider_token"]].get(STORE_LABEL) for lease in leases}
     assert len(stores) == 2 and None not in stores, labels
 
     unlabelled = docker_client().containers.run(
-        WORKER_IMAGE, detach=True, network_mode="none",
+        WORKER_IMAGE,
+        detach=True,
+        network_mode="none",
         labels={INSTANCE_LABEL: instance, LEASE_LABEL: str(uuid.uuid4())},
     )
     try:
-        wait_for(lambda: unlabelled.id not in {c.id for c in first.containers()},
-                 timeout=30, interval=0.2, what="the unlabelled orphan to be destroyed")
+        wait_for(
+            lambda: unlabelled.id not in {c.id for c in first.containers()},
+            timeout=30,
+            interval=0.2,
+            what="the unlabelled orphan to be destroyed",
+        )
         time.sleep(2.5)  # at least two more passes of each
         for sched, lease in zip((first, second), leases, strict=True):
             assert listed_ids(sched) == {lease["lease_id"]}
@@ -194,8 +215,10 @@ def test_graceful_stop_keeps_leases_and_workers_and_a_restart_lists_them(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
     sched = make_scheduler(RECONCILE_INTERVAL_SECONDS="1")
-    leases = [sched.lease(kind="renderer", ttl_seconds=600),
-              sched.lease(kind="anim", owner_id="anim-service", ttl_seconds=600)]
+    leases = [
+        sched.lease(kind="renderer", ttl_seconds=600),
+        sched.lease(kind="anim", owner_id="anim-service", ttl_seconds=600),
+    ]
     tokens = {lease["provider_token"] for lease in leases}
 
     sched.stop()  # SIGTERM
@@ -222,11 +245,19 @@ def test_graceful_stop_keeps_leases_and_workers_and_a_restart_lists_them(
 
 def serve(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`python -m openalice_scheduler serve` with exactly `env` (plus PATH/HOME)."""
-    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-            "PYTHONUNBUFFERED": "1", **env}
+    full = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
     return subprocess.run(
         [sys.executable, "-m", "openalice_scheduler", "serve"],
-        env=full, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=full,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -290,7 +321,8 @@ def test_runpod_without_key_is_skipped_with_a_warning_when_another_provider_rema
 
 
 def test_second_process_on_the_same_sqlite_file_refuses_to_start(
-    make_scheduler: Callable[..., Scheduler], tmp_path: Path,
+    make_scheduler: Callable[..., Scheduler],
+    tmp_path: Path,
 ) -> None:
     first = make_scheduler()
     lease = first.lease(ttl_seconds=600)
@@ -310,8 +342,7 @@ def test_second_process_on_the_same_sqlite_file_refuses_to_start(
 
 def _runs(pid: int) -> bool:
     try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                not in "ZX")
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
     except FileNotFoundError:
         return False
 
@@ -321,12 +352,12 @@ def test_a_lease_answered_before_kill_9_is_there_after_the_restart(
 ) -> None:
     """A lease is answered once SQLite's own FULL commit returned: killed right after
     the answer, the scheduler finds it on restart. No helper process runs beside it."""
-    sched = make_scheduler(PROVIDERS="static",
-                           STATIC_WORKERS="renderer=http://a:8080,http://b:8080")
+    sched = make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS="renderer=http://a:8080,http://b:8080"
+    )
     assert sched.proc is not None
     first = sched.lease(ttl_seconds=600)
-    children = [p for p in Path("/proc").glob("[0-9]*/stat")
-                if _parent(p) == sched.proc.pid]
+    children = [p for p in Path("/proc").glob("[0-9]*/stat") if _parent(p) == sched.proc.pid]
     assert children == []
     sched.kill()
     sched.start()
@@ -349,16 +380,24 @@ def test_another_process_holding_the_sqlite_write_lock_stalls_no_one(
     """A tool writing to the state file (an operator's sqlite3 shell, a script) holds its
     write lock: writes wait for it, while health, metrics and reads go on answering; once
     it lets go, the waiting acquire completes."""
-    sched = make_scheduler(PROVIDERS="static",
-                           STATIC_WORKERS="renderer=http://a:8080,http://b:8080")
+    sched = make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS="renderer=http://a:8080,http://b:8080"
+    )
     kept = sched.lease(ttl_seconds=600)
     path = sched.env["DATABASE_URL"].removeprefix("sqlite:///")
     tool = sqlite3.connect(path, isolation_level=None)
     tool.execute("BEGIN IMMEDIATE")  # the write lock, held
     answers: list[httpx.Response] = []
-    caller = threading.Thread(target=lambda: answers.append(
-        httpx.post(f"{sched.url}/v1/lease", headers=sched.http.headers, timeout=60,
-                   json={"kind": "renderer", "owner_id": "waits-for-the-lock"})))
+    caller = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(
+                f"{sched.url}/v1/lease",
+                headers=sched.http.headers,
+                timeout=60,
+                json={"kind": "renderer", "owner_id": "waits-for-the-lock"},
+            )
+        )
+    )
     try:
         caller.start()
         time.sleep(0.5)  # the acquire is waiting for the lock by now
@@ -376,4 +415,5 @@ def test_another_process_holding_the_sqlite_write_lock_stalls_no_one(
     waited = answers[0].json()["lease"]
     assert waited["endpoint"] == "http://b:8080"
     assert sorted(lease["lease_id"] for lease in sched.leases()) == sorted(
-        [kept["lease_id"], waited["lease_id"]])
+        [kept["lease_id"], waited["lease_id"]]
+    )

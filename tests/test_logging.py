@@ -53,9 +53,13 @@ def records(sched: Scheduler) -> list[dict[str, Any]]:
 
 
 def access_line(sched: Scheduler, request_id: str) -> dict[str, Any]:
-    found = wait_for(lambda: [r for r in records(sched) if r["logger"] == ACCESS
-                              and r.get("request_id") == request_id], 10,
-                     what=f"the access line of request {request_id}")
+    found = wait_for(
+        lambda: [
+            r for r in records(sched) if r["logger"] == ACCESS and r.get("request_id") == request_id
+        ],
+        10,
+        what=f"the access line of request {request_id}",
+    )
     assert len(found) == 1, found
     return found[0]
 
@@ -63,31 +67,45 @@ def access_line(sched: Scheduler, request_id: str) -> dict[str, Any]:
 def static(make_scheduler: Make, workers: int = 2, **env: str) -> Scheduler:
     """A scheduler over a static pool: no containers to make, so answers are quick."""
     urls = ",".join(f"http://w{i}:8080" for i in range(workers))
-    return make_scheduler(PROVIDERS="static", STATIC_WORKERS=f"renderer={urls}",
-                          LOG_FORMAT="json", **env)
+    return make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS=f"renderer={urls}", LOG_FORMAT="json", **env
+    )
 
 
 def test_jq_follows_one_lease_from_acquire_to_release(make_scheduler: Make) -> None:
     env_secret = "env-value-" + uuid.uuid4().hex
     sched = make_scheduler(LOG_FORMAT="json", SWEEP_INTERVAL_SECONDS="1")
-    lease = sched.lease(kind="renderer", owner_id="team-a", correlation_id="job-7",
-                        env={"TOKEN": env_secret})
+    lease = sched.lease(
+        kind="renderer", owner_id="team-a", correlation_id="job-7", env={"TOKEN": env_secret}
+    )
     lease_id = lease["lease_id"]
-    renewed = sched.http.post(f"/v1/lease/{lease_id}/renew", json={"ttl_seconds": 600},
-                              headers={"X-Lease-Owner": "team-a"})
+    renewed = sched.http.post(
+        f"/v1/lease/{lease_id}/renew",
+        json={"ttl_seconds": 600},
+        headers={"X-Lease-Owner": "team-a"},
+    )
     assert renewed.status_code == 200, renewed.text
     released = sched.release(lease_id, owner="team-a")
     assert released.status_code == 204, released.text
     # Another lease, left to expire: the sweeper's lines carry its id too.
     expiring = sched.lease(kind="renderer", ttl_seconds=1)["lease_id"]
-    wait_for(lambda: sched.http.get(f"/v1/lease/{expiring}").json()["state"] == "released",
-             30, interval=0.2, what="the lease to expire")
+    wait_for(
+        lambda: sched.http.get(f"/v1/lease/{expiring}").json()["state"] == "released",
+        30,
+        interval=0.2,
+        what="the lease to expire",
+    )
     sched.stop()
 
     everything = records(sched)  # every line parses, with time, level, logger, message
     assert env_secret not in sched.log() and SECRET not in sched.log()
-    jq = subprocess.run(["jq", "-c", "--arg", "id", lease_id, "select(.lease_id == $id)"],
-                        input=sched.log(), capture_output=True, text=True, check=True)
+    jq = subprocess.run(
+        ["jq", "-c", "--arg", "id", lease_id, "select(.lease_id == $id)"],
+        input=sched.log(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = [json.loads(line) for line in jq.stdout.splitlines()]
     assert lines == [r for r in everything if r.get("lease_id") == lease_id]
     service = [r for r in lines if r["logger"] == "openalice_scheduler.service"]
@@ -104,18 +122,26 @@ def test_jq_follows_one_lease_from_acquire_to_release(make_scheduler: Make) -> N
     # the lease's `acquired` line.
     access = [r for r in lines if r["logger"] == ACCESS]
     assert [(r["method"], r["route"], r["status"]) for r in access] == [
-        ("POST", "/v1/lease/{lease_id}/renew", 200), ("DELETE", "/v1/lease/{lease_id}", 204),
+        ("POST", "/v1/lease/{lease_id}/renew", 200),
+        ("DELETE", "/v1/lease/{lease_id}", 204),
     ]
-    acquire = [r for r in everything if r["logger"] == ACCESS
-               and r["request_id"] == service[0]["request_id"]]
-    assert [(r["method"], r["route"], r["status"]) for r in acquire] == [
-        ("POST", "/v1/lease", 200)]
+    acquire = [
+        r
+        for r in everything
+        if r["logger"] == ACCESS and r["request_id"] == service[0]["request_id"]
+    ]
+    assert [(r["method"], r["route"], r["status"]) for r in acquire] == [("POST", "/v1/lease", 200)]
     assert service[2]["request_id"] == access[1]["request_id"]
 
-    swept = [r["message"] for r in everything if r.get("lease_id") == expiring
-             and r["logger"] == "openalice_scheduler.service"]
-    assert swept[-2:] == [f"lease {expiring} expired; releasing",
-                          f"lease {expiring} released (expired)"]
+    swept = [
+        r["message"]
+        for r in everything
+        if r.get("lease_id") == expiring and r["logger"] == "openalice_scheduler.service"
+    ]
+    assert swept[-2:] == [
+        f"lease {expiring} expired; releasing",
+        f"lease {expiring} released (expired)",
+    ]
 
 
 def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) -> None:
@@ -123,8 +149,14 @@ def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) ->
 
     responses: dict[str, httpx.Response] = {}
 
-    def call(method: str, path: str, *, secret: str | None = SECRET,
-             headers: tuple[tuple[str, str], ...] = (), **kwargs: Any) -> str:
+    def call(
+        method: str,
+        path: str,
+        *,
+        secret: str | None = SECRET,
+        headers: tuple[tuple[str, str], ...] = (),
+        **kwargs: Any,
+    ) -> str:
         rid = f"req-{uuid.uuid4().hex[:12]}"
         sent = [("X-Request-ID", rid), *headers]
         if secret is not None:
@@ -144,22 +176,30 @@ def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) ->
         "invalid": call("POST", "/v1/lease", json={"kind": "toaster"}),
         "health": call("GET", "/health", secret=None),
         "no route": call("GET", f"/nothing/{uuid.uuid4()}", secret=None),
-        "too large": call("POST", "/v1/lease", content=b"x" * (1024 * 1024 + 1),
-                          headers=(("Content-Type", "application/json"),)),
-        "duplicate": call("GET", "/v1/leases", headers=(("X-Lease-Owner", "a"),
-                                                        ("X-Lease-Owner", "b"))),
+        "too large": call(
+            "POST",
+            "/v1/lease",
+            content=b"x" * (1024 * 1024 + 1),
+            headers=(("Content-Type", "application/json"),),
+        ),
+        "duplicate": call(
+            "GET", "/v1/leases", headers=(("X-Lease-Owner", "a"), ("X-Lease-Owner", "b"))
+        ),
     }
     a_lease = responses[answers["acquire"].split(" ")[1]].json()["lease"]["lease_id"]
-    answers["not yours"] = call("DELETE", f"/v1/lease/{a_lease}",
-                                headers=(("X-Lease-Owner", "z"),))
+    answers["not yours"] = call("DELETE", f"/v1/lease/{a_lease}", headers=(("X-Lease-Owner", "z"),))
 
     expected = {
-        "acquire": (200, "POST", "/v1/lease"), "quota": (429, "POST", "/v1/lease"),
-        "second": (200, "POST", "/v1/lease"), "full": (503, "POST", "/v1/lease"),
+        "acquire": (200, "POST", "/v1/lease"),
+        "quota": (429, "POST", "/v1/lease"),
+        "second": (200, "POST", "/v1/lease"),
+        "full": (503, "POST", "/v1/lease"),
         "secret": (401, "GET", "/v1/leases"),
         "unknown": (404, "GET", "/v1/lease/{lease_id}"),
-        "invalid": (422, "POST", "/v1/lease"), "health": (200, "GET", "/health"),
-        "no route": (404, "GET", "unmatched"), "too large": (413, "POST", "/v1/lease"),
+        "invalid": (422, "POST", "/v1/lease"),
+        "health": (200, "GET", "/health"),
+        "no route": (404, "GET", "unmatched"),
+        "too large": (413, "POST", "/v1/lease"),
         "duplicate": (400, "GET", "/v1/leases"),
         "not yours": (403, "DELETE", "/v1/lease/{lease_id}"),
     }
@@ -174,25 +214,64 @@ def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) ->
     # A caller that leaves halfway through its body gets no answer: logged as 499.
     left = f"left-{uuid.uuid4().hex[:12]}"
     with socket.create_connection(("127.0.0.1", sched.port), timeout=10) as conn:
-        conn.sendall(b"POST /v1/lease HTTP/1.1\r\nHost: scheduler\r\nX-Request-ID: "
-                     + left.encode() + b"\r\nX-Internal-Secret: " + SECRET.encode()
-                     + b"\r\nContent-Length: 100\r\n\r\n{\"kind\":")
+        conn.sendall(
+            b"POST /v1/lease HTTP/1.1\r\nHost: scheduler\r\nX-Request-ID: "
+            + left.encode()
+            + b"\r\nX-Internal-Secret: "
+            + SECRET.encode()
+            + b'\r\nContent-Length: 100\r\n\r\n{"kind":'
+        )
     assert access_line(sched, left)["status"] == 499
 
     # The same answers, timed by route template and status.
-    assert sched.metric("scheduler_http_request_duration_seconds_count",
-                        route="/v1/lease", method="POST", status="200") == 2
-    assert sched.metric("scheduler_http_request_duration_seconds_count",
-                        route="/v1/lease", method="POST", status="429") == 1
-    assert sched.metric("scheduler_http_request_duration_seconds_count",
-                        route="/v1/leases", method="GET", status="401") == 1
+    assert (
+        sched.metric(
+            "scheduler_http_request_duration_seconds_count",
+            route="/v1/lease",
+            method="POST",
+            status="200",
+        )
+        == 2
+    )
+    assert (
+        sched.metric(
+            "scheduler_http_request_duration_seconds_count",
+            route="/v1/lease",
+            method="POST",
+            status="429",
+        )
+        == 1
+    )
+    assert (
+        sched.metric(
+            "scheduler_http_request_duration_seconds_count",
+            route="/v1/leases",
+            method="GET",
+            status="401",
+        )
+        == 1
+    )
     # Unknown paths and methods are one series each, whatever the caller sends.
     httpx.request("BREW", f"{sched.url}/nothing/{uuid.uuid4()}")
     metrics = httpx.get(f"{sched.url}/metrics").text
-    assert sched.metric("scheduler_http_request_duration_seconds_count",
-                        route="unmatched", method="GET", status="404") == 1
-    assert sched.metric("scheduler_http_request_duration_seconds_count",
-                        route="unmatched", method="other", status="404") == 1
+    assert (
+        sched.metric(
+            "scheduler_http_request_duration_seconds_count",
+            route="unmatched",
+            method="GET",
+            status="404",
+        )
+        == 1
+    )
+    assert (
+        sched.metric(
+            "scheduler_http_request_duration_seconds_count",
+            route="unmatched",
+            method="other",
+            status="404",
+        )
+        == 1
+    )
     assert "/nothing/" not in metrics
 
 
@@ -208,7 +287,7 @@ def test_request_id_is_generated_when_absent_or_unfit(make_scheduler: Make) -> N
     # onto the next (obs-fold, the header continues after CRLF + space), a control
     # character, a space, an overlong value, and the header sent twice.
     forged = [
-        b"X-Request-ID: ok\r\n {\"level\": \"ERROR\"}\r\n",
+        b'X-Request-ID: ok\r\n {"level": "ERROR"}\r\n',
         b"X-Request-ID: ok\x1b[2Jcleared\r\n",
         b"X-Request-ID: two words\r\n",
         b"X-Request-ID: " + b"a" * 129 + b"\r\n",
@@ -217,33 +296,43 @@ def test_request_id_is_generated_when_absent_or_unfit(make_scheduler: Make) -> N
     for header in forged:
         answer = _raw_get(sched.port, b"/health", header)
         assert answer.startswith(b"HTTP/1.1 200 "), answer
-        echoed = [line.split(b": ", 1)[1] for line in answer.split(b"\r\n")
-                  if line.lower().startswith(b"x-request-id: ")]
+        echoed = [
+            line.split(b": ", 1)[1]
+            for line in answer.split(b"\r\n")
+            if line.lower().startswith(b"x-request-id: ")
+        ]
         assert len(echoed) == 1 and len(echoed[0]) == 32, answer
         assert int(echoed[0], 16) >= 0
         assert access_line(sched, echoed[0].decode())["route"] == "/health"
     # A caller's own id of the longest kind kept, as it was.
     kept = "t" * 128
-    assert httpx.get(f"{sched.url}/health",
-                     headers={"X-Request-ID": kept}).headers["x-request-id"] == kept
+    assert (
+        httpx.get(f"{sched.url}/health", headers={"X-Request-ID": kept}).headers["x-request-id"]
+        == kept
+    )
     sched.stop()
     log = sched.log()
     assert "cleared" not in log and "two words" not in log and '"second"' not in log
 
 
-def test_a_page_on_an_allowed_origin_can_send_and_read_the_request_id(
-    make_scheduler: Make
-) -> None:
+def test_a_page_on_an_allowed_origin_can_send_and_read_the_request_id(make_scheduler: Make) -> None:
     sched = static(make_scheduler, workers=1, CORS_ORIGINS="https://ops.example")
     origin = {"Origin": "https://ops.example"}
-    preflight = httpx.options(f"{sched.url}/v1/leases", headers={
-        **origin, "Access-Control-Request-Method": "GET",
-        "Access-Control-Request-Headers": "x-internal-secret, x-request-id, traceparent"})
+    preflight = httpx.options(
+        f"{sched.url}/v1/leases",
+        headers={
+            **origin,
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "x-internal-secret, x-request-id, traceparent",
+        },
+    )
     assert preflight.status_code == 200, preflight.text
     allowed = preflight.headers["access-control-allow-headers"].lower()
     assert "x-request-id" in allowed and "traceparent" in allowed
-    answer = httpx.get(f"{sched.url}/v1/leases", headers={
-        **origin, "X-Internal-Secret": SECRET, "X-Request-ID": "page-1"})
+    answer = httpx.get(
+        f"{sched.url}/v1/leases",
+        headers={**origin, "X-Internal-Secret": SECRET, "X-Request-ID": "page-1"},
+    )
     assert answer.headers["x-request-id"] == "page-1"
     assert "x-request-id" in answer.headers["access-control-expose-headers"].lower()
 
@@ -251,8 +340,9 @@ def test_a_page_on_an_allowed_origin_can_send_and_read_the_request_id(
 def test_no_request_can_forge_a_json_log_line(make_scheduler: Make) -> None:
     sched = static(make_scheduler, workers=1)
     forged = '{"level": "INFO", "logger": "openalice_scheduler.service", "message": "forged"}'
-    response = httpx.get(f"{sched.url}/v1/lease/x%0A{forged}%E2%80%A8",
-                         headers={"X-Internal-Secret": SECRET})
+    response = httpx.get(
+        f"{sched.url}/v1/lease/x%0A{forged}%E2%80%A8", headers={"X-Internal-Secret": SECRET}
+    )
     assert response.status_code == 404
     line = access_line(sched, response.headers["x-request-id"])
     assert line["path"] == f"/v1/lease/x\n{forged}\u2028"
@@ -264,11 +354,14 @@ def test_text_log_has_the_access_lines_too(make_scheduler: Make) -> None:
     sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS="renderer=http://w:8080")
     rid = f"text-{uuid.uuid4().hex}"
     assert httpx.get(f"{sched.url}/health", headers={"X-Request-ID": rid}).status_code == 200
-    line = wait_for(lambda: [x for x in sched.log().splitlines() if rid in x], 10,
-                    what="the access line")
+    line = wait_for(
+        lambda: [x for x in sched.log().splitlines() if rid in x], 10, what="the access line"
+    )
     assert len(line) == 1 and re.fullmatch(
         r"\S+ \S+ INFO openalice_scheduler\.access: GET /health 200 [\d.]+ ms "
-        f"request_id={rid}", line[0]), line
+        f"request_id={rid}",
+        line[0],
+    ), line
 
 
 def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
@@ -276,8 +369,9 @@ def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
     endpoint = receiver.start()
     try:
         sched = static(make_scheduler, workers=1, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
-        response = sched.http.post("/v1/lease", json={"kind": "renderer"},
-                                   headers={"traceparent": TRACEPARENT})
+        response = sched.http.post(
+            "/v1/lease", json={"kind": "renderer"}, headers={"traceparent": TRACEPARENT}
+        )
         assert response.status_code == 200, response.text
         lease_id = response.json()["lease"]["lease_id"]
         span = wait_for(lambda: receiver.named("POST /v1/lease"), 30, what="request span")[0]
@@ -289,8 +383,9 @@ def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
         assert provision[0].parent_span_id == span.span_id
 
         # The request's log lines name the trace and the request's own span.
-        acquired = wait_for(lambda: [r for r in records(sched)
-                                     if r.get("lease_id") == lease_id], 10, what="lines")
+        acquired = wait_for(
+            lambda: [r for r in records(sched) if r.get("lease_id") == lease_id], 10, what="lines"
+        )
         assert acquired[0]["trace_id"] == CALLER_TRACE
         assert acquired[0]["span_id"] == span.span_id
         line = access_line(sched, response.headers["x-request-id"])
@@ -298,16 +393,30 @@ def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
 
         # Without a traceparent the request starts a trace of its own, logged too.
         alone = httpx.get(f"{sched.url}/health")
-        own = wait_for(lambda: [s for s in receiver.named("GET /health") if s.attributes[
-            "request_id"] == alone.headers["x-request-id"]], 30, what="health span")[0]
+        own = wait_for(
+            lambda: [
+                s
+                for s in receiver.named("GET /health")
+                if s.attributes["request_id"] == alone.headers["x-request-id"]
+            ],
+            30,
+            what="health span",
+        )[0]
         assert own.trace_id != CALLER_TRACE and own.parent_span_id == ""
         assert access_line(sched, alone.headers["x-request-id"])["trace_id"] == own.trace_id
 
         # Spans are named by route template, a request refused before routing too.
         refused = httpx.get(f"{sched.url}/v1/lease/{uuid.uuid4()}")
         assert refused.status_code == 401
-        named = wait_for(lambda: [s for s in receiver.spans if s.attributes.get(
-            "request_id") == refused.headers["x-request-id"]], 30, what="refused span")[0]
+        named = wait_for(
+            lambda: [
+                s
+                for s in receiver.spans
+                if s.attributes.get("request_id") == refused.headers["x-request-id"]
+            ],
+            30,
+            what="refused span",
+        )[0]
         assert named.name == "GET /v1/lease/{lease_id}"
         assert named.attributes["http.route"] == "/v1/lease/{lease_id}"
         assert named.attributes["http.response.status_code"] == 401
@@ -322,8 +431,9 @@ def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
 
 def test_callers_trace_is_logged_with_tracing_off(make_scheduler: Make) -> None:
     sched = static(make_scheduler, workers=1)
-    response = sched.http.post("/v1/lease", json={"kind": "renderer"},
-                               headers={"traceparent": TRACEPARENT})
+    response = sched.http.post(
+        "/v1/lease", json={"kind": "renderer"}, headers={"traceparent": TRACEPARENT}
+    )
     assert response.status_code == 200, response.text
     lease_id = response.json()["lease"]["lease_id"]
     assert access_line(sched, response.headers["x-request-id"])["trace_id"] == CALLER_TRACE
@@ -337,8 +447,7 @@ def test_callers_trace_is_logged_with_tracing_off(make_scheduler: Make) -> None:
 def test_secrets_never_reach_the_json_log(make_scheduler: Make) -> None:
     env_secret = "env-value-" + uuid.uuid4().hex
     sched = static(make_scheduler, workers=1, RUST_LOG="trace")
-    lease = sched.lease(kind="renderer", correlation_id="corr-json",
-                        env={"PASSWORD": env_secret})
+    lease = sched.lease(kind="renderer", correlation_id="corr-json", env={"PASSWORD": env_secret})
     sched.http.post("/v1/lease", json={"kind": "renderer", "env": {"BAD-KEY": env_secret}})
     httpx.get(f"{sched.url}/v1/leases", headers={"X-Internal-Secret": "wrong-" + SECRET})
     # A caller that sends the secret as its request id gets it back; the log does not.
@@ -354,13 +463,26 @@ def test_secrets_never_reach_the_json_log(make_scheduler: Make) -> None:
 
 
 def test_an_unknown_log_format_stops_start_up(tmp_path: Path) -> None:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-           "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "INTERNAL_SECRET": SECRET,
-           "SCHEDULER_HOST": "127.0.0.1", "SCHEDULER_PORT": str(free_port()),
-           "DATABASE_URL": f"sqlite:///{tmp_path / 'fmt.db'}", "LOG_FORMAT": "xml",
-           "PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://only:8080"}
-    done = subprocess.run([sys.executable, "-m", "openalice_scheduler", "serve"], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        "INTERNAL_SECRET": SECRET,
+        "SCHEDULER_HOST": "127.0.0.1",
+        "SCHEDULER_PORT": str(free_port()),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'fmt.db'}",
+        "LOG_FORMAT": "xml",
+        "PROVIDERS": "static",
+        "STATIC_WORKERS": "renderer=http://only:8080",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "openalice_scheduler", "serve"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode != 0
     assert "LOG_FORMAT" in done.stderr and "json" in done.stderr, done.stderr
 
@@ -374,8 +496,12 @@ def real_logging() -> Iterator[None]:
     `serve` does); it is put back as it was afterwards."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    switches = (logging._srcfile, logging.logThreads, logging.logProcesses,  # type: ignore[attr-defined]
-                logging.logMultiprocessing)
+    switches = (
+        logging._srcfile,
+        logging.logThreads,
+        logging.logProcesses,  # type: ignore[attr-defined]
+        logging.logMultiprocessing,
+    )
     shown = warnings.showwarning
     try:
         yield
@@ -383,14 +509,19 @@ def real_logging() -> Iterator[None]:
         logging.captureWarnings(False)
         warnings.showwarning = shown
         root.handlers[:], root.level = handlers, level
-        (logging._srcfile, logging.logThreads, logging.logProcesses,  # type: ignore[attr-defined]
-         logging.logMultiprocessing) = switches
+        (
+            logging._srcfile,
+            logging.logThreads,
+            logging.logProcesses,  # type: ignore[attr-defined]
+            logging.logMultiprocessing,
+        ) = switches
 
 
 def json_logging() -> None:
     """JSON logging as `serve` sets it up, with a database password among the secrets."""
     settings = Settings(  # type: ignore[call-arg]
-        internal_secret=SECRET, database_url=f"postgresql://u:{PASSWORD}@db.invalid/x")
+        internal_secret=SECRET, database_url=f"postgresql://u:{PASSWORD}@db.invalid/x"
+    )
     configure_logging("info", settings.secrets(), "json")
 
 
@@ -414,8 +545,10 @@ def test_json_records_keep_one_line_and_no_secret(
     assert first["message"] == f"lease l-1 acquired (correlation_id=job{forged}\u2028)"
     assert second["message"] == "state store unavailable"
     assert "Traceback (most recent call last)" in second["exc_info"]
-    assert "ConnectionError: store at postgresql://u:[redacted]@db refused [redacted]" in (
-        second["exc_info"])
+    assert (
+        "ConnectionError: store at postgresql://u:[redacted]@db refused [redacted]"
+        in (second["exc_info"])
+    )
     assert PASSWORD not in third["message"] and SECRET not in third["message"]
     assert third["level"] == "WARNING"
 
@@ -451,8 +584,11 @@ def test_an_unexpected_error_is_answered_with_its_request_id(
     json_logging()
     workers = "renderer=http://w:8080"
     settings = Settings(  # type: ignore[call-arg]
-        internal_secret=SECRET, providers="static", static_workers=workers,
-        database_url=f"sqlite:///{tmp_path / 'broken.db'}")
+        internal_secret=SECRET,
+        providers="static",
+        static_workers=workers,
+        database_url=f"sqlite:///{tmp_path / 'broken.db'}",
+    )
     app = create_app(settings, providers=[_Broken(workers)])
     sock = socket.create_server(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
@@ -461,8 +597,12 @@ def test_an_unexpected_error_is_answered_with_its_request_id(
     try:
         wait_for(lambda: server.started, 30, what="the server to start")
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        response = httpx.post(f"{url}/v1/lease", json={"kind": "renderer"}, timeout=30,
-                              headers={"X-Internal-Secret": SECRET, "X-Request-ID": "crash-1"})
+        response = httpx.post(
+            f"{url}/v1/lease",
+            json={"kind": "renderer"},
+            timeout=30,
+            headers={"X-Internal-Secret": SECRET, "X-Request-ID": "crash-1"},
+        )
     finally:
         server.should_exit = True
         thread.join(30)
@@ -481,8 +621,13 @@ def _raw_get(port: int, path: bytes, headers: bytes) -> bytes:
     """A GET sent byte for byte (httpx refuses to send malformed headers); the answer's
     status line and headers."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-        conn.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: scheduler\r\n" + headers
-                     + b"Connection: close\r\n\r\n")
+        conn.sendall(
+            b"GET "
+            + path
+            + b" HTTP/1.1\r\nHost: scheduler\r\n"
+            + headers
+            + b"Connection: close\r\n\r\n"
+        )
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = conn.recv(65536)

@@ -30,11 +30,17 @@ STATIC = "renderer=http://r1.test:8080,http://r2.test:8080;anim=http://a1.test:9
 
 # The contract's names (SPEC.md "Metrics"): renaming or dropping one breaks callers.
 CONTRACT = [
-    "scheduler_up", "scheduler_active_leases", "scheduler_providers",
-    "scheduler_leases_acquired_total", "scheduler_acquire_failures_total",
-    "scheduler_leases_released_total", "scheduler_provision_seconds_bucket",
-    "scheduler_provision_seconds_count", "scheduler_provision_seconds_sum",
-    "scheduler_release_failures_total", "scheduler_leases_releasing",
+    "scheduler_up",
+    "scheduler_active_leases",
+    "scheduler_providers",
+    "scheduler_leases_acquired_total",
+    "scheduler_acquire_failures_total",
+    "scheduler_leases_released_total",
+    "scheduler_provision_seconds_bucket",
+    "scheduler_provision_seconds_count",
+    "scheduler_provision_seconds_sum",
+    "scheduler_release_failures_total",
+    "scheduler_leases_releasing",
 ]
 # Made by Prometheus itself for every target, never by the service.
 PROMETHEUS_OWN = {"up"}
@@ -74,8 +80,9 @@ def sample_names(text: str) -> set[str]:
 def test_capacity_and_use_follow_leases_per_provider_kind_and_gpu_class(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    s = make_scheduler(PROVIDERS="static,local-docker", STATIC_WORKERS=STATIC,
-                       LOCAL_DOCKER_MAX_WORKERS="3")
+    s = make_scheduler(
+        PROVIDERS="static,local-docker", STATIC_WORKERS=STATIC, LOCAL_DOCKER_MAX_WORKERS="3"
+    )
 
     def use(provider: str, kind: str) -> float:
         return s.metric("scheduler_in_use", provider=provider, kind=kind, gpu="none")
@@ -87,7 +94,10 @@ def test_capacity_and_use_follow_leases_per_provider_kind_and_gpu_class(
     capacity = [labels for name, labels in samples(scrape(s)) if name == "scheduler_capacity"]
     assert {"provider": "local-docker", "kind": "renderer", "gpu": "none"} not in capacity
     assert [use("static", "renderer"), use("static", "anim"), use("local-docker", "anim")] == [
-        0, 0, 0]
+        0,
+        0,
+        0,
+    ]
 
     renderer = s.lease(kind="renderer")
     assert renderer["endpoint"].startswith("http://r")
@@ -96,8 +106,11 @@ def test_capacity_and_use_follow_leases_per_provider_kind_and_gpu_class(
     # The one static anim endpoint is taken: the next anim goes to Docker.
     second_anim = s.lease(kind="anim")
     assert second_anim["provider"] == "local-docker"
-    assert [use("static", "anim"), use("local-docker", "anim"),
-            use("local-docker", "renderer")] == [1, 1, 0]
+    assert [
+        use("static", "anim"),
+        use("local-docker", "anim"),
+        use("local-docker", "renderer"),
+    ] == [1, 1, 0]
 
     # The same figures as GET /v1/providers.
     view = {p["name"]: p for p in s.http.get("/v1/providers").json()}
@@ -107,7 +120,10 @@ def test_capacity_and_use_follow_leases_per_provider_kind_and_gpu_class(
     for lease in (renderer, first_anim, second_anim):
         assert s.release(lease["lease_id"]).status_code == 204
     assert [use("static", "renderer"), use("static", "anim"), use("local-docker", "anim")] == [
-        0, 0, 0]
+        0,
+        0,
+        0,
+    ]
     assert s.metric("scheduler_provider_up", provider="static") == 1
     assert s.metric("scheduler_provider_up", provider="local-docker") == 1
 
@@ -133,7 +149,8 @@ def test_waiting_callers_and_their_wait_time(make_scheduler: Callable[..., Sched
 
     answers: list[httpx.Response] = []
     waiter = threading.Thread(
-        target=lambda: answers.append(s.acquire(kind="renderer", wait_seconds=60)))
+        target=lambda: answers.append(s.acquire(kind="renderer", wait_seconds=60))
+    )
     waiter.start()
     try:
         wait_for(lambda: waiting() == 1, 30, what="the caller counted as waiting")
@@ -158,9 +175,12 @@ def test_waiting_callers_and_their_wait_time(make_scheduler: Callable[..., Sched
 
     # A caller who hangs up while in line.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{s.url}/v1/lease", headers={"X-Internal-Secret": SECRET},
-                   json={"kind": "renderer", "wait_seconds": 60},
-                   timeout=httpx.Timeout(30, read=2))
+        httpx.post(
+            f"{s.url}/v1/lease",
+            headers={"X-Internal-Secret": SECRET},
+            json={"kind": "renderer", "wait_seconds": 60},
+            timeout=httpx.Timeout(30, read=2),
+        )
     wait_for(lambda: waits("gone") == 1, 30, what="the server to notice the caller left")
     assert waiting() == 0
 
@@ -187,15 +207,22 @@ def test_loops_record_their_last_pass(make_scheduler: Callable[..., Scheduler]) 
     assert before - 1 <= first <= time.time()
     assert before - 1 <= s.metric("scheduler_reconcile_last_success_timestamp_seconds")
     # ... and again on their own.
-    wait_for(lambda: s.metric("scheduler_sweep_last_success_timestamp_seconds") > first, 30,
-             what="another sweep")
+    wait_for(
+        lambda: s.metric("scheduler_sweep_last_success_timestamp_seconds") > first,
+        30,
+        what="another sweep",
+    )
     reconciled = s.metric("scheduler_reconcile_last_success_timestamp_seconds")
-    wait_for(lambda: s.metric("scheduler_reconcile_last_success_timestamp_seconds")
-             > reconciled, 30, what="another reconciliation")
+    wait_for(
+        lambda: s.metric("scheduler_reconcile_last_success_timestamp_seconds") > reconciled,
+        30,
+        what="another reconciliation",
+    )
 
 
 def test_store_up_follows_the_database(
-    make_scheduler: Callable[..., Scheduler], private_pg: PrivatePostgres,
+    make_scheduler: Callable[..., Scheduler],
+    private_pg: PrivatePostgres,
 ) -> None:
     s = make_scheduler(DATABASE_URL=private_pg.url, PROVIDERS="static", STATIC_WORKERS=STATIC)
     s.lease()
@@ -225,10 +252,12 @@ def test_a_scrape_does_not_wait_for_a_hung_docker_engine(
         # The check fails at last (the connection is cut): the next scrape tells.
         proxy.clear()
         proxy.drop_held()
-        wait_for(lambda: 'scheduler_provider_up{provider="local-docker"} 0.0' in scrape(s), 30,
-                 what="the failed health check on /metrics")
-        assert s.metric("scheduler_capacity", provider="local-docker", kind="any",
-                        gpu="none") == 3
+        wait_for(
+            lambda: 'scheduler_provider_up{provider="local-docker"} 0.0' in scrape(s),
+            30,
+            what="the failed health check on /metrics",
+        )
+        assert s.metric("scheduler_capacity", provider="local-docker", kind="any", gpu="none") == 3
     finally:
         proxy.close()
         shutil.rmtree(where, ignore_errors=True)
@@ -249,28 +278,51 @@ def test_the_contract_metric_names_are_still_served(
 def promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        pytest.fail("promtool not found: run the tests with scripts/test, which installs "
-                    "Debian's prometheus package (scripts/ensure-promtool.sh)", pytrace=False)
+        pytest.fail(
+            "promtool not found: run the tests with scripts/test, which installs "
+            "Debian's prometheus package (scripts/ensure-promtool.sh)",
+            pytrace=False,
+        )
     return found
 
 
 def test_alert_rules_fire_when_they_should() -> None:
-    checked = subprocess.run([promtool(), "check", "rules", str(DEPLOY / "alerts.yml")],
-                             capture_output=True, text=True, timeout=120)
+    checked = subprocess.run(
+        [promtool(), "check", "rules", str(DEPLOY / "alerts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    tested = subprocess.run([promtool(), "test", "rules", str(DEPLOY / "alerts.test.yml")],
-                            capture_output=True, text=True, timeout=120)
+    tested = subprocess.run(
+        [promtool(), "test", "rules", str(DEPLOY / "alerts.test.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
-    alerts = {rule["alert"] for group in yaml.safe_load((DEPLOY / "alerts.yml").read_text())
-              ["groups"] for rule in group["rules"]}
+    alerts = {
+        rule["alert"]
+        for group in yaml.safe_load((DEPLOY / "alerts.yml").read_text())["groups"]
+        for rule in group["rules"]
+    }
     # What the issue asks the operator be told of, each with a test case of its own.
-    wanted = {"SchedulerDown", "SchedulerReleasesStuck", "SchedulerNoCapacity",
-              "SchedulerStoreUnavailable", "SchedulerReconcileNotRunning"}
+    wanted = {
+        "SchedulerDown",
+        "SchedulerReleasesStuck",
+        "SchedulerNoCapacity",
+        "SchedulerStoreUnavailable",
+        "SchedulerReconcileNotRunning",
+    }
     assert wanted <= alerts
     tests = yaml.safe_load((DEPLOY / "alerts.test.yml").read_text())["tests"]
-    fired = {case["alertname"] for test in tests for case in test["alert_rule_test"]
-             if case.get("exp_alerts")}
+    fired = {
+        case["alertname"]
+        for test in tests
+        for case in test["alert_rule_test"]
+        if case.get("exp_alerts")
+    }
     assert alerts - fired == set()
 
 
@@ -282,23 +334,44 @@ def test_the_dashboard_is_an_importable_grafana_dashboard(tmp_path: Path) -> Non
     panels = dashboard["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
     titles = " ".join(p["title"].lower() for p in panels)
-    for topic in ("leases", "acquire", "capacity", "waiting", "duration", "releasing",
-                  "memory", "cpu"):
+    for topic in (
+        "leases",
+        "acquire",
+        "capacity",
+        "waiting",
+        "duration",
+        "releasing",
+        "memory",
+        "cpu",
+    ):
         assert topic in titles, topic
     exprs = list(dashboard_exprs(dashboard))
     for expr in exprs:
         used = set(re.findall(r"\$(\w+)", expr)) - {"__rate_interval"}
         assert used <= variables, expr
     # Every query parses as PromQL: promtool checks it as a recording rule.
-    concrete = [expr.replace("$__rate_interval", "5m").replace("$job", "openalice-scheduler")
-                .replace("$instance", ".*") for expr in exprs]
-    rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query_{i}", "expr": expr} for i, expr in enumerate(concrete)
-    ]}]}
+    concrete = [
+        expr.replace("$__rate_interval", "5m")
+        .replace("$job", "openalice-scheduler")
+        .replace("$instance", ".*")
+        for expr in exprs
+    ]
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query_{i}", "expr": expr}
+                    for i, expr in enumerate(concrete)
+                ],
+            }
+        ]
+    }
     path = tmp_path / "dashboard-queries.yml"
     path.write_text(yaml.safe_dump(rules))
-    checked = subprocess.run([promtool(), "check", "rules", str(path)],
-                             capture_output=True, text=True, timeout=120)
+    checked = subprocess.run(
+        [promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
@@ -308,8 +381,10 @@ def test_the_dashboard_and_rules_read_only_metrics_the_service_exports(
     s = make_scheduler(PROVIDERS="static", STATIC_WORKERS=STATIC)
     s.lease(kind="renderer")
     # A guard's poll, as `openalice-scheduler guard` makes it: its last contact is a series.
-    assert s.http.get("/v1/guard", params={"guard_id": "g-1", "providers": "static"}) \
-        .status_code == 200
+    assert (
+        s.http.get("/v1/guard", params={"guard_id": "g-1", "providers": "static"}).status_code
+        == 200
+    )
     exported = sample_names(scrape(s))
     dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
     used = {name for expr in dashboard_exprs(dashboard) for name in promql_names(expr)}
@@ -317,8 +392,12 @@ def test_the_dashboard_and_rules_read_only_metrics_the_service_exports(
         if variable["type"] == "query":
             used.add(re.match(r"label_values\((\w+)", variable["definition"]).group(1))
     rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
-    used |= {name for group in rules["groups"] for rule in group["rules"]
-             for name in promql_names(rule["expr"])}
+    used |= {
+        name
+        for group in rules["groups"]
+        for rule in group["rules"]
+        for name in promql_names(rule["expr"])
+    }
     assert "scheduler_capacity" in used and "process_resident_memory_bytes" in used
     assert used - exported - PROMETHEUS_OWN - PENDING == set()
 
@@ -329,8 +408,19 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> Iterator[str]:
             yield target["expr"]
 
 
-_NOT_NAMES = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
-              "or", "unless", "offset"}
+_NOT_NAMES = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+}
 
 
 def promql_names(expr: str) -> set[str]:
@@ -340,7 +430,7 @@ def promql_names(expr: str) -> set[str]:
     expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
     names = set()
     for match in re.finditer(r"(?<![\w$.])[A-Za-z_:][\w:]*", expr):
-        if match.group(0) in _NOT_NAMES or expr[match.end():].lstrip().startswith("("):
+        if match.group(0) in _NOT_NAMES or expr[match.end() :].lstrip().startswith("("):
             continue
         names.add(match.group(0))
     return names

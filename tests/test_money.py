@@ -51,13 +51,21 @@ def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
 
 
 @pytest.fixture
-def on_runpod(make_scheduler: Callable[..., Scheduler],
-              runpod: RunPodEmulator) -> Callable[..., Scheduler]:
+def on_runpod(
+    make_scheduler: Callable[..., Scheduler], runpod: RunPodEmulator
+) -> Callable[..., Scheduler]:
     def make(api: str = "rest", **env: str) -> Scheduler:
         return make_scheduler(
-            PROVIDERS="runpod", RUNPOD_API=api, RUNPOD_API_KEY=KEY,
-            RUNPOD_API_BASE_URL=runpod.base_url, RUNPOD_POLL_INTERVAL_SECONDS="0.1",
-            RUNPOD_CATALOG_TTL_SECONDS="0", RUNPOD_GPU_MID=f"{A6000},NVIDIA L40S", **env)
+            PROVIDERS="runpod",
+            RUNPOD_API=api,
+            RUNPOD_API_KEY=KEY,
+            RUNPOD_API_BASE_URL=runpod.base_url,
+            RUNPOD_POLL_INTERVAL_SECONDS="0.1",
+            RUNPOD_CATALOG_TTL_SECONDS="0",
+            RUNPOD_GPU_MID=f"{A6000},NVIDIA L40S",
+            **env,
+        )
+
     return make
 
 
@@ -70,16 +78,18 @@ def test_a_runpod_lease_records_the_pods_own_gpu_type_price_and_cost(
     assert lease["gpu_type"] == A6000
     assert lease["price_per_hour"] == pytest.approx(0.61)
     assert lease["granted_at"] is not None and lease["cost"] is None
-    assert sched.metric("scheduler_live_cost_per_hour_dollars",
-                        provider="runpod") == pytest.approx(0.61)
+    assert sched.metric("scheduler_live_cost_per_hour_dollars", provider="runpod") == pytest.approx(
+        0.61
+    )
     time.sleep(1.5)
     assert sched.release(lease["lease_id"], owner="anim").status_code == 204
     ended = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
     assert ended["state"] == "released"
     assert ended["cost"] == pytest.approx(held_cost(ended), rel=1e-6)
     assert ended["cost"] > 0.61 * 1.5 / 3600
-    assert sched.metric("scheduler_spend_dollars_total",
-                        provider="runpod") == pytest.approx(ended["cost"], rel=1e-6)
+    assert sched.metric("scheduler_spend_dollars_total", provider="runpod") == pytest.approx(
+        ended["cost"], rel=1e-6
+    )
     assert sched.metric("scheduler_live_cost_per_hour_dollars", provider="runpod") == 0
 
 
@@ -106,17 +116,21 @@ def test_a_cap_below_every_runpod_price_refuses_naming_the_cheapest(
     assert body["owner_cost_per_hour"] == 0
     assert not [p for p in runpod.list_pods() if p.name.startswith(f"oa-{sched.instance}-")]
     # Another owner has no cap.
-    assert sched.lease(gpu="mid", owner_id="live", ttl_seconds=600)["price_per_hour"] == \
-        pytest.approx(0.49)
+    assert sched.lease(gpu="mid", owner_id="live", ttl_seconds=600)[
+        "price_per_hour"
+    ] == pytest.approx(0.49)
 
 
 def test_providers_over_the_hourly_cap_are_skipped_then_refused(
-    make_scheduler: Callable[..., Scheduler]
+    make_scheduler: Callable[..., Scheduler],
 ) -> None:
     sched = make_scheduler(
-        PROVIDERS="static,local-docker", STATIC_WORKERS="renderer=http://127.0.0.1:9",
-        STATIC_PRICE_PER_HOUR="2", LOCAL_DOCKER_PRICE_PER_HOUR="none=0.5,entry=3",
-        MAX_COST_PER_HOUR_PER_OWNER="1")
+        PROVIDERS="static,local-docker",
+        STATIC_WORKERS="renderer=http://127.0.0.1:9",
+        STATIC_PRICE_PER_HOUR="2",
+        LOCAL_DOCKER_PRICE_PER_HOUR="none=0.5,entry=3",
+        MAX_COST_PER_HOUR_PER_OWNER="1",
+    )
     first = sched.lease(owner_id="anim", ttl_seconds=600)
     second = sched.lease(owner_id="anim", ttl_seconds=600)
     # Static (2 $/h) breaks the 1 $/h cap alone: both went to Docker at 0.5 $/h.
@@ -144,10 +158,17 @@ def test_providers_over_the_hourly_cap_are_skipped_then_refused(
 def two_replicas(tmp_path: Path) -> Iterator[list[Scheduler]]:
     instance = f"t-{uuid.uuid4().hex[:10]}"
     with database_url("postgresql", tmp_path) as url:
-        replicas = [Scheduler(tmp_path, SCHEDULER_INSTANCE=instance,
-                              DOCKER_NETWORK=f"oa-{instance}", DATABASE_URL=url,
-                              LOCAL_DOCKER_PRICE_PER_HOUR="1",
-                              OWNER_BUDGETS="anim=3.5/h") for _ in range(2)]
+        replicas = [
+            Scheduler(
+                tmp_path,
+                SCHEDULER_INSTANCE=instance,
+                DOCKER_NETWORK=f"oa-{instance}",
+                DATABASE_URL=url,
+                LOCAL_DOCKER_PRICE_PER_HOUR="1",
+                OWNER_BUDGETS="anim=3.5/h",
+            )
+            for _ in range(2)
+        ]
         try:
             replicas[0].start()  # migrates first
             replicas[1].start()
@@ -158,7 +179,7 @@ def two_replicas(tmp_path: Path) -> Iterator[list[Scheduler]]:
 
 
 def test_concurrent_acquires_on_two_replicas_admit_exactly_what_fits(
-    two_replicas: list[Scheduler]
+    two_replicas: list[Scheduler],
 ) -> None:
     def acquire(index: int) -> httpx.Response:
         replica = two_replicas[index % 2]
@@ -186,8 +207,9 @@ def test_the_daily_cap_holds_across_a_restart(make_scheduler: Callable[..., Sche
     spent = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()["cost"]
     assert spent > 3
     sched.kill()
-    again = make_scheduler(SCHEDULER_INSTANCE=sched.instance,
-                           DATABASE_URL=sched.env["DATABASE_URL"], **env)
+    again = make_scheduler(
+        SCHEDULER_INSTANCE=sched.instance, DATABASE_URL=sched.env["DATABASE_URL"], **env
+    )
     refused = again.acquire(owner_id="anim", ttl_seconds=600)
     assert refused.status_code == 429, refused.text
     body = refused.json()
@@ -198,22 +220,27 @@ def test_the_daily_cap_holds_across_a_restart(make_scheduler: Callable[..., Sche
 
 
 def test_waiting_callers_are_not_woken_into_a_breach(
-    make_scheduler: Callable[..., Scheduler]
+    make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    sched = make_scheduler(LOCAL_DOCKER_MAX_WORKERS="2", LOCAL_DOCKER_PRICE_PER_HOUR="1",
-                           OWNER_BUDGETS="anim=1.5/h")
+    sched = make_scheduler(
+        LOCAL_DOCKER_MAX_WORKERS="2", LOCAL_DOCKER_PRICE_PER_HOUR="1", OWNER_BUDGETS="anim=1.5/h"
+    )
     holders = [sched.lease(owner_id="other", ttl_seconds=600) for _ in range(2)]
     answers: list[httpx.Response] = []
 
     def wait_in_line(n: int) -> None:
-        answers.append(sched.acquire(owner_id="anim", ttl_seconds=600, wait_seconds=60,
-                                     correlation_id=f"w{n}"))
+        answers.append(
+            sched.acquire(owner_id="anim", ttl_seconds=600, wait_seconds=60, correlation_id=f"w{n}")
+        )
 
     waiters = [threading.Thread(target=wait_in_line, args=(n,)) for n in range(2)]
     for waiter in waiters:
         waiter.start()
-    wait_for(lambda: sched.metric("scheduler_waiting_callers", kind="renderer",
-                                  gpu="none") == 2, 20, what="two callers in line")
+    wait_for(
+        lambda: sched.metric("scheduler_waiting_callers", kind="renderer", gpu="none") == 2,
+        20,
+        what="two callers in line",
+    )
     assert sched.release(holders[0]["lease_id"], owner="other").status_code == 204
     wait_for(lambda: len(answers) == 1, 30, what="the first waiter served")
     assert answers[0].status_code == 200, answers[0].text

@@ -28,11 +28,14 @@ def test_spans_reach_a_real_otlp_receiver(make_scheduler) -> None:  # type: igno
     endpoint = receiver.start()
     try:
         env_secret = "env-value-" + uuid.uuid4().hex
-        sched = make_scheduler(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-                               OTEL_SERVICE_NAME="scheduler-under-test",
-                               SWEEP_INTERVAL_SECONDS="1")
-        lease = sched.lease(kind="anim", correlation_id="corr-42",
-                            env={"TOKEN": env_secret}, ttl_seconds=1)
+        sched = make_scheduler(
+            OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+            OTEL_SERVICE_NAME="scheduler-under-test",
+            SWEEP_INTERVAL_SECONDS="1",
+        )
+        lease = sched.lease(
+            kind="anim", correlation_id="corr-42", env={"TOKEN": env_secret}, ttl_seconds=1
+        )
         expired_at = time.time()
         wait_for(lambda: receiver.named("release"), 30, what="release span")
         provision = wait_for(lambda: receiver.named("provision"), 30, what="provision span")[0]
@@ -44,16 +47,23 @@ def test_spans_reach_a_real_otlp_receiver(make_scheduler) -> None:  # type: igno
         assert provision.resource["service.version"]
 
         # Each span is exported when it ends, batch by batch: wait for the request's.
-        request = wait_for(lambda: [s for s in receiver.named("POST /v1/lease")
-                                    if s.trace_id == provision.trace_id], 30,
-                           what="the request span")
+        request = wait_for(
+            lambda: [
+                s for s in receiver.named("POST /v1/lease") if s.trace_id == provision.trace_id
+            ],
+            30,
+            what="the request span",
+        )
         assert provision.parent_span_id == request[0].span_id
         assert request[0].attributes["http.response.status_code"] == 200
 
         release = receiver.named("release")[0]
         assert release.attributes["lease_id"] == lease["lease_id"]
-        sweep = wait_for(lambda: [s for s in receiver.named("sweep")
-                                  if s.trace_id == release.trace_id], 30, what="the sweep span")
+        sweep = wait_for(
+            lambda: [s for s in receiver.named("sweep") if s.trace_id == release.trace_id],
+            30,
+            what="the sweep span",
+        )
         assert release.parent_span_id == sweep[0].span_id
         assert time.time() - expired_at < 60
 
@@ -106,18 +116,27 @@ def test_log_filter_is_honoured(make_scheduler) -> None:  # type: ignore[no-unty
 
 
 def test_a_short_internal_secret_stops_start_up(tmp_path: Path) -> None:
-    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-            "SCHEDULER_HOST": "127.0.0.1", "SCHEDULER_PORT": str(free_port()),
-            "DATABASE_URL": f"sqlite:///{tmp_path / 'short.db'}", "LOCAL_GPU_DEVICES": "",
-            # Touches no Docker engine, should it start after all.
-            "PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://only:8080",
-            "SCHEDULER_INSTANCE": f"t-short-{uuid.uuid4().hex[:8]}"}
+    base = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        "SCHEDULER_HOST": "127.0.0.1",
+        "SCHEDULER_PORT": str(free_port()),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'short.db'}",
+        "LOCAL_GPU_DEVICES": "",
+        # Touches no Docker engine, should it start after all.
+        "PROVIDERS": "static",
+        "STATIC_WORKERS": "renderer=http://only:8080",
+        "SCHEDULER_INSTANCE": f"t-short-{uuid.uuid4().hex[:8]}",
+    }
     for secret in ("x", "s" * 15):
         done = subprocess.run(
             [sys.executable, "-m", "openalice_scheduler", "serve"],
-            env={**base, "INTERNAL_SECRET": secret}, cwd=tmp_path, capture_output=True,
-            text=True, timeout=30,
+            env={**base, "INTERNAL_SECRET": secret},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode != 0, done.stderr
@@ -136,14 +155,22 @@ def real_logging() -> Iterator[None]:
     put back as it was afterwards."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    switches = (logging._srcfile, logging.logThreads, logging.logProcesses,  # type: ignore[attr-defined]
-                logging.logMultiprocessing)
+    switches = (
+        logging._srcfile,
+        logging.logThreads,
+        logging.logProcesses,  # type: ignore[attr-defined]
+        logging.logMultiprocessing,
+    )
     try:
         yield
     finally:
         root.handlers[:], root.level = handlers, level
-        (logging._srcfile, logging.logThreads, logging.logProcesses,  # type: ignore[attr-defined]
-         logging.logMultiprocessing) = switches
+        (
+            logging._srcfile,
+            logging.logThreads,
+            logging.logProcesses,  # type: ignore[attr-defined]
+            logging.logMultiprocessing,
+        ) = switches
 
 
 def test_tracebacks_and_the_database_password_are_redacted(
@@ -153,7 +180,7 @@ def test_tracebacks_and_the_database_password_are_redacted(
     settings = Settings(  # type: ignore[call-arg]
         internal_secret=SECRET,
         database_url=f"postgresql://sched:{password}@db.invalid/leases"
-                     f"?sslpassword={query_password}",
+        f"?sslpassword={query_password}",
     )
     configure_logging("info", settings.secrets())
     log = logging.getLogger("openalice_scheduler.test")

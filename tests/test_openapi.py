@@ -27,17 +27,30 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.harness import SECRET, Scheduler
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance, response_headers_conformance]
-STATIC = {"PROVIDERS": "static",
-          "STATIC_WORKERS": "renderer=http://a:80,http://b:80;anim=http://c:80"}
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
+STATIC = {
+    "PROVIDERS": "static",
+    "STATIC_WORKERS": "renderer=http://a:80,http://b:80;anim=http://c:80",
+}
 # Every kind and GPU class, so that a valid acquire always finds a worker (released at
 # once): a 503 here would be the contract's "no capacity", not a fault.
-EVERY_CLASS = {"PROVIDERS": "static", "STATIC_WORKERS": ";".join(
-    f"{kind}:{gpu}=http://{kind}-{gpu}:80"
-    for kind in ("renderer", "anim") for gpu in ("none", "entry", "mid", "high"))}
-FUZZ = settings(max_examples=40, deadline=None, database=None,
-                suppress_health_check=list(HealthCheck))
+EVERY_CLASS = {
+    "PROVIDERS": "static",
+    "STATIC_WORKERS": ";".join(
+        f"{kind}:{gpu}=http://{kind}-{gpu}:80"
+        for kind in ("renderer", "anim")
+        for gpu in ("none", "entry", "mid", "high")
+    ),
+}
+FUZZ = settings(
+    max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +67,11 @@ def api_schema(service: Scheduler) -> Any:
     return schemathesis.openapi.from_url(f"{service.url}/openapi.json")
 
 
-def test_with_the_secret_every_answer_is_documented(service: Scheduler,
-                                                   api_schema: Any) -> None:
+def test_with_the_secret_every_answer_is_documented(service: Scheduler, api_schema: Any) -> None:
     _fuzz(api_schema, service.url, secret=True)
 
 
-def test_without_the_secret_every_answer_is_documented(service: Scheduler,
-                                                      api_schema: Any) -> None:
+def test_without_the_secret_every_answer_is_documented(service: Scheduler, api_schema: Any) -> None:
     _fuzz(api_schema, service.url, secret=False)
 
 
@@ -82,8 +93,11 @@ def _fuzz(api_schema: Any, url: str, *, secret: bool) -> None:
                     case.body.pop("owner_id", None)
                     if isinstance(case.body.get("wait_seconds"), int):
                         case.body["wait_seconds"] = 0
-                headers = {k: v for k, v in (case.headers or {}).items()
-                           if k.lower() != "x-internal-secret"}
+                headers = {
+                    k: v
+                    for k, v in (case.headers or {}).items()
+                    if k.lower() != "x-internal-secret"
+                }
                 if secret:
                     headers["X-Internal-Secret"] = SECRET
                 case.headers = headers
@@ -94,8 +108,9 @@ def _fuzz(api_schema: Any, url: str, *, secret: bool) -> None:
                     assert response.status_code in refused, response.text
                 if response.status_code == 200 and case.path == "/v1/lease":
                     lease_id = response.json()["lease"]["lease_id"]
-                    released = httpx.delete(f"{url}/v1/lease/{lease_id}",
-                                            headers={"X-Internal-Secret": SECRET})
+                    released = httpx.delete(
+                        f"{url}/v1/lease/{lease_id}", headers={"X-Internal-Secret": SECRET}
+                    )
                     assert released.status_code == 204, released.text
 
             try:
@@ -112,10 +127,20 @@ def test_a_generated_client_drives_every_route(make_scheduler: Any, tmp_path: Pa
     config = tmp_path / "codegen.yaml"
     config.write_text("post_hooks: []\n")  # no ruff run over the generated code
     subprocess.run(
-        [Path(sys.executable).with_name("openapi-python-client"), "generate", "--path",
-         str(spec), "--output-path", str(tmp_path / "oa_client"), "--meta", "none",
-         "--config", str(config)],
-        check=True, capture_output=True,
+        [
+            Path(sys.executable).with_name("openapi-python-client"),
+            "generate",
+            "--path",
+            str(spec),
+            "--output-path",
+            str(tmp_path / "oa_client"),
+            "--meta",
+            "none",
+            "--config",
+            str(config),
+        ],
+        check=True,
+        capture_output=True,
     )
     sys.path.insert(0, str(tmp_path))
     try:
@@ -134,19 +159,24 @@ def _drive(service: Scheduler, package: Any) -> None:
     def call(group: Any, name: str) -> Any:
         return importlib.import_module(f"{group.__name__}.{name}")
 
-    client = package.AuthenticatedClient(base_url=service.url, token=SECRET, prefix="",
-                                         auth_header_name="X-Internal-Secret")
+    client = package.AuthenticatedClient(
+        base_url=service.url, token=SECRET, prefix="", auth_header_name="X-Internal-Secret"
+    )
     with client:
         health = call(ops, "health").sync(client=client)
         assert (health.status, health.service) == ("ok", "openalice-scheduler")
 
-        request = models.LeaseRequest(kind=models.WorkerKind.ANIM, ttl_seconds=600,
-                                      owner_id="alice")
+        request = models.LeaseRequest(
+            kind=models.WorkerKind.ANIM, ttl_seconds=600, owner_id="alice"
+        )
         acquired = call(api, "acquire_lease").sync(client=client, body=request)
         assert isinstance(acquired, models.AcquireResponse), acquired
         lease = acquired.lease
         assert (acquired.provider, lease.endpoint, lease.state) == (
-            "static", "http://c:80", models.LeaseState.ACTIVE)
+            "static",
+            "http://c:80",
+            models.LeaseState.ACTIVE,
+        )
         assert lease.expires_at > lease.created_at  # parsed as date-times
 
         got = call(api, "get_lease").sync(lease.lease_id, client=client)
@@ -155,16 +185,19 @@ def _drive(service: Scheduler, package: Any) -> None:
         renew = call(api, "renew_lease")
         plain = renew.sync(lease.lease_id, client=client, x_lease_owner="alice")
         assert isinstance(plain, models.Lease), plain  # no body: the lease's own TTL
-        longer = renew.sync(lease.lease_id, client=client, x_lease_owner="alice",
-                            body=models.RenewRequest(ttl_seconds=1200))
+        longer = renew.sync(
+            lease.lease_id,
+            client=client,
+            x_lease_owner="alice",
+            body=models.RenewRequest(ttl_seconds=1200),
+        )
         assert isinstance(longer, models.Lease) and longer.expires_at > plain.expires_at
         denied = renew.sync(lease.lease_id, client=client)
         assert isinstance(denied, models.ErrorBody) and denied.error == "forbidden"
 
         listed = call(api, "list_leases").sync(client=client)
         assert [found.lease_id for found in listed] == [lease.lease_id]
-        filtered = call(api, "list_leases").sync(
-            client=client, owner_id="alice", limit=5)
+        filtered = call(api, "list_leases").sync(client=client, owner_id="alice", limit=5)
         assert [found.lease_id for found in filtered] == [lease.lease_id]
 
         providers = call(api, "list_providers").sync(client=client)
@@ -172,8 +205,10 @@ def _drive(service: Scheduler, package: Any) -> None:
         assert providers[0].in_use == 1
 
         release = call(api, "release_lease")
-        assert release.sync_detailed(lease.lease_id, client=client,
-                                     x_lease_owner="alice").status_code == 204
+        assert (
+            release.sync_detailed(lease.lease_id, client=client, x_lease_owner="alice").status_code
+            == 204
+        )
         gone = release.sync(lease.lease_id, client=client, x_lease_owner="alice")
         assert isinstance(gone, models.ErrorBody) and gone.error == "lease_not_found"
         ended = call(api, "get_lease").sync(lease.lease_id, client=client)
@@ -190,8 +225,9 @@ def test_the_document_describes_the_errors_as_answered(service: Scheduler) -> No
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
             responses = operation["responses"]
-            expected = {"400", "408", "413", "431"} | ({"401", "503"} if path.startswith("/v1/")
-                                                        else set())
+            expected = {"400", "408", "413", "431"} | (
+                {"401", "503"} if path.startswith("/v1/") else set()
+            )
             assert expected <= set(responses), (method, path)
             for status, response in responses.items():
                 if int(status) >= 400:
@@ -203,12 +239,22 @@ def test_the_document_describes_the_errors_as_answered(service: Scheduler) -> No
     renew = spec["paths"]["/v1/lease/{lease_id}/renew"]["post"]["requestBody"]
     assert not renew.get("required", False)
     assert renew["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/RenewRequest"}
+        "$ref": "#/components/schemas/RenewRequest"
+    }
     lease = spec["components"]["schemas"]["Lease"]["properties"]
     assert lease["created_at"]["format"] == lease["expires_at"]["format"] == "date-time"
     assert {"type": "string", "format": "date-time"} in lease["released_at"]["anyOf"]
     details = spec["components"]["schemas"]["ErrorBody"]["properties"]
-    assert {"field", "errors", "reasons", "failures", "limit", "lease_id", "provider",
-            "cause", "header"} <= set(details)
+    assert {
+        "field",
+        "errors",
+        "reasons",
+        "failures",
+        "limit",
+        "lease_id",
+        "provider",
+        "cause",
+        "header",
+    } <= set(details)
     request = spec["components"]["schemas"]["LeaseRequest"]["properties"]
     assert request["ttl_seconds"]["type"] == request["wait_seconds"]["type"] == "integer"

@@ -26,11 +26,35 @@ import pytest
 from tests.harness import REPO, SECRET, Scheduler
 
 # Import names, and the distributions that provide them.
-SERVER_MODULES = ("fastapi", "sqlalchemy", "asyncpg", "docker", "grpc", "starlette", "uvicorn",
-                  "pydantic_settings", "prometheus_client", "opentelemetry", "alembic",
-                  "uvloop", "httptools")
-SERVER_DISTS = {"fastapi", "sqlalchemy", "asyncpg", "docker", "grpcio", "starlette", "uvicorn",
-                "pydantic-settings", "prometheus-client", "alembic", "uvloop", "httptools"}
+SERVER_MODULES = (
+    "fastapi",
+    "sqlalchemy",
+    "asyncpg",
+    "docker",
+    "grpc",
+    "starlette",
+    "uvicorn",
+    "pydantic_settings",
+    "prometheus_client",
+    "opentelemetry",
+    "alembic",
+    "uvloop",
+    "httptools",
+)
+SERVER_DISTS = {
+    "fastapi",
+    "sqlalchemy",
+    "asyncpg",
+    "docker",
+    "grpcio",
+    "starlette",
+    "uvicorn",
+    "pydantic-settings",
+    "prometheus-client",
+    "alembic",
+    "uvloop",
+    "httptools",
+}
 STATIC_WORKERS = "renderer=http://a:8080;anim=http://c:9000"
 
 # Run first in the child: refuse the server's packages, then run the rest.
@@ -71,10 +95,12 @@ def test_the_base_requirements_name_no_server_package() -> None:
     declared = {_name(r) for r in project["dependencies"]}
     assert declared.isdisjoint(SERVER_DISTS), declared & SERVER_DISTS
     # Ranges in the metadata, exact pins in the lock, for every requirement of both.
-    pinned = {_name(line.split("==")[0]) for line in
-              (REPO / "requirements.lock").read_text().splitlines() if "==" in line}
-    for requirement in [*project["dependencies"],
-                        *project["optional-dependencies"]["server"]]:
+    pinned = {
+        _name(line.split("==")[0])
+        for line in (REPO / "requirements.lock").read_text().splitlines()
+        if "==" in line
+    }
+    for requirement in [*project["dependencies"], *project["optional-dependencies"]["server"]]:
         assert not re.search(r"==", requirement), requirement
         assert _name(requirement) in pinned, requirement
 
@@ -85,8 +111,11 @@ def static(make_scheduler: Callable[..., Scheduler]) -> Scheduler:
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("INTERNAL_SECRET", "SCHEDULER_URL", "COLUMNS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("INTERNAL_SECRET", "SCHEDULER_URL", "COLUMNS")
+    }
     return {**env, **extra}
 
 
@@ -107,11 +136,19 @@ def test_the_client_runs_without_the_server(static: Scheduler) -> None:
             state = client.get(held.lease_id).state
         print(json.dumps({"endpoint": endpoint, "state": state, "ended": ended}))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=_clean_env(URL=static.url, SECRET=SECRET))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(URL=static.url, SECRET=SECRET),
+    )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"endpoint": "http://a:8080", "state": "released",
-                                       "ended": True}
+    assert json.loads(done.stdout) == {
+        "endpoint": "http://a:8080",
+        "state": "released",
+        "ended": True,
+    }
 
 
 @pytest.fixture
@@ -128,7 +165,10 @@ def console(tmp_path: Path) -> Path:
 
 def run_console(bin_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["openalice-scheduler", *args], capture_output=True, text=True, timeout=120,
+        ["openalice-scheduler", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=_clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", OA_CONSOLE=CONSOLE, **env),
     )
 
@@ -139,15 +179,28 @@ def test_the_cli_runs_without_the_server(static: Scheduler, console: Path) -> No
     assert run_console(console, "--version").stdout.startswith("openalice-scheduler ")
 
     on_service = {"SCHEDULER_URL": static.url, "INTERNAL_SECRET": SECRET}
-    acquired = run_console(console, "lease", "acquire", "--kind", "anim", "--owner", "me",
-                           "--correlation-id", "job-1", "-o", "json", **on_service)
+    acquired = run_console(
+        console,
+        "lease",
+        "acquire",
+        "--kind",
+        "anim",
+        "--owner",
+        "me",
+        "--correlation-id",
+        "job-1",
+        "-o",
+        "json",
+        **on_service,
+    )
     assert acquired.returncode == 0, acquired.stderr
     lease = json.loads(acquired.stdout)
     assert (lease["endpoint"], lease["state"]) == ("http://c:9000", "active")
     listed = run_console(console, "lease", "ls", "-o", "wide", **on_service)
     assert listed.returncode == 0 and "job-1" in listed.stdout, listed.stderr
-    released = run_console(console, "lease", "release", lease["lease_id"], "--owner", "me",
-                           **on_service)
+    released = run_console(
+        console, "lease", "release", lease["lease_id"], "--owner", "me", **on_service
+    )
     assert released.returncode == 0, released.stderr
     assert static.http.get(f"/v1/lease/{lease['lease_id']}").json()["state"] == "released"
 
@@ -165,24 +218,31 @@ def test_shell_completion_without_the_server(console: Path) -> None:
     assert script.returncode == 0 and "complete " in script.stdout, script.stderr
     # --show-completion prints the script of the shell it runs under (found from its
     # parent processes): here bash's, the same script.
-    shown = subprocess.run([bash, "--norc", "--noprofile", "-c",
-                            "openalice-scheduler --show-completion; exit $?"],
-                           capture_output=True, text=True, timeout=120,
-                           env=_clean_env(PATH=f"{console}:{os.environ['PATH']}",
-                                          OA_CONSOLE=CONSOLE))
+    shown = subprocess.run(
+        [bash, "--norc", "--noprofile", "-c", "openalice-scheduler --show-completion; exit $?"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(PATH=f"{console}:{os.environ['PATH']}", OA_CONSOLE=CONSOLE),
+    )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == script.stdout.strip()
 
     def completions(line: str) -> list[str]:
         # What bash offers on <Tab>, through the script the CLI printed.
-        probe = (f'{script.stdout}\nCOMP_WORDS=({line}); COMP_CWORD=$((${{#COMP_WORDS[@]}}'
-                 f'{"" if line.endswith(" ") else " - 1"}))\n'
-                 '_openalice_scheduler_completion openalice-scheduler\n'
-                 'printf "%s\\n" "${COMPREPLY[@]}"\n')
+        probe = (
+            f"{script.stdout}\nCOMP_WORDS=({line}); COMP_CWORD=$((${{#COMP_WORDS[@]}}"
+            f"{'' if line.endswith(' ') else ' - 1'}))\n"
+            "_openalice_scheduler_completion openalice-scheduler\n"
+            'printf "%s\\n" "${COMPREPLY[@]}"\n'
+        )
         done = subprocess.run(
-            [bash, "--norc", "--noprofile", "-c", probe], capture_output=True, text=True,
-            timeout=120, env=_clean_env(PATH=f"{console}:{os.environ['PATH']}",
-                                        OA_CONSOLE=CONSOLE))
+            [bash, "--norc", "--noprofile", "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_clean_env(PATH=f"{console}:{os.environ['PATH']}", OA_CONSOLE=CONSOLE),
+        )
         assert done.returncode == 0, done.stderr
         return [line.split(":")[0] for line in done.stdout.splitlines() if line]
 

@@ -24,11 +24,23 @@ from openalice_scheduler.store.pool import PoolStore
 NOW = 1_800_000_000_000_000
 
 
-def lease(owner: str | None = None, correlation: str | None = None, kind: str = "renderer",
-          gpu: str = "none") -> NewLease:
-    return NewLease(lease_id=str(uuid.uuid4()), kind=kind, gpu=gpu, owner_id=owner,
-                    correlation_id=correlation, region=None, ttl_seconds=60,
-                    created_at=NOW, expires_at=NOW + 60_000_000)
+def lease(
+    owner: str | None = None,
+    correlation: str | None = None,
+    kind: str = "renderer",
+    gpu: str = "none",
+) -> NewLease:
+    return NewLease(
+        lease_id=str(uuid.uuid4()),
+        kind=kind,
+        gpu=gpu,
+        owner_id=owner,
+        correlation_id=correlation,
+        region=None,
+        ttl_seconds=60,
+        created_at=NOW,
+        expires_at=NOW + 60_000_000,
+    )
 
 
 async def warm(pool: PoolStore, n: int, **kw: str) -> list[str]:
@@ -37,9 +49,13 @@ async def warm(pool: PoolStore, n: int, **kw: str) -> list[str]:
     for i in range(n):
         reserved = await pool.reserve(lease(**kw), "p", Terms(now=NOW), target=n)
         assert reserved is not None and reserved.state == LeaseState.warming
-        ready = await pool.ready(reserved.lease_id, endpoint=f"http://w{i}:8080",
-                                 provider_token=f"c{i}", probe_url=f"http://10.0.0.{i}:8080",
-                                 now=NOW + i)
+        ready = await pool.ready(
+            reserved.lease_id,
+            endpoint=f"http://w{i}:8080",
+            provider_token=f"c{i}",
+            probe_url=f"http://10.0.0.{i}:8080",
+            now=NOW + i,
+        )
         assert ready is not None and ready.state == LeaseState.idle
         ids.append(ready.lease_id)
     return ids
@@ -47,8 +63,9 @@ async def warm(pool: PoolStore, n: int, **kw: str) -> list[str]:
 
 async def test_a_pool_is_filled_to_its_target_and_no_further(store: LeaseStore) -> None:
     pool = PoolStore(store)
-    got = await asyncio.gather(*(pool.reserve(lease(), "p", Terms(now=NOW), target=3)
-                                 for _ in range(10)))
+    got = await asyncio.gather(
+        *(pool.reserve(lease(), "p", Terms(now=NOW), target=3) for _ in range(10))
+    )
     assert sum(r is not None for r in got) == 3
     # Another kind's pool is its own.
     assert await pool.reserve(lease(kind="anim"), "p", Terms(now=NOW), target=1) is not None
@@ -67,8 +84,9 @@ async def test_pool_workers_count_against_the_cap_and_devices(store: LeaseStore)
     with pytest.raises(AtCapacity, match="GPU devices"):
         await store.reserve(lease(gpu="entry"), "p", Terms(now=NOW, resources=["0"]))
     # ... until it is recycled (once idle): then the device is free again.
-    await pool.ready(gpu.lease_id, endpoint="http://g:8080", provider_token="g",
-                     probe_url=None, now=NOW)
+    await pool.ready(
+        gpu.lease_id, endpoint="http://g:8080", provider_token="g", probe_url=None, now=NOW
+    )
     assert (await pool.room_on("p", "entry"))[0] == gpu.lease_id
     recycled = await pool.recycle(gpu.lease_id, now=NOW)
     assert recycled is not None and recycled.release_reason == ReleaseReason.recycled
@@ -79,8 +97,7 @@ async def test_pool_workers_count_against_the_cap_and_devices(store: LeaseStore)
 async def test_an_idle_worker_is_claimed_once_oldest_first(store: LeaseStore) -> None:
     pool = PoolStore(store)
     ids = await warm(pool, 3)
-    claims = await asyncio.gather(*(pool.claim(lease(owner=f"o{i}"), quota=0)
-                                    for i in range(8)))
+    claims = await asyncio.gather(*(pool.claim(lease(owner=f"o{i}"), quota=0) for i in range(8)))
     won = [c for c in claims if c is not None]
     assert sorted(c.lease_id for c in won) == sorted(ids)  # each exactly once
     for claimed in won:
@@ -101,8 +118,9 @@ async def test_a_claim_keeps_the_quota_and_idempotency(store: LeaseStore) -> Non
     # Idle workers are no one's: an owner with a quota of 1 can still take one.
     claimed = await pool.claim(lease(owner="alice", correlation="job-1"), quota=1)
     assert claimed is not None
-    await store.activate(claimed.lease_id, endpoint=claimed.endpoint,
-                         provider_token=claimed.provider_token, now=NOW)
+    await store.activate(
+        claimed.lease_id, endpoint=claimed.endpoint, provider_token=claimed.provider_token, now=NOW
+    )
     with pytest.raises(OverQuota):
         await pool.claim(lease(owner="alice"), quota=1)
     with pytest.raises(DuplicateRequest) as twin:

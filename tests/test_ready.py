@@ -53,8 +53,7 @@ def test_a_docker_lease_is_held_back_until_its_worker_answers(make_scheduler: Ma
     # Granted: its endpoint answers, health path included, to a caller in the network.
     network = sched.env["DOCKER_NETWORK"]
     assert fetch_in_network(network, lease["endpoint"] + "/healthz").strip() == "ok"
-    assert json.loads(fetch_in_network(network, lease["endpoint"]))["lease_id"] == \
-        lease["lease_id"]
+    assert json.loads(fetch_in_network(network, lease["endpoint"]))["lease_id"] == lease["lease_id"]
     # The TTL counts from the acquire: lease and worker agree on expires_at.
     assert _time(lease["expires_at"]) - _time(lease["created_at"]) == timedelta(seconds=300)
     [container] = sched.containers()
@@ -66,8 +65,7 @@ def test_a_docker_lease_is_held_back_until_its_worker_answers(make_scheduler: Ma
 
 
 def test_a_docker_worker_that_never_answers_is_destroyed(make_scheduler: Make) -> None:
-    sched = make_scheduler(RENDERER_READY_PATH="/healthz",
-                           LOCAL_DOCKER_READY_TIMEOUT_SECONDS="1.5")
+    sched = make_scheduler(RENDERER_READY_PATH="/healthz", LOCAL_DOCKER_READY_TIMEOUT_SECONDS="1.5")
     response = sched.acquire(kind="renderer", env={"READY_DELAY_SECONDS": "never"})
     assert response.status_code == 502, response.text
     body = response.json()
@@ -106,20 +104,27 @@ def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
 
 
 def _on_runpod(make_scheduler: Make, runpod: RunPodEmulator, api: str, **env: str) -> Scheduler:
-    return make_scheduler(**{
-        "PROVIDERS": "runpod", "RUNPOD_API": api, "RUNPOD_API_KEY": KEY,
-        "RUNPOD_API_BASE_URL": runpod.base_url, "RUNPOD_PROXY_URL": runpod.proxy_url,
-        "RUNPOD_POLL_INTERVAL_SECONDS": "0.1", "RUNPOD_CATALOG_TTL_SECONDS": "0",
-        **env,
-    })
+    return make_scheduler(
+        **{
+            "PROVIDERS": "runpod",
+            "RUNPOD_API": api,
+            "RUNPOD_API_KEY": KEY,
+            "RUNPOD_API_BASE_URL": runpod.base_url,
+            "RUNPOD_PROXY_URL": runpod.proxy_url,
+            "RUNPOD_POLL_INTERVAL_SECONDS": "0.1",
+            "RUNPOD_CATALOG_TTL_SECONDS": "0",
+            **env,
+        }
+    )
 
 
 def test_a_runpod_lease_is_held_back_until_its_proxy_url_answers(
     api: str, make_scheduler: Make, runpod: RunPodEmulator
 ) -> None:
     runpod.pods_answer_after = 1.5  # the pod listens 1.5 s after RunPod calls it RUNNING
-    sched = _on_runpod(make_scheduler, runpod, api, ANIM_READY_PATH="/healthz",
-                       RUNPOD_READY_TIMEOUT_SECONDS="30")
+    sched = _on_runpod(
+        make_scheduler, runpod, api, ANIM_READY_PATH="/healthz", RUNPOD_READY_TIMEOUT_SECONDS="30"
+    )
     started = time.monotonic()
     lease = sched.lease(kind="anim", gpu="mid", ttl_seconds=600)
     took = time.monotonic() - started
@@ -153,9 +158,14 @@ def test_a_docker_worker_never_ready_fails_over_to_runpod(
     make_scheduler: Make, runpod: RunPodEmulator
 ) -> None:
     runpod.pods_answer_after = 0
-    sched = _on_runpod(make_scheduler, runpod, "rest", PROVIDERS="local-docker,runpod",
-                       LOCAL_DOCKER_READY_TIMEOUT_SECONDS="1",
-                       RUNPOD_READY_TIMEOUT_SECONDS="30")
+    sched = _on_runpod(
+        make_scheduler,
+        runpod,
+        "rest",
+        PROVIDERS="local-docker,runpod",
+        LOCAL_DOCKER_READY_TIMEOUT_SECONDS="1",
+        RUNPOD_READY_TIMEOUT_SECONDS="30",
+    )
     # Docker's worker listens on 9999, not 8080: never ready; the pod answers at once.
     response = sched.acquire(kind="renderer", gpu="none", env={"PORT": "9999"})
     assert response.status_code == 200, response.text
@@ -172,8 +182,13 @@ def test_the_worker_image_is_rebuilt_when_its_entry_script_changed() -> None:
     image = f"openalice-ready-test:{uuid.uuid4().hex[:8]}"
     client = docker_client()
     # An image of the same name from before the entry script changed (no label).
-    stale = subprocess.run(["docker", "import", "-", image], input=_empty_tar(), check=True,
-                           capture_output=True).stdout.decode().strip()
+    stale = (
+        subprocess.run(
+            ["docker", "import", "-", image], input=_empty_tar(), check=True, capture_output=True
+        )
+        .stdout.decode()
+        .strip()
+    )
     script = str(REPO / "scripts" / "build-worker-image.sh")
     try:
         first = subprocess.run([script, image], capture_output=True, text=True, check=True)
@@ -192,6 +207,4 @@ def test_the_worker_image_is_rebuilt_when_its_entry_script_changed() -> None:
 
 
 def _empty_tar() -> bytes:
-    return subprocess.run(["tar", "-c", "-T", "/dev/null"], capture_output=True,
-                          check=True).stdout
-
+    return subprocess.run(["tar", "-c", "-T", "/dev/null"], capture_output=True, check=True).stdout

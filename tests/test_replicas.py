@@ -69,15 +69,23 @@ def replicas(tmp_path: Path) -> Iterator[Replicas]:
     started: list[Scheduler] = []
     with contextlib.ExitStack() as stack:
 
-        def make(n: int = 2, database: str | None = None,
-                 each: list[dict[str, str]] | None = None, **env: str) -> list[Scheduler]:
+        def make(
+            n: int = 2,
+            database: str | None = None,
+            each: list[dict[str, str]] | None = None,
+            **env: str,
+        ) -> list[Scheduler]:
             url = database or stack.enter_context(database_url("postgresql", tmp_path))
             instance = f"t-{uuid.uuid4().hex[:10]}"
             group = []
             for i in range(n):
-                s = Scheduler(tmp_path, SCHEDULER_INSTANCE=instance,
-                              DOCKER_NETWORK=f"oa-{instance}", DATABASE_URL=url,
-                              **{**env, **(each[i] if each else {})})
+                s = Scheduler(
+                    tmp_path,
+                    SCHEDULER_INSTANCE=instance,
+                    DOCKER_NETWORK=f"oa-{instance}",
+                    DATABASE_URL=url,
+                    **{**env, **(each[i] if each else {})},
+                )
                 s.log_path = tmp_path / f"scheduler-{instance}-{i}.log"
                 started.append(s)
                 group.append(s)
@@ -100,9 +108,12 @@ def burst(calls: list[tuple[Scheduler, dict[str, Any]]]) -> list[httpx.Response]
 
     async def run() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        clients = {s.url: httpx.AsyncClient(base_url=s.url, timeout=180, limits=limits,
-                                            headers={"X-Internal-Secret": SECRET})
-                   for s, _ in calls}
+        clients = {
+            s.url: httpx.AsyncClient(
+                base_url=s.url, timeout=180, limits=limits, headers={"X-Internal-Secret": SECRET}
+            )
+            for s, _ in calls
+        }
         go = asyncio.Event()
 
         async def one(s: Scheduler, body: dict[str, Any]) -> httpx.Response:
@@ -195,8 +206,16 @@ def test_capacity_cap_holds_across_replicas(replicas: Replicas) -> None:
     assert lease_ids_of(containers) == ids
     assert all(c.status == "running" for c in containers)
     assert sorted(c.id for c in containers) == sorted(x["provider_token"] for x in leases)
-    assert total(group, "scheduler_leases_acquired_total", provider="local-docker",
-                 kind="renderer", gpu="none") == 20
+    assert (
+        total(
+            group,
+            "scheduler_leases_acquired_total",
+            provider="local-docker",
+            kind="renderer",
+            gpu="none",
+        )
+        == 20
+    )
 
     # Full on either replica; once one lease is gone, either can take one more.
     for s in group:
@@ -259,14 +278,31 @@ def test_idempotent_acquire_across_replicas(replicas: Replicas) -> None:
     assert lease_ids_of(group[0].containers()) == ids
     for s in group:
         assert listed(s) == ids
-    assert total(group, "scheduler_leases_acquired_total", provider="local-docker",
-                 kind="renderer", gpu="none") == rounds
+    assert (
+        total(
+            group,
+            "scheduler_leases_acquired_total",
+            provider="local-docker",
+            kind="renderer",
+            gpu="none",
+        )
+        == rounds
+    )
 
     # Once released, the same request makes a new lease (on either replica, once).
     first = next(r.json()["lease"] for r in responses)
     release_all(group, [first])
-    again = burst(split(2, group, {"kind": "renderer", "owner_id": "anim-service",
-                                   "correlation_id": first["correlation_id"]}))
+    again = burst(
+        split(
+            2,
+            group,
+            {
+                "kind": "renderer",
+                "owner_id": "anim-service",
+                "correlation_id": first["correlation_id"],
+            },
+        )
+    )
     expect(again, {200: 2})
     (renewed,) = {r.json()["lease"]["lease_id"] for r in again}
     assert renewed != first["lease_id"]
@@ -279,8 +315,10 @@ def test_idempotent_acquire_across_replicas(replicas: Replicas) -> None:
 @pytest.mark.timeout(240)
 def test_owner_quota_holds_across_replicas(replicas: Replicas) -> None:
     group = replicas(MAX_LEASES_PER_OWNER="3")
-    responses = burst(split(12, group, {"kind": "anim", "owner_id": "live-control"})
-                      + split(2, group, {"kind": "anim", "owner_id": "someone-else"}))
+    responses = burst(
+        split(12, group, {"kind": "anim", "owner_id": "live-control"})
+        + split(2, group, {"kind": "anim", "owner_id": "someone-else"})
+    )
 
     expect(responses, {200: 5, 429: 9})
     quota = [r.json() for r in responses if r.status_code == 429]
@@ -315,8 +353,11 @@ def test_expired_leases_are_released_exactly_once_across_replicas(replicas: Repl
     assert lease_ids_of(group[0].containers()) == ids
 
     def all_released() -> bool:
-        return (total(group, RELEASED, provider="local-docker", reason="expired") >= n
-                and all(listed(s) == [] for s in group) and group[0].containers() == [])
+        return (
+            total(group, RELEASED, provider="local-docker", reason="expired") >= n
+            and all(listed(s) == [] for s in group)
+            and group[0].containers() == []
+        )
 
     wait_for(all_released, 120, interval=0.5, what="every lease to expire")
     time.sleep(1)  # a second release, were there one, would be counted by now
@@ -331,8 +372,9 @@ def test_expired_leases_are_released_exactly_once_across_replicas(replicas: Repl
         record = group[0].http.get(f"/v1/lease/{lease_id}").json()
         assert (record["state"], record["release_reason"]) == ("released", "expired")
     # Claimed once, too: one sweeper (of either replica) took each lease.
-    claims = Counter(m[1] for s in group
-                     for m in re.finditer(r"lease (\S+) expired; releasing$", s.log(), re.M))
+    claims = Counter(
+        m[1] for s in group for m in re.finditer(r"lease (\S+) expired; releasing$", s.log(), re.M)
+    )
     assert claims == dict.fromkeys(ids, 1)
     assert group[0].containers() == []
 
@@ -387,8 +429,7 @@ def test_replica_killed_mid_provision_is_resolved_by_the_other(
     With `holding_lock`, B dies in the middle of a reconcile pass (its container listing
     held too), holding the reconcile lock: A must not wait for the lock to expire."""
     interval, replica_timeout = 2.0, 4.0
-    a, b = replicas(RECONCILE_INTERVAL_SECONDS=str(interval),
-                    each=[{}, {"DOCKER_HOST": proxy.url}])
+    a, b = replicas(RECONCILE_INTERVAL_SECONDS=str(interval), each=[{}, {"DOCKER_HOST": proxy.url}])
     keep_a = a.lease(kind="anim", owner_id="anim-service")
     keep_b = b.lease(kind="renderer", correlation_id="made-by-b")
 
@@ -397,15 +438,17 @@ def test_replica_killed_mid_provision_is_resolved_by_the_other(
     if holding_lock:
         proxy.delay(LIST, 120)
         held = 2
-    with httpx.Client(base_url=b.url, headers={"X-Internal-Secret": SECRET},
-                      timeout=180) as client:
-        call = Call(lambda: client.post("/v1/lease", json={"kind": "renderer",
-                                                          "correlation_id": "doomed"}))
+    with httpx.Client(base_url=b.url, headers={"X-Internal-Secret": SECRET}, timeout=180) as client:
+        call = Call(
+            lambda: client.post("/v1/lease", json={"kind": "renderer", "correlation_id": "doomed"})
+        )
         proxy.wait_held(held, timeout=60)
-        (doomed,) = wait_for(lambda: listed(a, state="provisioning"), 30,
-                             what="the provisioning lease")
-        assert [c.labels[LEASE_LABEL] for c in a.containers()
-                if c.labels[LEASE_LABEL] == doomed] == [doomed]
+        (doomed,) = wait_for(
+            lambda: listed(a, state="provisioning"), 30, what="the provisioning lease"
+        )
+        assert [
+            c.labels[LEASE_LABEL] for c in a.containers() if c.labels[LEASE_LABEL] == doomed
+        ] == [doomed]
 
         b.kill()
         killed = time.monotonic()
@@ -418,8 +461,10 @@ def test_replica_killed_mid_provision_is_resolved_by_the_other(
 
     wait_for(resolved, 60, interval=0.1, what="replica A to resolve the lease")
     took = time.monotonic() - killed
-    print(f"\nlease of the killed replica resolved {took:.2f} s after the kill "
-          f"(bound {interval + replica_timeout:g} s + slack)")
+    print(
+        f"\nlease of the killed replica resolved {took:.2f} s after the kill "
+        f"(bound {interval + replica_timeout:g} s + slack)"
+    )
     record = a.http.get(f"/v1/lease/{doomed}").json()
     assert record["release_reason"] == "failed"
     wait_for(lambda: doomed not in lease_ids_of(a.containers()), 10, what="its container gone")
@@ -477,20 +522,37 @@ class Traffic:
             thread.join(120)
             assert not thread.is_alive(), "a traffic client is stuck"
 
-    def count(self, replica: int, op: str, status: int, error: str = "",
-              since: float = 0.0, until: float = float("inf")) -> int:
+    def count(
+        self,
+        replica: int,
+        op: str,
+        status: int,
+        error: str = "",
+        since: float = 0.0,
+        until: float = float("inf"),
+    ) -> int:
         with self.lock:
-            return sum(1 for t, r, o, s, e in self.log
-                       if since <= t < until and r == replica and o == op and s == status
-                       and (not error or e == error))
+            return sum(
+                1
+                for t, r, o, s, e in self.log
+                if since <= t < until
+                and r == replica
+                and o == op
+                and s == status
+                and (not error or e == error)
+            )
 
     def first(self, replica: int, op: str, status: int, since: float) -> float:
         with self.lock:
-            return min(t for t, r, o, s, _ in self.log
-                       if t >= since and r == replica and o == op and s == status)
+            return min(
+                t
+                for t, r, o, s, _ in self.log
+                if t >= since and r == replica and o == op and s == status
+            )
 
-    def _note(self, replica: int, op: str, response: httpx.Response,
-              allowed: dict[int, set[str]]) -> None:
+    def _note(
+        self, replica: int, op: str, response: httpx.Response, allowed: dict[int, set[str]]
+    ) -> None:
         error = ""
         if response.status_code >= 400:
             try:
@@ -502,8 +564,9 @@ class Traffic:
             self.log.append((time.monotonic(), replica, op, response.status_code, error))
             want = allowed.get(response.status_code)
             if want is None or (want and error not in want):
-                self.unexpected.append(f"replica {replica} {op}: {response.status_code} "
-                                       f"{response.text[:300]}")
+                self.unexpected.append(
+                    f"replica {replica} {op}: {response.status_code} {response.text[:300]}"
+                )
 
     def _client(self, replica: int, n: int) -> None:
         s = self.group[replica]
@@ -511,14 +574,21 @@ class Traffic:
         mine: list[dict[str, Any]] = []
         releasing: list[dict[str, Any]] = []  # leases to release; a 503 leaves one here
         retried: set[str] = set()
-        with httpx.Client(base_url=s.url, headers={"X-Internal-Secret": SECRET},
-                          timeout=60) as http:
+        with httpx.Client(
+            base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=60
+        ) as http:
             i = 0
             while not self.stopping.is_set():
                 i += 1
                 try:
-                    r = http.post("/v1/lease", json={"kind": "renderer", "ttl_seconds": 3600,
-                                                     "correlation_id": f"c{n}-{i}"})
+                    r = http.post(
+                        "/v1/lease",
+                        json={
+                            "kind": "renderer",
+                            "ttl_seconds": 3600,
+                            "correlation_id": f"c{n}-{i}",
+                        },
+                    )
                     self._note(replica, "acquire", r, {200: set(), 503: outage})
                     if r.status_code == 200:
                         lease = r.json()["lease"]
@@ -534,8 +604,9 @@ class Traffic:
                         got = http.get(f"/v1/lease/{mine[-1]['lease_id']}")
                         self._note(replica, "get", got, {200: set(), 503: outage})
                     if i % 7 == 0:
-                        self._note(replica, "list", http.get("/v1/leases"),
-                                   {200: set(), 503: outage})
+                        self._note(
+                            replica, "list", http.get("/v1/leases"), {200: set(), 503: outage}
+                        )
                 except httpx.HTTPError as exc:
                     with self.lock:
                         self.unexpected.append(f"replica {replica}: {type(exc).__name__} {exc}")
@@ -548,8 +619,9 @@ class Traffic:
                 with self.lock:
                     self.unexpected.append(f"replica {replica}: releases never confirmed")
 
-    def _release(self, http: httpx.Client, replica: int, releasing: list[dict[str, Any]],
-                 retried: set[str]) -> None:
+    def _release(
+        self, http: httpx.Client, replica: int, releasing: list[dict[str, Any]], retried: set[str]
+    ) -> None:
         lease_id = releasing[0]["lease_id"]
         r = http.delete(f"/v1/lease/{lease_id}")
         # 404 only on a retry: the earlier attempt did release it, its answer was lost.
@@ -575,8 +647,10 @@ def test_a_lease_committed_when_its_acquire_answered_503_is_released(
     try:
         s = make_scheduler(
             DATABASE_URL=f"postgresql://{private_pg.user}@/oa?host={proxy.dir}",
-            PROVIDERS="static", STATIC_WORKERS="renderer=http://answer-lost.invalid:1",
-            SWEEP_INTERVAL_SECONDS="1")
+            PROVIDERS="static",
+            STATIC_WORKERS="renderer=http://answer-lost.invalid:1",
+            SWEEP_INTERVAL_SECONDS="1",
+        )
         proxy.lose_commit_answer(b"answer-lost.invalid")  # a value of its INSERT only
         answer = s.acquire(kind="renderer")
         assert answer.status_code == 503, answer.text
@@ -603,30 +677,44 @@ def test_postgres_stopped_and_started_under_traffic(
     else:
         env = {"PROVIDERS": "local-docker"}
         clients, pause, enough = 2, 0.1, 6
-    group = replicas(database=private_pg.url, RECONCILE_INTERVAL_SECONDS="2",
-                     SWEEP_INTERVAL_SECONDS="1", **env)
+    group = replicas(
+        database=private_pg.url, RECONCILE_INTERVAL_SECONDS="2", SWEEP_INTERVAL_SECONDS="1", **env
+    )
     pids = [s.proc.pid for s in group if s.proc is not None]
     traffic = Traffic(group, clients_per_replica=clients, pause=pause).start()
     try:
-        wait_for(lambda: all(traffic.count(i, "acquire", 200) >= enough for i in range(2)),
-                 120, interval=0.1, what="traffic to flow")
+        wait_for(
+            lambda: all(traffic.count(i, "acquire", 200) >= enough for i in range(2)),
+            120,
+            interval=0.1,
+            what="traffic to flow",
+        )
         try:
             private_pg.stop()
             # Down for a good while: longer than the replica timeout (1 s heartbeat,
             # 4 s), so that the replicas' heartbeats all lapse.
             stopped_at = time.monotonic()
-            wait_for(lambda: all(traffic.count(i, "acquire", 503, "store_unavailable",
-                                               since=stopped_at) >= 3 for i in range(2)),
-                     60, interval=0.1, what="both replicas to answer 503 while it is down")
+            wait_for(
+                lambda: all(
+                    traffic.count(i, "acquire", 503, "store_unavailable", since=stopped_at) >= 3
+                    for i in range(2)
+                ),
+                60,
+                interval=0.1,
+                what="both replicas to answer 503 while it is down",
+            )
             time.sleep(max(0.0, stopped_at + 5.0 - time.monotonic()))
         finally:
             starting_at = time.monotonic()
             if not private_pg.running():
                 private_pg.start()
         up_at = time.monotonic()
-        wait_for(lambda: all(traffic.count(i, "acquire", 200, since=up_at) >= enough
-                             for i in range(2)), 120, interval=0.1,
-                 what="both replicas to serve again")
+        wait_for(
+            lambda: all(traffic.count(i, "acquire", 200, since=up_at) >= enough for i in range(2)),
+            120,
+            interval=0.1,
+            what="both replicas to serve again",
+        )
         recovered = [traffic.first(i, "acquire", 200, since=up_at) - up_at for i in range(2)]
         time.sleep(2)
     finally:
@@ -635,13 +723,16 @@ def test_postgres_stopped_and_started_under_traffic(
     answers = Counter()
     for (_, op, status, error), n in traffic.answers.items():
         answers[f"{op} {status} {error}".strip()] += n
-    print(f"\n{provider}: acquired {len(traffic.acquired)}, released {len(traffic.released)}; "
-          f"store down {starting_at - stopped_at:.1f} s; first 200 after it is back: "
-          f"{', '.join(f'{x:.2f} s' for x in recovered)}; answers: {dict(sorted(answers.items()))}")
+    print(
+        f"\n{provider}: acquired {len(traffic.acquired)}, released {len(traffic.released)}; "
+        f"store down {starting_at - stopped_at:.1f} s; first 200 after it is back: "
+        f"{', '.join(f'{x:.2f} s' for x in recovered)}; answers: {dict(sorted(answers.items()))}"
+    )
     assert traffic.unexpected == []
     # While it was down, nothing was acquired (a second in, in-flight requests are done).
-    assert [traffic.count(i, "acquire", 200, since=stopped_at + 1, until=starting_at)
-            for i in range(2)] == [0, 0]
+    assert [
+        traffic.count(i, "acquire", 200, since=stopped_at + 1, until=starting_at) for i in range(2)
+    ] == [0, 0]
     # Never restarted: the same processes serve.
     assert [s.proc.pid for s in group if s.proc is not None and s.proc.poll() is None] == pids
 
@@ -649,13 +740,19 @@ def test_postgres_stopped_and_started_under_traffic(
     # release) is listed exactly once, by either replica; nothing else is.
     held = sorted(set(traffic.acquired) - traffic.released)
     for s in group:
-        wait_for(lambda s=s: not listed(s, state="provisioning"), 30,
-                 what="provisions cut short by the outage to be resolved")
+        wait_for(
+            lambda s=s: not listed(s, state="provisioning"),
+            30,
+            what="provisions cut short by the outage to be resolved",
+        )
         # A lease committed while its caller was answered 503 (the server stopped
         # right after a COMMIT) is released once the store answers: wait for that too.
         with contextlib.suppress(AssertionError):
-            wait_for(lambda s=s: sorted(x["lease_id"] for x in s.leases()) == held, 30,
-                     what="leases committed during the outage to be settled")
+            wait_for(
+                lambda s=s: sorted(x["lease_id"] for x in s.leases()) == held,
+                30,
+                what="leases committed during the outage to be settled",
+            )
         leases = s.leases()
         assert sorted(x["lease_id"] for x in leases) == held
         for lease in leases:
@@ -669,8 +766,11 @@ def test_postgres_stopped_and_started_under_traffic(
     tokens = [x["provider_token"] for x in leases]
     assert len(set(tokens)) == len(tokens) == len(held)
     if provider == "local-docker":
-        wait_for(lambda: lease_ids_of(group[0].containers()) == held, 30,
-                 what="containers to match the leases")
+        wait_for(
+            lambda: lease_ids_of(group[0].containers()) == held,
+            30,
+            what="containers to match the leases",
+        )
         assert sorted(c.id for c in group[0].containers()) == sorted(tokens)
 
 
@@ -684,13 +784,16 @@ def test_store_outage_longer_than_the_replica_timeout_declares_no_replica_dead(
     the proxy), completes and its caller gets the lease. B is also slow to come back
     (paused for 1.5 s after the store is: SIGSTOP), so that A surely reconciles before
     B's first heartbeat."""
-    a, b = replicas(database=private_pg.url, RECONCILE_INTERVAL_SECONDS="2",
-                    each=[{}, {"DOCKER_HOST": proxy.url}])
+    a, b = replicas(
+        database=private_pg.url,
+        RECONCILE_INTERVAL_SECONDS="2",
+        each=[{}, {"DOCKER_HOST": proxy.url}],
+    )
     proxy.delay(START, 14)
-    with httpx.Client(base_url=b.url, headers={"X-Internal-Secret": SECRET},
-                      timeout=180) as client:
-        call = Call(lambda: client.post("/v1/lease", json={"kind": "renderer",
-                                                          "correlation_id": "patient"}))
+    with httpx.Client(base_url=b.url, headers={"X-Internal-Secret": SECRET}, timeout=180) as client:
+        call = Call(
+            lambda: client.post("/v1/lease", json={"kind": "renderer", "correlation_id": "patient"})
+        )
         proxy.wait_held(1, timeout=60)
         assert b.proc is not None
         try:

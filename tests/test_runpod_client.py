@@ -34,8 +34,9 @@ def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
     return runpod_server
 
 
-def make_client(api: str, base_url: str, *, key: str = KEY, timeout: float = 5.0,
-                backoff: float = 0.05) -> RunPodClient:
+def make_client(
+    api: str, base_url: str, *, key: str = KEY, timeout: float = 5.0, backoff: float = 0.05
+) -> RunPodClient:
     return CLIENTS[api](key, base_url, timeout=timeout, backoff=backoff)
 
 
@@ -99,7 +100,7 @@ async def test_create_read_list_terminate(
 
 async def test_graphql_sends_data_only_as_variables(runpod: RunPodEmulator) -> None:
     client = make_client("graphql", runpod.base_url)
-    name = "oa-inject-\" } mutation { podTerminate(input: {podId: \"x\"}) }"
+    name = 'oa-inject-" } mutation { podTerminate(input: {podId: "x"}) }'
     pod = await client.create_pod(pod_request(name))
     await client.get_pod(pod.id)
     await client.terminate_pod(pod.id)
@@ -209,8 +210,12 @@ async def test_an_unknown_data_center_is_a_rejection_not_a_missing_pod(
 
 async def test_401_bad_key_fails_fast(api: str, runpod: RunPodEmulator) -> None:
     client = make_client(api, runpod.base_url, key="rpk-wrong-" + uuid.uuid4().hex)
-    for call in (client.create_pod(pod_request()), client.list_pods(), client.get_pod("abc"),
-                 client.terminate_pod("abc")):
+    for call in (
+        client.create_pod(pod_request()),
+        client.list_pods(),
+        client.get_pod("abc"),
+        client.terminate_pod("abc"),
+    ):
         with pytest.raises(RunPodError) as caught:
             await call
         assert caught.value.kind == ErrorKind.unauthorized and caught.value.status == 401
@@ -265,8 +270,14 @@ async def test_429_waits_retry_after_then_repeats_the_call(
     assert elapsed >= 0.95, f"did not wait Retry-After (took {elapsed:.2f} s)"
     assert elapsed < 4
     calls = runpod.calls(op)[before:]
-    assert [c.status for c in calls] == [429, 201 if op == "create" and api == "rest" else
-                                         204 if op == "terminate" and api == "rest" else 200]
+    assert [c.status for c in calls] == [
+        429,
+        201
+        if op == "create" and api == "rest"
+        else 204
+        if op == "terminate" and api == "rest"
+        else 200,
+    ]
     assert calls[1].at - calls[0].at >= 0.95
     assert len(runpod.list_pods()) == {"create": 2, "terminate": 0}.get(op, 1)
 
@@ -281,8 +292,12 @@ async def test_429_that_never_ends_is_reported(
     assert runpod.call_count("list") == client.retries + 1
 
 
-SAFE_CALLS = [(api, op) for api in APIS for op in ("list", "read", "terminate", "catalog")
-              if not (api == "graphql" and op == "catalog")]  # GraphQL has no catalog call
+SAFE_CALLS = [
+    (api, op)
+    for api in APIS
+    for op in ("list", "read", "terminate", "catalog")
+    if not (api == "graphql" and op == "catalog")
+]  # GraphQL has no catalog call
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504])
@@ -338,9 +353,7 @@ async def test_5xx_on_create_is_not_repeated_by_the_client(
     assert len(runpod.list_pods()) == 1  # the pod was made all the same
 
 
-async def test_slow_create_times_out_as_uncertain(
-    api: str, runpod: RunPodEmulator
-) -> None:
+async def test_slow_create_times_out_as_uncertain(api: str, runpod: RunPodEmulator) -> None:
     client = make_client(api, runpod.base_url, timeout=0.3)
     runpod.set_delay(0.8, op="create")
     started = time.monotonic()

@@ -76,9 +76,16 @@ def pods_of(runpod: RunPodEmulator, sched: Scheduler) -> list[Any]:
 
 def make_pod(runpod: RunPodEmulator, name: str) -> str:
     """A pod made behind the scheduler's back, over the emulator's REST API."""
-    response = httpx.post(f"{runpod.base_url}/v2/pods", headers=runpod.auth_headers, json={
-        "name": name, "image": "x", "gpu": {"id": MID[0], "count": 1}, "ports": ["8080/http"],
-    })
+    response = httpx.post(
+        f"{runpod.base_url}/v2/pods",
+        headers=runpod.auth_headers,
+        json={
+            "name": name,
+            "image": "x",
+            "gpu": {"id": MID[0], "count": 1},
+            "ports": ["8080/http"],
+        },
+    )
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
 
@@ -92,8 +99,9 @@ def test_gpu_none_goes_to_docker_and_mid_to_runpod(
     assert local.json()["provider"] == "local-docker"
     assert runpod.call_count("create") == 0
 
-    response = sched.acquire(kind="anim", gpu="mid", correlation_id="rp-1",
-                             env={"SCENE": "intro"}, ttl_seconds=600)
+    response = sched.acquire(
+        kind="anim", gpu="mid", correlation_id="rp-1", env={"SCENE": "intro"}, ttl_seconds=600
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     lease = body["lease"]
@@ -108,16 +116,21 @@ def test_gpu_none_goes_to_docker_and_mid_to_runpod(
     assert pod.env["WORKER_KIND"] == "anim" and pod.env["SCENE"] == "intro"
     assert pod.env["OPENALICE_SCHEDULER_INSTANCE"] == sched.instance
     assert {item["lease_id"] for item in sched.leases()} == {
-        lease["lease_id"], local.json()["lease"]["lease_id"]}
-    assert sched.metric("scheduler_leases_acquired_total",
-                        provider="runpod", kind="anim", gpu="mid") == 1
+        lease["lease_id"],
+        local.json()["lease"]["lease_id"],
+    }
+    assert (
+        sched.metric("scheduler_leases_acquired_total", provider="runpod", kind="anim", gpu="mid")
+        == 1
+    )
 
     assert sched.release(lease["lease_id"]).status_code == 204
     assert runpod.list_pods() == []
     assert sched.release(lease["lease_id"]).status_code == 404
     assert sched.release(local.json()["lease"]["lease_id"]).status_code == 204
-    assert sched.metric("scheduler_leases_released_total",
-                        provider="runpod", reason="explicit") == 1
+    assert (
+        sched.metric("scheduler_leases_released_total", provider="runpod", reason="explicit") == 1
+    )
 
 
 def test_mid_out_of_capacity_is_503_naming_runpods_reason(
@@ -178,14 +191,19 @@ def test_no_capacity_at_create_though_the_catalog_showed_stock_is_503(
     for gpu in MID:
         runpod.set_no_capacity_at_create(gpu)
     assert_out_of_capacity(sched.acquire(kind="renderer", gpu="mid"))
-    assert sorted(c.body["gpu"]["id"] if api == "rest" else
-                  c.body["variables"]["input"]["gpuTypeId"]
-                  for c in runpod.calls("create")) == sorted(MID)  # each tried once
+    assert sorted(
+        c.body["gpu"]["id"] if api == "rest" else c.body["variables"]["input"]["gpuTypeId"]
+        for c in runpod.calls("create")
+    ) == sorted(MID)  # each tried once
     if api == "rest":
-        listed = httpx.get(f"{runpod.base_url}/v2/catalog/gpus", headers=runpod.auth_headers,
-                           params={"include": "AVAILABILITY", "product": "POD"}).json()
+        listed = httpx.get(
+            f"{runpod.base_url}/v2/catalog/gpus",
+            headers=runpod.auth_headers,
+            params={"include": "AVAILABILITY", "product": "POD"},
+        ).json()
         assert {g["id"]: g["availability"] for g in listed["gpus"] if g["id"] in MID} == {
-            gpu: "HIGH" for gpu in MID}
+            gpu: "HIGH" for gpu in MID
+        }
         assert runpod.call_count("catalog") >= 1
     assert runpod.list_pods() == [] and sched.leases() == []
     assert sched.metric("scheduler_acquire_failures_total", reason="no_provider") == 1
@@ -288,8 +306,7 @@ def test_kill_9_just_after_create_leaves_one_pod_destroyed_on_restart(
     assert runpod.list_pods() == []
     assert runpod.call_count("create") == 1  # never a second pod
     assert sched.leases() == []
-    assert sched.metric("scheduler_leases_released_total", provider="runpod",
-                        reason="failed") == 1
+    assert sched.metric("scheduler_leases_released_total", provider="runpod", reason="failed") == 1
     # And the scheduler works on.
     response = sched.acquire(kind="renderer", gpu="mid")
     assert response.status_code == 200, response.text
@@ -328,10 +345,12 @@ def test_vanished_pod_marks_the_lease_lost(
     lease = sched.lease(kind="renderer", gpu="mid")
     kept = sched.lease(kind="renderer", gpu="entry")
     assert runpod.vanish_pod(lease["provider_token"])
-    wait_for(lambda: [x["lease_id"] for x in sched.leases()] == [kept["lease_id"]], 30,
-             what="the lease to be marked lost")
-    assert sched.metric("scheduler_leases_released_total", provider="runpod",
-                        reason="lost") == 1
+    wait_for(
+        lambda: [x["lease_id"] for x in sched.leases()] == [kept["lease_id"]],
+        30,
+        what="the lease to be marked lost",
+    )
+    assert sched.metric("scheduler_leases_released_total", provider="runpod", reason="lost") == 1
     assert sched.release(lease["lease_id"]).status_code == 404
     assert [p.id for p in runpod.list_pods()] == [kept["provider_token"]]
 
@@ -346,15 +365,16 @@ def test_duplicates_and_orphans_are_destroyed_by_reconciliation(
     make_pod(runpod, f"oa-{sched.instance}-{uuid.uuid4()}")  # named for us, no lease
     foreign = make_pod(runpod, f"oa-someone-else-{uuid.uuid4()}")
     wait_for(lambda: len(runpod.list_pods()) == 2, 30, what="the extras to be destroyed")
-    assert sorted(p.id for p in runpod.list_pods()) == sorted([lease["provider_token"],
-                                                               foreign])
+    assert sorted(p.id for p in runpod.list_pods()) == sorted([lease["provider_token"], foreign])
     assert sched.leases() == [lease]
-    assert sched.metric("scheduler_leases_released_total", provider="runpod",
-                        reason="orphan") == 2
+    assert sched.metric("scheduler_leases_released_total", provider="runpod", reason="orphan") == 2
 
 
 def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_pods(
-    api: str, start: Callable[..., Scheduler], runpod: RunPodEmulator, tmp_path: Path,
+    api: str,
+    start: Callable[..., Scheduler],
+    runpod: RunPodEmulator,
+    tmp_path: Path,
 ) -> None:
     """Pods are found by name, and two schedulers with one SCHEDULER_INSTANCE (`default`
     unless set) make the same names: each pod carries its store's id in its env, so
@@ -362,8 +382,12 @@ def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_p
     (made before it existed) is still taken for this instance's."""
     instance = f"t-shared-{uuid.uuid4().hex[:8]}"
     first, second = (
-        start(api, SCHEDULER_INSTANCE=instance, RECONCILE_INTERVAL_SECONDS="0.5",
-              DATABASE_URL=f"sqlite:///{tmp_path / name}.db")
+        start(
+            api,
+            SCHEDULER_INSTANCE=instance,
+            RECONCILE_INTERVAL_SECONDS="0.5",
+            DATABASE_URL=f"sqlite:///{tmp_path / name}.db",
+        )
         for name in ("first", "second")
     )
     leases = [first.lease(kind="renderer", gpu="mid"), second.lease(kind="renderer", gpu="mid")]
@@ -371,15 +395,20 @@ def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_p
     assert len(stores) == 2 and None not in stores, stores
 
     unlabelled = make_pod(runpod, f"oa-{instance}-{uuid.uuid4()}")
-    wait_for(lambda: unlabelled not in {p.id for p in runpod.list_pods()}, 30,
-             what="the pod without a store to be destroyed as an orphan")
+    wait_for(
+        lambda: unlabelled not in {p.id for p in runpod.list_pods()},
+        30,
+        what="the pod without a store to be destroyed as an orphan",
+    )
     time.sleep(1.5)  # several more passes of each reconciler
     assert sorted(p.id for p in runpod.list_pods()) == sorted(
-        lease["provider_token"] for lease in leases)
+        lease["provider_token"] for lease in leases
+    )
     for sched, lease in zip((first, second), leases, strict=True):
         assert sched.leases() == [lease]
-        assert sched.metric("scheduler_leases_released_total", provider="runpod",
-                            reason="lost") == 0
+        assert (
+            sched.metric("scheduler_leases_released_total", provider="runpod", reason="lost") == 0
+        )
     assert "belong to another state store" in first.log() + second.log()
 
 
@@ -391,8 +420,7 @@ def test_orphans_left_while_down_are_destroyed_at_start_up(
     other = make_pod(runpod, f"oa-{instance}x-{uuid.uuid4()}")
     sched = start("rest", SCHEDULER_INSTANCE=instance)
     assert [p.id for p in runpod.list_pods()] == [other]
-    assert sched.metric("scheduler_leases_released_total", provider="runpod",
-                        reason="orphan") == 1
+    assert sched.metric("scheduler_leases_released_total", provider="runpod", reason="orphan") == 1
 
 
 def test_a_rejected_key_makes_runpod_unavailable(

@@ -386,8 +386,10 @@ def test_no_capacity_at_create_keeps_the_catalog_stock(
     assert error["message"] == NO_CAPACITY_MESSAGE
     assert error["extensions"]["code"] == "SUPPLY_CONSTRAINT"
     assert create(client, gpu=OTHER_GPU)["gpu"]["id"] == OTHER_GPU
-    assert client.post("/_emulator/faults",
-                       json={"no_capacity_at_create": {GPU: False}}).status_code == 200
+    assert (
+        client.post("/_emulator/faults", json={"no_capacity_at_create": {GPU: False}}).status_code
+        == 200
+    )
     create(client)
     assert client.get("/_emulator/state").json()["faults"]["no_capacity_at_create"] == []
 
@@ -708,8 +710,12 @@ def test_a_pods_proxy_url_answers_only_once_switched_on(
     url = runpod.proxy_url.format(pod_id=pod_id, port=8080)
     assert client.get(url + "/healthz").status_code == 502  # nothing listens by default
 
-    assert client.post("/_emulator/faults", json={"pods_answer_after": 1000}).json()[
-        "pods_answer_after"] == 1000
+    assert (
+        client.post("/_emulator/faults", json={"pods_answer_after": 1000}).json()[
+            "pods_answer_after"
+        ]
+        == 1000
+    )
     assert client.get(url + "/healthz").status_code == 502  # not yet
 
     client.post("/_emulator/faults", json={"pods_answer_after": 0})

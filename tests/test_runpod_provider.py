@@ -76,12 +76,14 @@ async def make_provider(
 ) -> AsyncIterator[Callable[..., RunPodProvider]]:
     made: list[RunPodProvider] = []
 
-    def make(api: str, *, key: str = KEY, backoff: float = 0.05, **overrides: Any
-             ) -> RunPodProvider:
+    def make(
+        api: str, *, key: str = KEY, backoff: float = 0.05, **overrides: Any
+    ) -> RunPodProvider:
         config = settings(runpod, api, runpod_api_key=key, **overrides)
         client_class = RestClient if api == "rest" else GraphQLClient
-        client = client_class(key, runpod.base_url,
-                              timeout=config.runpod_request_timeout_seconds, backoff=backoff)
+        client = client_class(
+            key, runpod.base_url, timeout=config.runpod_request_timeout_seconds, backoff=backoff
+        )
         provider = RunPodProvider(config, client=client)
         made.append(provider)
         return provider
@@ -96,11 +98,19 @@ def provider(api: str, make_provider: Callable[..., RunPodProvider]) -> RunPodPr
     return make_provider(api)
 
 
-def spec(gpu: GpuClass = GpuClass.mid, kind: WorkerKind = WorkerKind.renderer,
-         region: str | None = None, env: dict[str, str] | None = None) -> WorkerSpec:
+def spec(
+    gpu: GpuClass = GpuClass.mid,
+    kind: WorkerKind = WorkerKind.renderer,
+    region: str | None = None,
+    env: dict[str, str] | None = None,
+) -> WorkerSpec:
     return WorkerSpec(
-        lease_id=str(uuid.uuid4()), kind=kind, gpu=gpu, region=region,
-        expires_at=datetime.now(UTC) + timedelta(hours=1), env=env or {},
+        lease_id=str(uuid.uuid4()),
+        kind=kind,
+        gpu=gpu,
+        region=region,
+        expires_at=datetime.now(UTC) + timedelta(hours=1),
+        env=env or {},
     )
 
 
@@ -111,13 +121,24 @@ def create_bodies(runpod: RunPodEmulator) -> list[dict[str, Any]]:
         body = call.body or {}
         if call.api == "graphql":
             value = body["variables"]["input"]
-            out.append({"name": value.get("name"), "gpu": value.get("gpuTypeId"),
-                        "dc": [value["dataCenterId"]] if value.get("dataCenterId") else [],
-                        "status": call.status})
+            out.append(
+                {
+                    "name": value.get("name"),
+                    "gpu": value.get("gpuTypeId"),
+                    "dc": [value["dataCenterId"]] if value.get("dataCenterId") else [],
+                    "status": call.status,
+                }
+            )
         else:
-            out.append({"name": body.get("name"), "gpu": (body.get("gpu") or {}).get("id"),
-                        "cpu": body.get("cpu"), "dc": body.get("dataCenterIds", []),
-                        "status": call.status})
+            out.append(
+                {
+                    "name": body.get("name"),
+                    "gpu": (body.get("gpu") or {}).get("id"),
+                    "cpu": body.get("cpu"),
+                    "dc": body.get("dataCenterIds", []),
+                    "status": call.status,
+                }
+            )
     return out
 
 
@@ -152,8 +173,9 @@ async def test_pod_name_env_image_and_endpoint(
 async def test_kind_maps_to_a_template_or_an_image(
     api: str, make_provider: Callable[..., RunPodProvider], runpod: RunPodEmulator
 ) -> None:
-    provider = make_provider(api, runpod_anim_template="tpl-anim-7", anim_port=9000,
-                             renderer_image="example/renderer:3")
+    provider = make_provider(
+        api, runpod_anim_template="tpl-anim-7", anim_port=9000, renderer_image="example/renderer:3"
+    )
     anim = await provider.provision(spec(kind=WorkerKind.anim))
     renderer = await provider.provision(spec(kind=WorkerKind.renderer))
     pods = {pod.id: pod for pod in runpod.list_pods()}
@@ -356,7 +378,8 @@ async def test_400_moves_to_the_next_candidate(
     attempts = tried(runpod)
     assert len(attempts) == 2 and attempts[0] != attempts[1]
     assert [b["status"] for b in create_bodies(runpod)] == (
-        [400, 201] if api == "rest" else [200, 200])  # GraphQL: in-band SUPPLY_CONSTRAINT
+        [400, 201] if api == "rest" else [200, 200]
+    )  # GraphQL: in-band SUPPLY_CONSTRAINT
     [pod] = runpod.list_pods()
     assert pod.gpu_id == attempts[1] and pod.id == worker.provider_token
 
@@ -545,8 +568,9 @@ async def test_duplicates_found_by_name_are_destroyed(
     several pods of this lease, one is kept and the others destroyed."""
     worker_spec = spec()
     name = provider.pod_name(worker_spec.lease_id)
-    await provider.client.create_pod(PodRequest(
-        name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S))
+    await provider.client.create_pod(
+        PodRequest(name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S)
+    )
     runpod.fail_next(500, op="create", after_create=True)
     worker = await provider.provision(worker_spec)
     [pod] = runpod.list_pods()
@@ -575,8 +599,9 @@ async def test_dead_pod_that_cannot_be_terminated_still_fails_cleanly(
     service would answer with a 500), and the service's clean-up by name removes the pod."""
     stack = await make_stack(api)
     runpod.provision_delay = 30
-    task = asyncio.ensure_future(stack.service.acquire(
-        LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid)))
+    task = asyncio.ensure_future(
+        stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
+    )
     while not runpod.list_pods():
         await asyncio.sleep(0.02)
     [pod] = runpod.list_pods()
@@ -669,8 +694,12 @@ async def test_one_bad_pod_among_many_fails_alone(
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
     assert isinstance(results[0], ProviderError) and "disappeared" in results[0].message
     assert isinstance(results[1], ProviderError) and "EXITED" in results[1].message
-    assert [r.provider_token for r in results[2:]] == [  # type: ignore[union-attr]
-        by_name[provider.pod_name(s.lease_id)] for s in specs[2:]]
+    assert (
+        [r.provider_token for r in results[2:]]
+        == [  # type: ignore[union-attr]
+            by_name[provider.pod_name(s.lease_id)] for s in specs[2:]
+        ]
+    )
     assert died not in {p.id for p in runpod.list_pods()}  # the dead one was terminated
 
 
@@ -720,9 +749,15 @@ async def test_release_without_token_destroys_every_pod_of_the_lease(
 ) -> None:
     mine, other = spec(), spec()
     for s in (mine, mine, other):
-        await provider.client.create_pod(PodRequest(
-            name=provider.pod_name(s.lease_id), env={}, ports=["8080/http"], image="x",
-            gpu_type_id=L40S))
+        await provider.client.create_pod(
+            PodRequest(
+                name=provider.pod_name(s.lease_id),
+                env={},
+                ports=["8080/http"],
+                image="x",
+                gpu_type_id=L40S,
+            )
+        )
     await provider.release("", mine.lease_id)
     [left] = runpod.list_pods()
     assert left.name == provider.pod_name(other.lease_id)
@@ -746,10 +781,14 @@ async def test_list_workers_keeps_only_this_instances_pods(
     a, b = spec(), spec()
     wa = await provider.provision(a)
     await other.provision(b)
-    for name in (f"oa-{provider.instance}-not-a-uuid", "someone-elses-pod",
-                 f"oa-{provider.instance}x-{uuid.uuid4()}"):
-        await provider.client.create_pod(PodRequest(
-            name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S))
+    for name in (
+        f"oa-{provider.instance}-not-a-uuid",
+        "someone-elses-pod",
+        f"oa-{provider.instance}x-{uuid.uuid4()}",
+    ):
+        await provider.client.create_pod(
+            PodRequest(name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S)
+        )
     workers = await provider.list_workers()
     assert list(workers) == [a.lease_id]
     [info] = workers[a.lease_id]
@@ -778,8 +817,14 @@ async def make_stack(
         stores.append(store)
         await store.migrate()
         provider = make_provider(api, **overrides)
-        service = LeaseService(store, [provider], OrderedFirstAvailable(), Metrics(),
-                               NoOpTracer(), provision_timeout=20)
+        service = LeaseService(
+            store,
+            [provider],
+            OrderedFirstAvailable(),
+            Metrics(),
+            NoOpTracer(),
+            provision_timeout=20,
+        )
         reconciler = Reconciler(service, NoOpTracer(), 60, 20, replica_timeout=30)
         sweeper = Sweeper(service, Alarm(service.now_us), NoOpTracer(), 60)
         return Stack(service, provider, reconciler, sweeper)
@@ -793,8 +838,9 @@ async def test_acquire_records_the_pod_and_release_destroys_it(
     api: str, make_stack: Callable[..., Awaitable[Stack]], runpod: RunPodEmulator
 ) -> None:
     stack = await make_stack(api)
-    record = await stack.service.acquire(LeaseRequest(kind=WorkerKind.anim, gpu=GpuClass.high,
-                                                      ttl_seconds=120))
+    record = await stack.service.acquire(
+        LeaseRequest(kind=WorkerKind.anim, gpu=GpuClass.high, ttl_seconds=120)
+    )
     [pod] = runpod.list_pods()
     assert record.provider == "runpod" and record.state == "active"
     assert record.provider_token == pod.id
@@ -865,8 +911,7 @@ async def test_failed_release_stays_releasing_until_the_sweeper_succeeds(
     api: str, make_stack: Callable[..., Awaitable[Stack]], runpod: RunPodEmulator
 ) -> None:
     stack = await make_stack(api)
-    record = await stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer,
-                                                      gpu=GpuClass.mid))
+    record = await stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
     runpod.fail_next(503, count=4, op="terminate")  # the client's tries, all refused
     with pytest.raises(ReleaseFailed):
         await stack.service.release(record.lease_id, None)
@@ -901,12 +946,12 @@ async def test_reconcile_destroys_orphans_and_duplicates_only_of_this_instance(
 ) -> None:
     stack = await make_stack(api)
     provider = stack.provider
-    record = await stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer,
-                                                      gpu=GpuClass.mid))
+    record = await stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
 
     def make_pod(name: str) -> Awaitable[Any]:
-        return provider.client.create_pod(PodRequest(
-            name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S))
+        return provider.client.create_pod(
+            PodRequest(name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S)
+        )
 
     await make_pod(provider.pod_name(record.lease_id))  # a duplicate of the lease's pod
     await make_pod(provider.pod_name(record.lease_id))
@@ -915,7 +960,8 @@ async def test_reconcile_destroys_orphans_and_duplicates_only_of_this_instance(
     totals = await stack.reconciler.run_once()
     assert totals == {"failed": 0, "orphans": 3, "lost": 0}
     assert sorted(p.id for p in runpod.list_pods()) == sorted(
-        [record.provider_token, *(pod.id for pod in foreign)])
+        [record.provider_token, *(pod.id for pod in foreign)]
+    )
     stored = await stack.service.store.get(record.lease_id)
     assert stored is not None and stored.state == "active"
     assert await stack.reconciler.run_once() == {"failed": 0, "orphans": 0, "lost": 0}

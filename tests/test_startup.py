@@ -23,15 +23,28 @@ from tests.harness import PG_HOST, Scheduler, database_url, free_port, wait_for
 STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://worker-a:8080"}
 
 
-def serve(tmp_path: Path, env: dict[str, str], timeout: float = 90
-          ) -> subprocess.CompletedProcess[str]:
+def serve(
+    tmp_path: Path, env: dict[str, str], timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
     """`serve` with exactly `env` (plus what Python needs), run to its end."""
-    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-            "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
-            "SCHEDULER_HOST": "127.0.0.1", "SCHEDULER_PORT": str(free_port()),
-            "SCHEDULER_INSTANCE": f"t-st-{uuid.uuid4().hex[:8]}", **env}
-    return subprocess.run([sys.executable, "-m", "openalice_scheduler", "serve"], env=full,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    full = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        "PYTHONUNBUFFERED": "1",
+        "SCHEDULER_HOST": "127.0.0.1",
+        "SCHEDULER_PORT": str(free_port()),
+        "SCHEDULER_INSTANCE": f"t-st-{uuid.uuid4().hex[:8]}",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "openalice_scheduler", "serve"],
+        env=full,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def lines_of(text: str) -> list[str]:
@@ -66,8 +79,15 @@ def test_every_invalid_variable_is_reported_at_once_without_its_value(tmp_path: 
     by_variable = {line.removeprefix(prefix).split(":")[0]: line for line in lines}
     assert len(by_variable) == len(lines), lines  # one line each
     assert set(by_variable) == {
-        "INTERNAL_SECRET", "SCHEDULER_PORT", "DATABASE_URL", "LOCAL_GPU_DEVICES",
-        "DOCKER_HOST", "RUNPOD_API", "PROVIDERS", "STATIC_WORKERS"}, lines
+        "INTERNAL_SECRET",
+        "SCHEDULER_PORT",
+        "DATABASE_URL",
+        "LOCAL_GPU_DEVICES",
+        "DOCKER_HOST",
+        "RUNPOD_API",
+        "PROVIDERS",
+        "STATIC_WORKERS",
+    }, lines
     assert "'bogus'" in by_variable["PROVIDERS"], lines
     assert "'ftp://worker-a' is not an http(s) URL" in by_variable["STATIC_WORKERS"], lines
     assert "Traceback" not in result.stderr and result.stdout == ""
@@ -77,11 +97,15 @@ def test_every_invalid_variable_is_reported_at_once_without_its_value(tmp_path: 
 
 
 def test_a_lone_runpod_without_a_key_is_reported_with_the_other_errors(tmp_path: Path) -> None:
-    result = serve(tmp_path, {"INTERNAL_SECRET": "s" * 32, "PROVIDERS": "runpod",
-                              "SWEEP_INTERVAL_SECONDS": "0"})
+    result = serve(
+        tmp_path,
+        {"INTERNAL_SECRET": "s" * 32, "PROVIDERS": "runpod", "SWEEP_INTERVAL_SECONDS": "0"},
+    )
     assert result.returncode == 2, result.stderr
     assert [line.split(": ")[2] for line in lines_of(result.stderr)] == [
-        "SWEEP_INTERVAL_SECONDS", "PROVIDERS"], result.stderr
+        "SWEEP_INTERVAL_SECONDS",
+        "PROVIDERS",
+    ], result.stderr
     assert "RUNPOD_API_KEY is not set" in result.stderr
 
 
@@ -100,14 +124,15 @@ def test_a_misspelt_setting_is_warned_about_and_the_service_serves(
         "SCHEDULER_DB_PORT": "tcp://10.0.0.7:5432",
         "LANG": "C.UTF-8",
     }
-    sched = make_scheduler(SCHEDULER_PROT="9999", RUNPOD_TEMPLATE="tpl", **STATIC,
-                           **unrelated)
+    sched = make_scheduler(SCHEDULER_PROT="9999", RUNPOD_TEMPLATE="tpl", **STATIC, **unrelated)
     lease = sched.lease()
     assert lease["provider"] == "static"
 
     warnings = [line for line in sched.log().splitlines() if "is not a setting" in line]
-    assert any(" WARNING " in line and line.endswith(
-        "SCHEDULER_PROT is not a setting; did you mean SCHEDULER_PORT?") for line in warnings
+    assert any(
+        " WARNING " in line
+        and line.endswith("SCHEDULER_PROT is not a setting; did you mean SCHEDULER_PORT?")
+        for line in warnings
     ), warnings
     assert any("RUNPOD_TEMPLATE is not a setting" in line for line in warnings), warnings
     for name in unrelated:
@@ -132,10 +157,15 @@ def test_an_unreachable_postgresql_is_retried_then_named_in_one_line(tmp_path: P
     port = free_port()  # nothing listens there
     password = "pw-" + uuid.uuid4().hex
     started = time.monotonic()
-    result = serve(tmp_path, {
-        "INTERNAL_SECRET": "s" * 32, **STATIC, "STARTUP_TIMEOUT_SECONDS": "3",
-        "DATABASE_URL": f"postgresql://sched:{password}@127.0.0.1:{port}/leases",
-    })
+    result = serve(
+        tmp_path,
+        {
+            "INTERNAL_SECRET": "s" * 32,
+            **STATIC,
+            "STARTUP_TIMEOUT_SECONDS": "3",
+            "DATABASE_URL": f"postgresql://sched:{password}@127.0.0.1:{port}/leases",
+        },
+    )
     took = time.monotonic() - started
 
     assert result.returncode == 2, result.stderr
@@ -144,7 +174,8 @@ def test_an_unreachable_postgresql_is_retried_then_named_in_one_line(tmp_path: P
     assert retries and all(f"127.0.0.1:{port} unreachable" in line for line in retries), lines
     assert lines[-1].startswith(
         f"openalice-scheduler: DATABASE_URL: PostgreSQL at 127.0.0.1:{port} still "
-        "unreachable after 3 s (connection refused)"), lines
+        "unreachable after 3 s (connection refused)"
+    ), lines
     assert len(lines) == len(retries) + 1, lines
     assert "Traceback" not in result.stderr and password not in result.stderr + result.stdout
     assert took < 60, took  # it gave up, after about STARTUP_TIMEOUT_SECONDS
@@ -152,10 +183,16 @@ def test_an_unreachable_postgresql_is_retried_then_named_in_one_line(tmp_path: P
 
 def test_a_missing_postgresql_database_fails_at_once_without_retrying(tmp_path: Path) -> None:
     missing = f"oa_missing_{uuid.uuid4().hex[:8]}"
-    result = serve(tmp_path, {
-        "INTERNAL_SECRET": "s" * 32, **STATIC, "STARTUP_TIMEOUT_SECONDS": "600",
-        "DATABASE_URL": f"postgresql://{getpass.getuser()}@/{missing}?host={PG_HOST}",
-    }, timeout=120)
+    result = serve(
+        tmp_path,
+        {
+            "INTERNAL_SECRET": "s" * 32,
+            **STATIC,
+            "STARTUP_TIMEOUT_SECONDS": "600",
+            "DATABASE_URL": f"postgresql://{getpass.getuser()}@/{missing}?host={PG_HOST}",
+        },
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr
     assert lines_of(result.stderr) == [
         f"openalice-scheduler: DATABASE_URL: cannot connect to PostgreSQL at {PG_HOST}:5432: "
@@ -164,12 +201,14 @@ def test_a_missing_postgresql_database_fails_at_once_without_retrying(tmp_path: 
 
 
 def test_postgresql_that_comes_up_during_the_wait_is_used(
-    make_scheduler: Callable[..., Scheduler], tmp_path: Path,
+    make_scheduler: Callable[..., Scheduler],
+    tmp_path: Path,
 ) -> None:
     with database_url("postgresql", tmp_path) as real, LatePostgres() as late:
         name = make_url(real).database
         sched = make_scheduler(
-            start=False, **STATIC,
+            start=False,
+            **STATIC,
             DATABASE_URL=f"postgresql://{getpass.getuser()}@127.0.0.1:{late.port}/{name}",
         )
         sched.start(wait=False)
@@ -196,8 +235,9 @@ def test_a_sqlite_path_that_cannot_be_opened_stops_start_up_in_one_line(
         tmp_path / "garbage.db": "file is not a database",
     }
     for path, reason in cases.items():
-        result = serve(tmp_path, {"INTERNAL_SECRET": "s" * 32, **STATIC,
-                                  "DATABASE_URL": f"sqlite:///{path}"})
+        result = serve(
+            tmp_path, {"INTERNAL_SECRET": "s" * 32, **STATIC, "DATABASE_URL": f"sqlite:///{path}"}
+        )
         assert result.returncode == 2, (path, result.stderr)
         lines = lines_of(result.stderr)
         assert len(lines) == 1, (path, lines)
@@ -242,8 +282,9 @@ class LatePostgres:
         self.thread.join(10)
         self.loop.close()
 
-    async def _forward(self, client_r: asyncio.StreamReader,
-                       client_w: asyncio.StreamWriter) -> None:
+    async def _forward(
+        self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
+    ) -> None:
         server_r, server_w = await asyncio.open_unix_connection(self.socket)
 
         async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

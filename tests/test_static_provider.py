@@ -28,8 +28,9 @@ def acquire_at_once(sched: Scheduler, n: int, **body: object) -> list[httpx.Resp
 
     def post(i: int) -> None:
         try:
-            with httpx.Client(base_url=sched.url, headers={"X-Internal-Secret": SECRET},
-                              timeout=60) as client:
+            with httpx.Client(
+                base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=60
+            ) as client:
                 barrier.wait(30)
                 results[i] = client.post("/v1/lease", json={"kind": "renderer", **body})
         except BaseException as exc:  # noqa: BLE001 - handed to the test
@@ -119,8 +120,9 @@ def test_static_workers_are_never_created_nor_destroyed(make_scheduler: Make) ->
     assert sched.containers() == []
     assert sched.release(lease["lease_id"]).status_code == 204
     assert sched.containers() == []
-    assert sched.metric("scheduler_leases_released_total", provider="static",
-                        reason="explicit") == 1
+    assert (
+        sched.metric("scheduler_leases_released_total", provider="static", reason="explicit") == 1
+    )
     assert sched.metric("scheduler_provision_seconds_count", provider="static") == 1
 
 
@@ -136,8 +138,14 @@ def _serve(make_scheduler: Make, tmp_path: Path, **env: str) -> subprocess.Compl
     s = make_scheduler(start=False, PROVIDERS="static", **env)
     full = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "STATIC_"))}
     full.update(s.env, SCHEDULER_PORT=str(s.port), PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "openalice_scheduler", "serve"], env=full,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "openalice_scheduler", "serve"],
+        env=full,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_bad_static_workers_stop_start_up_with_one_clear_line(

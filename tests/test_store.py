@@ -36,9 +36,15 @@ NOW = 1_800_000_000_000_000
 
 def new_lease(expires_in_s: int = 60) -> NewLease:
     return NewLease(
-        lease_id=str(uuid.uuid4()), kind="renderer", gpu="none", owner_id=None,
-        correlation_id=None, region=None, ttl_seconds=expires_in_s,
-        created_at=NOW, expires_at=NOW + expires_in_s * 1_000_000,
+        lease_id=str(uuid.uuid4()),
+        kind="renderer",
+        gpu="none",
+        owner_id=None,
+        correlation_id=None,
+        region=None,
+        ttl_seconds=expires_in_s,
+        created_at=NOW,
+        expires_at=NOW + expires_in_s * 1_000_000,
     )
 
 
@@ -60,8 +66,10 @@ async def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
 
 async def test_reservations_never_exceed_the_cap(store: LeaseStore) -> None:
     results = await asyncio.gather(
-        *(store.reserve(new_lease(), "p", Terms(NOW, max_live=10, resources=None))
-          for _ in range(50)),
+        *(
+            store.reserve(new_lease(), "p", Terms(NOW, max_live=10, resources=None))
+            for _ in range(50)
+        ),
         return_exceptions=True,
     )
     assert sum(1 for r in results if not isinstance(r, Exception)) == 10
@@ -72,8 +80,10 @@ async def test_reservations_never_exceed_the_cap(store: LeaseStore) -> None:
 async def test_exclusive_resources_are_never_shared(store: LeaseStore) -> None:
     leases = [new_lease() for _ in range(5)]
     results = await asyncio.gather(
-        *(store.reserve(lease, "gpu", Terms(NOW, max_live=0, resources=["0", "1"]))
-          for lease in leases),
+        *(
+            store.reserve(lease, "gpu", Terms(NOW, max_live=0, resources=["0", "1"]))
+            for lease in leases
+        ),
         return_exceptions=True,
     )
     taken = [r for r in results if isinstance(r, str)]
@@ -114,8 +124,10 @@ async def test_resources_are_exclusive_across_stores_without_a_cap(
         try:
             resources = [f"http://w{i}:8080" for i in range(8)]
             results = await asyncio.gather(
-                *(stores[i % 2].reserve(new_lease(), "static", Terms(NOW, resources=resources))
-                  for i in range(40)),
+                *(
+                    stores[i % 2].reserve(new_lease(), "static", Terms(NOW, resources=resources))
+                    for i in range(40)
+                ),
                 return_exceptions=True,
             )
             taken = [r for r in results if isinstance(r, str)]
@@ -145,8 +157,9 @@ async def test_failed_release_is_kept_and_retried(store: LeaseStore) -> None:
     await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
     await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
     await store.claim_release(lease.lease_id, ReleaseReason.explicit, now=NOW)
-    failed = await store.release_attempt_failed(lease.lease_id, error="engine down",
-                                                retry_at=NOW + 5, now=NOW)
+    failed = await store.release_attempt_failed(
+        lease.lease_id, error="engine down", retry_at=NOW + 5, now=NOW
+    )
     assert failed is not None and failed.release_attempts == 1
     assert await store.next_due() == NOW + 5
     retried = await store.claim_retries(now=NOW + 5)
@@ -163,8 +176,7 @@ async def test_transitions_are_guarded(store: LeaseStore) -> None:
     failed = await store.fail(lease.lease_id, error="boom", now=NOW)
     assert failed is not None and failed.state == "failed"
     # A provision that finishes after its lease was resolved cannot revive it.
-    assert await store.activate(lease.lease_id, endpoint="e", provider_token="t",
-                                now=NOW) is None
+    assert await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW) is None
 
 
 async def test_times_round_trip_exactly(store: LeaseStore) -> None:
@@ -197,9 +209,13 @@ async def test_a_listing_always_shows_the_leases_as_they_are_now(store: LeaseSto
     await active(second)
     assert listed_ids(await store.list_json()) == [first.lease_id, second.lease_id]
     # Written behind the store's back, with the same updated_at: still seen.
-    await store.backend.write(lambda conn: conn.execute(
-        update(schema.leases).where(schema.leases.c.lease_id == second.lease_id)
-        .values(endpoint="http://moved:1")))
+    await store.backend.write(
+        lambda conn: conn.execute(
+            update(schema.leases)
+            .where(schema.leases.c.lease_id == second.lease_id)
+            .values(endpoint="http://moved:1")
+        )
+    )
     listed = json.loads(await store.list_json())
     assert [x["endpoint"] for x in listed] == ["e", "http://moved:1"]
     assert listed[1] == (await store.get(second.lease_id)).wire()  # type: ignore[union-attr]
@@ -214,17 +230,30 @@ async def test_a_static_lease_is_active_at_once_and_released_in_the_claim(
 ) -> None:
     owned = replace(new_lease(), owner_id="alice")
     terms = Terms(NOW, resources=("a:1", "b:1"), resource_label="static endpoints")
-    record = await store.reserve_active(owned, "static", terms,
-                                        lambda r: (f"http://{r}", f"token-{r}"))
+    record = await store.reserve_active(
+        owned, "static", terms, lambda r: (f"http://{r}", f"token-{r}")
+    )
     assert (record.state, record.endpoint, record.provider_token, record.resource) == (
-        "active", "http://a:1", "token-a:1", "a:1")
+        "active",
+        "http://a:1",
+        "token-a:1",
+        "a:1",
+    )
     assert (await store.get(owned.lease_id)) == record
-    done = await store.claim_release(owned.lease_id, ReleaseReason.explicit, now=NOW + 1,
-                                     at_once=("static",))
+    done = await store.claim_release(
+        owned.lease_id, ReleaseReason.explicit, now=NOW + 1, at_once=("static",)
+    )
     assert done is not None and (done.state, done.release_reason, done.released_at) == (
-        "released", "explicit", NOW + 1)
-    assert await store.claim_release(owned.lease_id, ReleaseReason.explicit, now=NOW + 2,
-                                     at_once=("static",)) is None  # never twice
+        "released",
+        "explicit",
+        NOW + 1,
+    )
+    assert (
+        await store.claim_release(
+            owned.lease_id, ReleaseReason.explicit, now=NOW + 2, at_once=("static",)
+        )
+        is None
+    )  # never twice
     again = await store.reserve_active(new_lease(), "static", terms, lambda r: (r, r))
     assert again.resource == "a:1"  # its endpoint is free again
 
@@ -240,14 +269,16 @@ async def test_free_resources_are_judged_by_the_file_not_by_what_the_process_rem
     resources = ("a", "b", "c")
 
     def take() -> Any:
-        return store.reserve_active(new_lease(), "static", Terms(NOW, resources=resources),
-                                    lambda r: (r, r))
+        return store.reserve_active(
+            new_lease(), "static", Terms(NOW, resources=resources), lambda r: (r, r)
+        )
 
     try:
         first = await take()
         assert first.resource == "a"
-        assert await store.claim_release(first.lease_id, ReleaseReason.explicit, now=NOW + 1,
-                                         at_once=("static",))
+        assert await store.claim_release(
+            first.lease_id, ReleaseReason.explicit, now=NOW + 1, at_once=("static",)
+        )
         second = await take()
         assert second.resource == "a"  # free again at once
 
@@ -255,9 +286,11 @@ async def test_free_resources_are_judged_by_the_file_not_by_what_the_process_rem
         columns = [c.name for c in schema.leases.columns]
         chosen = [{"lease_id": "?", "resource": "'b'"}.get(c, c) for c in columns]
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as tool:
-            tool.execute(f"INSERT INTO leases ({', '.join(columns)}) "
-                         f"SELECT {', '.join(chosen)} FROM leases WHERE lease_id = ?",
-                         (str(uuid.uuid4()), second.lease_id))
+            tool.execute(
+                f"INSERT INTO leases ({', '.join(columns)}) "
+                f"SELECT {', '.join(chosen)} FROM leases WHERE lease_id = ?",
+                (str(uuid.uuid4()), second.lease_id),
+            )
         third = await take()
         assert third.resource == "c"
 
@@ -280,8 +313,11 @@ async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> Non
         await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
 
     def renew_then_fail(conn: Connection, lease_id: str) -> None:
-        conn.execute(update(schema.leases).where(schema.leases.c.lease_id == lease_id)
-                     .values(expires_at=NOW + 999))
+        conn.execute(
+            update(schema.leases)
+            .where(schema.leases.c.lease_id == lease_id)
+            .values(expires_at=NOW + 999)
+        )
         raise RuntimeError("after writing")
 
     def refuse(_conn: Connection) -> None:
@@ -300,7 +336,13 @@ async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> Non
         assert outcomes[place] is not None and outcomes[place].state == "active"
     stored = {lease.lease_id: await store.get(lease.lease_id) for lease in leases}
     assert [stored[lease.lease_id].state for lease in leases] == [
-        "active", "provisioning", "active", "active", "provisioning", "provisioning"]
+        "active",
+        "provisioning",
+        "active",
+        "active",
+        "provisioning",
+        "provisioning",
+    ]
     assert stored[leases[1].lease_id].expires_at == leases[1].expires_at
 
 
@@ -356,10 +398,12 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
     tool.execute("BEGIN IMMEDIATE")
     try:
         waiting = asyncio.create_task(
-            store.reserve(first, "p", Terms(NOW, max_live=0, resources=None)))
+            store.reserve(first, "p", Terms(NOW, max_live=0, resources=None))
+        )
         await asyncio.sleep(1.0)
         behind = asyncio.create_task(
-            store.reserve(second, "p", Terms(NOW, max_live=0, resources=None)))
+            store.reserve(second, "p", Terms(NOW, max_live=0, resources=None))
+        )
         # Let go at 3.5 s: past the second write's own limit (3.0 s), before the limit it
         # had when its wait only began once the first gave up (2.0 + 2.0 s).
         await asyncio.sleep(2.5)
@@ -383,7 +427,8 @@ async def test_sqlite_commits_are_full_synchronous_by_default(tmp_path: Path) ->
     try:
         await store.reserve(new_lease(), "p", Terms(NOW))
         level = await store.backend.write(
-            lambda conn: conn.exec_driver_sql("PRAGMA synchronous").scalar())
+            lambda conn: conn.exec_driver_sql("PRAGMA synchronous").scalar()
+        )
         assert level == 2  # FULL
         assert set(_children(os.getpid())) - before == set()
     finally:
@@ -476,8 +521,9 @@ async def test_a_pool_with_no_connection_to_lend_is_unavailable_not_an_error(
         other = await asyncpg.connect(url)
         try:
             await other.execute("SELECT pg_advisory_lock(7)")
-            holding = asyncio.create_task(backend.write(
-                lambda conn: conn.execute(text("SELECT pg_advisory_xact_lock(7)"))))
+            holding = asyncio.create_task(
+                backend.write(lambda conn: conn.execute(text("SELECT pg_advisory_xact_lock(7)")))
+            )
             await asyncio.sleep(0.5)  # it has the pool's one connection, and waits
             assert not holding.done()
             with pytest.raises(StoreUnavailable):

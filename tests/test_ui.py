@@ -46,8 +46,9 @@ def browser() -> Iterator[Browser]:
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is needed (scripts/test installs it)"
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium,
-                                              args=["--no-sandbox", "--disable-gpu"])
+        launched = playwright.chromium.launch(
+            executable_path=chromium, args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
             yield launched
         finally:
@@ -55,7 +56,8 @@ def browser() -> Iterator[Browser]:
 
 
 def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
-        service: Scheduler) -> None:
+    service: Scheduler,
+) -> None:
     page = httpx.get(f"{service.url}/ui")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page.text
@@ -84,7 +86,8 @@ def test_every_asset_ships_in_the_package() -> None:
     """A file added under ui/ that pyproject's package-data misses would be absent from
     every install but this checkout's."""
     patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-data"]["openalice_scheduler"]
+        "package-data"
+    ]["openalice_scheduler"]
     assets = sorted((REPO / "src" / "openalice_scheduler" / "ui").iterdir())
     assert {path.name for path in assets} >= {"index.html", "ui.js", "ui.css"}
     for path in assets:
@@ -108,7 +111,8 @@ def test_recent_releases_are_listed_newest_first_on_request(service: Scheduler) 
 
 
 def test_an_operator_signs_in_and_watches_leases_come_and_go(
-        service: Scheduler, browser: Browser, tmp_path: Path) -> None:
+    service: Scheduler, browser: Browser, tmp_path: Path
+) -> None:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     requested: list[str] = []
@@ -138,7 +142,8 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     poll = service.http.get("/v1/guard", params={"guard_id": "guard-a", "providers": "static"})
     assert poll.status_code == 200, poll.text
     expect(page.locator('#health [data-guard="guard-a"]')).to_contain_text(
-        "polling", timeout=SHOWN_WITHIN_MS)
+        "polling", timeout=SHOWN_WITHIN_MS
+    )
 
     # A lease acquired through the API: on the page with its owner, as text, and its
     # time left counting down.
@@ -150,19 +155,24 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     expect(row).to_contain_text("http://r1.test:8080")
     left = _seconds(row.locator(".time"))
     assert 540 < left <= 600, left
-    expect(row.locator(".time")).not_to_have_text(row.locator(".time").text_content() or "",
-                                                  timeout=5000)
+    expect(row.locator(".time")).not_to_have_text(
+        row.locator(".time").text_content() or "", timeout=5000
+    )
     assert _seconds(row.locator(".time")) < left
     expect(idle).to_have_text("1 / 1", timeout=SHOWN_WITHIN_MS)
 
     # A second caller waits in line for the one endpoint.
     waited: dict[str, httpx.Response] = {}
-    waiter = threading.Thread(target=lambda: waited.update(answer=service.acquire(
-        kind="renderer", owner_id="waiter", wait_seconds=60)))
+    waiter = threading.Thread(
+        target=lambda: waited.update(
+            answer=service.acquire(kind="renderer", owner_id="waiter", wait_seconds=60)
+        )
+    )
     waiter.start()
     try:
         expect(page.locator('#waiting [data-waiting="renderer · none"]')).to_have_text(
-            re.compile(r"1 caller$"), timeout=SHOWN_WITHIN_MS)
+            re.compile(r"1 caller$"), timeout=SHOWN_WITHIN_MS
+        )
         shot = tmp_path / "ui.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"dashboard screenshot: {shot}")
@@ -178,9 +188,9 @@ def test_an_operator_signs_in_and_watches_leases_come_and_go(
     expect(ended.locator(".owner")).to_have_text(OWNER)
     second = waited["answer"].json()["lease"]
     expect(page.locator(f'#live tr[data-lease-id="{second["lease_id"]}"] .owner')).to_have_text(
-        "waiter", timeout=SHOWN_WITHIN_MS)
-    expect(page.locator("#waiting")).to_have_text("Nobody is waiting.",
-                                                 timeout=SHOWN_WITHIN_MS)
+        "waiter", timeout=SHOWN_WITHIN_MS
+    )
+    expect(page.locator("#waiting")).to_have_text("Nobody is waiting.", timeout=SHOWN_WITHIN_MS)
 
     # On a phone: one column, nothing wider than the screen.
     page.set_viewport_size({"width": 390, "height": 844})
@@ -217,8 +227,11 @@ def test_fleet_hosts_show_their_health_and_use(browser: Browser, tmp_path: Path)
     with socket.socket() as closed:  # bound, never listening: refused
         closed.bind(("127.0.0.1", 0))
         gone = f"tcp://127.0.0.1:{closed.getsockname()[1]}"
-        sched = Scheduler(tmp_path, PROVIDERS="local-docker",
-                          DOCKER_HOSTS=f"cpu1={SHARED_ENGINE} max=2; gone={gone} max=1")
+        sched = Scheduler(
+            tmp_path,
+            PROVIDERS="local-docker",
+            DOCKER_HOSTS=f"cpu1={SHARED_ENGINE} max=2; gone={gone} max=1",
+        )
         try:
             sched.start()
             lease = sched.lease(kind="anim", ttl_seconds=300)
@@ -231,11 +244,13 @@ def test_fleet_hosts_show_their_health_and_use(browser: Browser, tmp_path: Path)
             expect(cpu1).to_contain_text("healthy", timeout=SHOWN_WITHIN_MS)
             expect(cpu1).to_contain_text("1 / 2 workers", timeout=SHOWN_WITHIN_MS)
             expect(page.locator('#health [data-host="gone"]')).to_contain_text(
-                "unhealthy", timeout=SHOWN_WITHIN_MS)
+                "unhealthy", timeout=SHOWN_WITHIN_MS
+            )
             row = page.locator(f'#live tr[data-lease-id="{lease["lease_id"]}"]')
             expect(row).to_contain_text("local-docker · cpu1")
             expect(page.locator('#capacity [data-use="anim · none"] .figure')).to_have_text(
-                "1 / 3 (shared by kinds)")
+                "1 / 3 (shared by kinds)"
+            )
             shot = tmp_path / "ui-fleet.png"
             page.screenshot(path=str(shot), full_page=True)
             print(f"dashboard screenshot (fleet): {shot}")
@@ -246,7 +261,8 @@ def test_fleet_hosts_show_their_health_and_use(browser: Browser, tmp_path: Path)
 
 
 def test_priced_leases_show_their_price_cost_and_spend_per_owner(
-        browser: Browser, tmp_path: Path) -> None:
+    browser: Browser, tmp_path: Path
+) -> None:
     # Local Docker workers at 3.60 $/h: a second costs a tenth of a cent.
     sched = Scheduler(tmp_path, PROVIDERS="local-docker", LOCAL_DOCKER_PRICE_PER_HOUR="3.6")
     try:
@@ -269,8 +285,7 @@ def test_priced_leases_show_their_price_cost_and_spend_per_owner(
         # Cost so far grows while the lease is held.
         expect(cost).not_to_have_text(cost.text_content() or "", timeout=5000)
         ended = page.locator(f'#released tr[data-lease-id="{done["lease_id"]}"]')
-        expect(ended.locator(".money")).to_have_text(f"${ended_cost:.4f}",
-                                                      timeout=SHOWN_WITHIN_MS)
+        expect(ended.locator(".money")).to_have_text(f"${ended_cost:.4f}", timeout=SHOWN_WITHIN_MS)
         # Spend per owner, today and this month, from /v1/usage.
         spend = page.locator("#spend tbody tr").filter(has_text="anim")
         expect(spend).to_have_count(1, timeout=SHOWN_WITHIN_MS)
@@ -291,5 +306,3 @@ def _seconds(cell: Locator) -> int:
     assert parts, text
     hours, minutes, seconds = (int(part or 0) for part in parts.groups())
     return hours * 3600 + minutes * 60 + seconds
-
-

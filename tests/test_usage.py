@@ -49,8 +49,9 @@ def test_usage_per_owner_counts_live_and_released_leases(priced: Scheduler) -> N
     for g in groups.values():
         assert g["cost"] == pytest.approx(g["lease_hours"] * float(PRICE), abs=1e-5)
     assert report["total"]["leases"] == 4 and report["total"]["live"] == 3
-    assert report["total"]["cost"] == pytest.approx(sum(g["cost"] for g in groups.values()),
-                                             abs=1e-5)
+    assert report["total"]["cost"] == pytest.approx(
+        sum(g["cost"] for g in groups.values()), abs=1e-5
+    )
     costs = [g["cost"] for g in report["groups"]]
     assert costs == sorted(costs, reverse=True)
     assert report["complete"] is True and report["note"] is None
@@ -68,24 +69,30 @@ def test_usage_period_before_the_leases_is_empty_and_beyond_retention_incomplete
     priced: Scheduler,
 ) -> None:
     priced.lease(owner_id="anim")
-    report = priced.http.get("/v1/usage", params={
-        "since": "2020-01-01", "until": "2020-01-02T00:00:00Z"}).json()
+    report = priced.http.get(
+        "/v1/usage", params={"since": "2020-01-01", "until": "2020-01-02T00:00:00Z"}
+    ).json()
     assert report["groups"] == [] and report["total"]["leases"] == 0
     assert report["since"].startswith("2020-01-01T00:00:00")
     assert report["complete"] is False
     assert "purged" in report["note"] and report["retention_days"] == 90
 
 
-@pytest.mark.parametrize(("params", "field"), [
-    ({"since": "yesterday"}, "since"),
-    ({"until": "2026-13-01"}, "until"),
-    ({"since": "2026-11-30T12:00:00"}, "since"),  # no UTC offset
-    ({"since": "2026-12-01", "until": "2026-11-30"}, "since"),
-    ({"until": "9999-12-31T23:59:59-01:00"}, "until"),
-    ({"group_by": "colour"}, "group_by"),
-])
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"since": "yesterday"}, "since"),
+        ({"until": "2026-13-01"}, "until"),
+        ({"since": "2026-11-30T12:00:00"}, "since"),  # no UTC offset
+        ({"since": "2026-12-01", "until": "2026-11-30"}, "since"),
+        ({"until": "9999-12-31T23:59:59-01:00"}, "until"),
+        ({"group_by": "colour"}, "group_by"),
+    ],
+)
 def test_bad_usage_parameters_are_422_naming_them(
-    sched: Scheduler, params: dict[str, str], field: str,
+    sched: Scheduler,
+    params: dict[str, str],
+    field: str,
 ) -> None:
     answer = sched.http.get("/v1/usage", params=params)
     assert answer.status_code == 422, answer.text
@@ -101,7 +108,11 @@ def _cli(sched: Scheduler, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "INTERNAL_SECRET": SECRET, "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "openalice_scheduler", "usage", "--url", sched.url, *args],
-        env=env, capture_output=True, text=True, timeout=60)
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_usage_command_shows_spend_per_owner(priced: Scheduler) -> None:
@@ -126,7 +137,8 @@ def test_usage_command_shows_spend_per_owner(priced: Scheduler) -> None:
     assert yesterday.returncode == 0, yesterday.stderr
     assert json.loads(yesterday.stdout)["groups"] == []  # the lease began today
     assert json.loads(yesterday.stdout)["since"].startswith(
-        (midnight - timedelta(days=1)).strftime("%Y-%m-%d"))
+        (midnight - timedelta(days=1)).strftime("%Y-%m-%d")
+    )
 
     bad = _cli(priced, "--since", "last week")
     assert bad.returncode == 2 and "--since" in bad.stderr
@@ -136,26 +148,43 @@ async def test_purge_removes_old_ended_leases_only(store: LeaseStore) -> None:
     now = 1_800_000_000_000_000
     old, recent = now - 100 * DAY_US, now - DAY_US
     rows = {
-        "old-released": ("released", old), "old-failed": ("failed", old),
-        "recent-released": ("released", recent), "live": ("active", None),
+        "old-released": ("released", old),
+        "old-failed": ("failed", old),
+        "recent-released": ("released", recent),
+        "live": ("active", None),
         "old-live": ("active", None),
     }
 
     def insert(conn, *_: object) -> None:  # type: ignore[no-untyped-def]
         for lease_id, (state, released_at) in rows.items():
             created = old - DAY_US if lease_id.startswith("old") else recent - DAY_US
-            conn.execute(leases.insert().values(
-                lease_id=lease_id, provider="local-docker", kind="renderer", gpu="none",
-                state=state, ttl_seconds=60, created_at=created, expires_at=created,
-                updated_at=created, released_at=released_at, granted_at=created,
-                price_per_hour=1.0, release_attempts=0, endpoint="", provider_token=""))
+            conn.execute(
+                leases.insert().values(
+                    lease_id=lease_id,
+                    provider="local-docker",
+                    kind="renderer",
+                    gpu="none",
+                    state=state,
+                    ttl_seconds=60,
+                    created_at=created,
+                    expires_at=created,
+                    updated_at=created,
+                    released_at=released_at,
+                    granted_at=created,
+                    price_per_hour=1.0,
+                    release_attempts=0,
+                    endpoint="",
+                    provider_token="",
+                )
+            )
 
     await store.backend.write(insert)
     # A batch of one: the purge goes on until nothing old is left.
     assert await purge_ended(store.backend, before=now - 90 * DAY_US, batch=1) == 2
     assert await purge_ended(store.backend, before=now - 90 * DAY_US) == 0  # idempotent
     left = await store.backend.read(
-        lambda conn: sorted(r[0] for r in conn.execute(select(leases.c.lease_id))))
+        lambda conn: sorted(r[0] for r in conn.execute(select(leases.c.lease_id)))
+    )
     assert left == ["live", "old-live", "recent-released"]
 
 
@@ -177,10 +206,14 @@ def test_the_service_purges_old_ended_leases_in_the_background(
                 "provider_token, ttl_seconds, created_at, expires_at, updated_at, "
                 "released_at, release_attempts, granted_at, price_per_hour) VALUES "
                 "(?, 'local-docker', 'renderer', 'none', ?, '', '', 60, ?, ?, ?, ?, 0, ?, 1.0)",
-                (lease_id, state, old, old, old, old, old))
+                (lease_id, state, old, old, old, old, old),
+            )
     sched.start()
-    wait_for(lambda: "purged 2 ended leases older than 30 days" in sched.log(), timeout=30,
-             what="the purge's log line")
+    wait_for(
+        lambda: "purged 2 ended leases older than 30 days" in sched.log(),
+        timeout=30,
+        what="the purge's log line",
+    )
     for lease_id in ("old-released", "old-failed"):
         assert sched.http.get(f"/v1/lease/{lease_id}").status_code == 404
     assert sched.http.get(f"/v1/lease/{ended['lease_id']}").json()["state"] == "released"
@@ -206,12 +239,26 @@ async def test_usage_counts_only_the_part_of_each_lease_inside_the_period(
 
     def insert(conn, *_: object) -> None:  # type: ignore[no-untyped-def]
         for lease_id, (owner, state, granted, released_at, price) in rows.items():
-            conn.execute(leases.insert().values(
-                lease_id=lease_id, provider="local-docker", kind="renderer", gpu="none",
-                state=state, owner_id=owner, ttl_seconds=60, created_at=since - 4 * hour,
-                expires_at=until, updated_at=since, released_at=released_at,
-                granted_at=granted, price_per_hour=price, release_attempts=0, endpoint="",
-                provider_token=""))
+            conn.execute(
+                leases.insert().values(
+                    lease_id=lease_id,
+                    provider="local-docker",
+                    kind="renderer",
+                    gpu="none",
+                    state=state,
+                    owner_id=owner,
+                    ttl_seconds=60,
+                    created_at=since - 4 * hour,
+                    expires_at=until,
+                    updated_at=since,
+                    released_at=released_at,
+                    granted_at=granted,
+                    price_per_hour=price,
+                    release_attempts=0,
+                    endpoint="",
+                    provider_token="",
+                )
+            )
 
     await store.backend.write(insert)
     found = await usage(store.backend, "owner", since=since, until=until, now=until + hour)

@@ -36,8 +36,11 @@ from tests.test_replicas import Replicas, replicas  # noqa: F401 - the fixture
 Make = Callable[..., Scheduler]
 LEASE_LABEL = "openalice.scheduler.lease_id"
 # The demo worker answers the hand-off where busybox httpd runs CGI.
-POOL_ENV = {"WARM_HANDOFF_PATH": "/cgi-bin/lease", "RENDERER_READY_PATH": "/healthz",
-            "ANIM_READY_PATH": "/healthz"}
+POOL_ENV = {
+    "WARM_HANDOFF_PATH": "/cgi-bin/lease",
+    "RENDERER_READY_PATH": "/healthz",
+    "ANIM_READY_PATH": "/healthz",
+}
 
 
 def idle(sched: Scheduler, kind: str = "renderer", gpu: str = "none") -> float:
@@ -70,8 +73,9 @@ def burst(sched: Scheduler, bodies: list[dict[str, Any]]) -> list[httpx.Response
     barrier = threading.Barrier(len(bodies))
 
     def one(body: dict[str, Any]) -> httpx.Response:
-        with httpx.Client(base_url=sched.url, headers={"X-Internal-Secret": SECRET},
-                          timeout=180) as client:
+        with httpx.Client(
+            base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=180
+        ) as client:
             barrier.wait(timeout=60)
             return client.post("/v1/lease", json={"kind": "renderer", **body})
 
@@ -95,8 +99,12 @@ def test_a_warm_acquire_is_served_by_a_ready_worker_and_the_pool_refills(
 
     secret = "s3cr3t-" + SECRET[-12:]
     requested = time.time()
-    lease = sched.lease(kind="renderer", owner_id="alice", ttl_seconds=300,
-                        env={"API_TOKEN": secret, "SCENE": "intro"})
+    lease = sched.lease(
+        kind="renderer",
+        owner_id="alice",
+        ttl_seconds=300,
+        env={"API_TOKEN": secret, "SCENE": "intro"},
+    )
     # Served by a container made before the request: the pool's, under its own lease id.
     assert lease["lease_id"] in pool and pool[lease["lease_id"]] == [lease["provider_token"]]
     created = docker_client().api.inspect_container(lease["provider_token"])["Created"]
@@ -107,17 +115,24 @@ def test_a_warm_acquire_is_served_by_a_ready_worker_and_the_pool_refills(
     page = worker_page(lease["provider_token"])
     assert page["lease_id"] == lease["lease_id"]
     assert page["expires_at"] == lease["expires_at"]
-    assert page["handoff"] == {"lease_id": lease["lease_id"], "kind": "renderer",
-                               "expires_at": lease["expires_at"], "fence": lease["fence"],
-                               "env": {"API_TOKEN": secret, "SCENE": "intro"}}
+    assert page["handoff"] == {
+        "lease_id": lease["lease_id"],
+        "kind": "renderer",
+        "expires_at": lease["expires_at"],
+        "fence": lease["fence"],
+        "env": {"API_TOKEN": secret, "SCENE": "intro"},
+    }
 
     # The pool refills at once: two idle again, beside the leased one.
     wait_idle(sched, 2, timeout=30)
     assert len(sched.containers()) == 3
 
     # A renewal is handed on: the worker learns its new expiry.
-    renewed = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew",
-                              headers={"X-Lease-Owner": "alice"}, json={"ttl_seconds": 900})
+    renewed = sched.http.post(
+        f"/v1/lease/{lease['lease_id']}/renew",
+        headers={"X-Lease-Owner": "alice"},
+        json={"ttl_seconds": 900},
+    )
     assert renewed.status_code == 200, renewed.text
     assert worker_page(lease["provider_token"])["expires_at"] == renewed.json()["expires_at"]
 
@@ -134,14 +149,14 @@ def test_a_warm_acquire_is_served_by_a_ready_worker_and_the_pool_refills(
 
 
 def test_a_burst_bigger_than_the_pool_is_served_warm_then_cold(make_scheduler: Make) -> None:
-    sched = make_scheduler(WARM_POOL="renderer/none=10", LOCAL_DOCKER_MAX_WORKERS="60",
-                           **POOL_ENV)
+    sched = make_scheduler(WARM_POOL="renderer/none=10", LOCAL_DOCKER_MAX_WORKERS="60", **POOL_ENV)
     wait_idle(sched, 10, timeout=120)
     pool = {cid for cids in by_lease(sched).values() for cid in cids}
 
     responses = burst(sched, [{"owner_id": f"o{i}", "env": {"N": str(i)}} for i in range(50)])
-    assert [r.status_code for r in responses] == [200] * 50, [r.text for r in responses
-                                                               if r.status_code != 200][:3]
+    assert [r.status_code for r in responses] == [200] * 50, [
+        r.text for r in responses if r.status_code != 200
+    ][:3]
     leases = [r.json()["lease"] for r in responses]
     tokens = [lease["provider_token"] for lease in leases]
     assert len(set(tokens)) == 50 and len({lease["lease_id"] for lease in leases}) == 50
@@ -161,8 +176,12 @@ def test_a_burst_bigger_than_the_pool_is_served_warm_then_cold(make_scheduler: M
 
 
 def test_kill_9_with_idle_and_claimed_pool_workers_leaks_nothing(make_scheduler: Make) -> None:
-    sched = make_scheduler(WARM_POOL="renderer/none=3", WARM_HANDOFF_TIMEOUT_SECONDS="60",
-                           RECONCILE_INTERVAL_SECONDS="1", **POOL_ENV)
+    sched = make_scheduler(
+        WARM_POOL="renderer/none=3",
+        WARM_HANDOFF_TIMEOUT_SECONDS="60",
+        RECONCILE_INTERVAL_SECONDS="1",
+        **POOL_ENV,
+    )
     wait_idle(sched, 3)
     engine = docker_client()
     # The demo worker holds a hand-off while /tmp/handoff-hold exists: the acquire stays
@@ -170,12 +189,15 @@ def test_kill_9_with_idle_and_claimed_pool_workers_leaks_nothing(make_scheduler:
     pool = {c.id: c for c in sched.containers()}
     for container in pool.values():
         container.exec_run(["/bin/busybox", "touch", "/tmp/handoff-hold"])
-    caller = threading.Thread(target=lambda: _quietly(sched.acquire, kind="renderer",
-                                                      owner_id="bob"))
+    caller = threading.Thread(
+        target=lambda: _quietly(sched.acquire, kind="renderer", owner_id="bob")
+    )
     caller.start()
-    [claimed] = wait_for(lambda: sched.http.get("/v1/leases",
-                                                params={"state": "provisioning"}).json(),
-                         30, what="a claimed pool worker")
+    [claimed] = wait_for(
+        lambda: sched.http.get("/v1/leases", params={"state": "provisioning"}).json(),
+        30,
+        what="a claimed pool worker",
+    )
     assert claimed["owner_id"] == "bob"
     claimed_container = by_lease(sched)[claimed["lease_id"]][0]
     sched.kill()
@@ -196,15 +218,23 @@ def test_kill_9_with_idle_and_claimed_pool_workers_leaks_nothing(make_scheduler:
     lease = sched.lease(kind="renderer")
     assert lease["provider_token"] in set(pool) - {claimed_container}
     assert worker_page(lease["provider_token"])["lease_id"] == lease["lease_id"]
-    assert len(engine.containers.list(filters={"label": f"{LEASE_LABEL}={claimed['lease_id']}"},
-                                      all=True)) == 0
+    assert (
+        len(
+            engine.containers.list(
+                filters={"label": f"{LEASE_LABEL}={claimed['lease_id']}"}, all=True
+            )
+        )
+        == 0
+    )
 
 
 def test_a_cold_gpu_acquire_gets_the_device_an_idle_pool_worker_held(
-    gpu_engine: PrivateEngine, make_scheduler: Make,
+    gpu_engine: PrivateEngine,
+    make_scheduler: Make,
 ) -> None:
-    sched = make_scheduler(engine=gpu_engine.url, LOCAL_GPU_DEVICES="0",
-                           WARM_POOL="anim/entry=1", **POOL_ENV)
+    sched = make_scheduler(
+        engine=gpu_engine.url, LOCAL_GPU_DEVICES="0", WARM_POOL="anim/entry=1", **POOL_ENV
+    )
     wait_idle(sched, 1, kind="anim", gpu="entry")
     [pool_worker] = [c.id for c in sched.containers()]
     assert device_ids(gpu_engine.client, pool_worker) == ["0"]
@@ -214,8 +244,10 @@ def test_a_cold_gpu_acquire_gets_the_device_an_idle_pool_worker_held(
     assert lease["provider_token"] != pool_worker
     assert device_ids(gpu_engine.client, lease["provider_token"]) == ["0"]
     assert pool_worker not in ids(sched)
-    assert sched.metric("scheduler_leases_released_total", provider="local-docker",
-                        reason="recycled") == 1
+    assert (
+        sched.metric("scheduler_leases_released_total", provider="local-docker", reason="recycled")
+        == 1
+    )
     # The pool cannot refill while the device is leased; once released, it does.
     time.sleep(3)
     assert idle(sched, kind="anim", gpu="entry") == 0
@@ -269,11 +301,14 @@ def test_an_image_without_the_hand_off_is_not_used_warm(make_scheduler: Make) ->
     assert sched.log().count("the renderer pool is switched off") == 1
 
 
-@pytest.mark.parametrize("value, problem", [
-    ("renderer=2", "'renderer=2' is not kind/gpu=count"),
-    ("render/none=1", "unknown kind 'render'"),
-    ("renderer/none=1,renderer/none=2", "renderer/none is given twice"),
-])
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("renderer=2", "'renderer=2' is not kind/gpu=count"),
+        ("render/none=1", "unknown kind 'render'"),
+        ("renderer/none=1,renderer/none=2", "renderer/none is given twice"),
+    ],
+)
 def test_a_bad_warm_pool_stops_start_up(make_scheduler: Make, value: str, problem: str) -> None:
     sched = make_scheduler(start=False, WARM_POOL=value)
     with pytest.raises(AssertionError, match="exited"):

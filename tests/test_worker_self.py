@@ -43,7 +43,8 @@ def reachable(make_scheduler: Make, image: dict[str, str], **env: str) -> tuple[
 
 
 def test_the_self_endpoint_answers_one_lease_to_its_own_token(
-    make_scheduler: Make, image: dict[str, str],
+    make_scheduler: Make,
+    image: dict[str, str],
 ) -> None:
     sched, public = reachable(make_scheduler, image)
     a = sched.lease(kind="renderer", owner_id="w", ttl_seconds=600)
@@ -56,14 +57,24 @@ def test_the_self_endpoint_answers_one_lease_to_its_own_token(
 
     own = _self(sched, a["lease_id"], token_a)
     assert own.status_code == 200, own.text
-    assert own.json() == {"lease_id": a["lease_id"], "state": "active",
-                          "expires_at": a["expires_at"], "fence": a["fence"]}
+    assert own.json() == {
+        "lease_id": a["lease_id"],
+        "state": "active",
+        "expires_at": a["expires_at"],
+        "fence": a["fence"],
+    }
     # A renewal moves the deadline the worker reads.
-    renewed = sched.http.post(f"/v1/lease/{a['lease_id']}/renew",
-                              headers={"X-Lease-Owner": "w"}, json={"ttl_seconds": 900})
+    renewed = sched.http.post(
+        f"/v1/lease/{a['lease_id']}/renew",
+        headers={"X-Lease-Owner": "w"},
+        json={"ttl_seconds": 900},
+    )
     assert renewed.status_code == 200
-    assert _self(sched, a["lease_id"], token_a).json()["expires_at"] == \
-        renewed.json()["expires_at"] != a["expires_at"]
+    assert (
+        _self(sched, a["lease_id"], token_a).json()["expires_at"]
+        == renewed.json()["expires_at"]
+        != a["expires_at"]
+    )
 
     # Another lease's token, or a made-up one: 403, never repeated back.
     for wrong in (token_b, "not-a-token-" + uuid.uuid4().hex):
@@ -76,13 +87,16 @@ def test_the_self_endpoint_answers_one_lease_to_its_own_token(
     assert bare.status_code == 401 and bare.json()["error"] == "unauthorized"
     assert sched.http.get(f"/v1/lease/{a['lease_id']}/self").json()["state"] == "active"
     # A lease token opens that one path and nothing else.
-    for path in (f"/v1/lease/{a['lease_id']}", "/v1/leases",
-                 f"/v1/lease/{a['lease_id']}/self/x"):
-        other = httpx.get(f"{sched.url}{path}", timeout=10,
-                          headers={"Authorization": f"Bearer {token_a}"})
+    for path in (f"/v1/lease/{a['lease_id']}", "/v1/leases", f"/v1/lease/{a['lease_id']}/self/x"):
+        other = httpx.get(
+            f"{sched.url}{path}", timeout=10, headers={"Authorization": f"Bearer {token_a}"}
+        )
         assert other.status_code == 401, path
-    deleted = httpx.delete(f"{sched.url}/v1/lease/{a['lease_id']}", timeout=10,
-                           headers={"Authorization": f"Bearer {token_a}"})
+    deleted = httpx.delete(
+        f"{sched.url}/v1/lease/{a['lease_id']}",
+        timeout=10,
+        headers={"Authorization": f"Bearer {token_a}"},
+    )
     assert deleted.status_code == 401
 
     # Once released, the worker's question is answered "released".
@@ -107,25 +121,32 @@ def test_the_self_endpoint_answers_one_lease_to_its_own_token(
 
 
 def test_the_demo_worker_stops_itself_when_the_scheduler_dies_and_its_deadline_passes(
-    make_scheduler: Make, image: dict[str, str],
+    make_scheduler: Make,
+    image: dict[str, str],
 ) -> None:
     sched, _public = reachable(make_scheduler, image)
     lease = sched.lease(kind="renderer", ttl_seconds=8, env={"SELF_CHECK_SECONDS": "1"})
     container = docker_client().containers.get(lease["provider_token"])
     # The worker asks the scheduler, and learns of a renewal that way (a cold worker
     # gets no hand-on).
-    wait_for(lambda: _asked(container).get("state") == "active", 30, 0.2,
-             what="the worker asking after its lease")
-    renewed = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew",
-                              json={"ttl_seconds": 10})
+    wait_for(
+        lambda: _asked(container).get("state") == "active",
+        30,
+        0.2,
+        what="the worker asking after its lease",
+    )
+    renewed = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 10})
     assert renewed.status_code == 200
     deadline = renewed.json()["expires_at"]
-    wait_for(lambda: _asked(container).get("expires_at") == deadline, 30, 0.2,
-             what="the worker learning its renewal")
+    wait_for(
+        lambda: _asked(container).get("expires_at") == deadline,
+        30,
+        0.2,
+        what="the worker learning its renewal",
+    )
 
     sched.kill()  # kill -9, not restarted; no guard runs
-    wait_for(lambda: _status(container) == "exited", 90, 0.5,
-             what="the worker stopping itself")
+    wait_for(lambda: _status(container) == "exited", 90, 0.5, what="the worker stopping itself")
     state = container.attrs["State"]
     assert state["ExitCode"] == 0
     assert b"no answer from the scheduler and the lease expired" in container.logs()
@@ -134,7 +155,8 @@ def test_the_demo_worker_stops_itself_when_the_scheduler_dies_and_its_deadline_p
 
 
 def test_a_warm_worker_refuses_requests_with_the_fence_of_before_its_hand_off(
-    make_scheduler: Make, image: dict[str, str],
+    make_scheduler: Make,
+    image: dict[str, str],
 ) -> None:
     sched, public = reachable(make_scheduler, image, WARM_POOL="renderer/none=1", **POOL_ENV)
     wait_idle(sched, 1)
@@ -153,16 +175,18 @@ def test_a_warm_worker_refuses_requests_with_the_fence_of_before_its_hand_off(
     work = f"{_address(lease['provider_token'])}/cgi-bin/work"
     older = httpx.get(work, headers={"X-Lease-Fence": str(idle["fence"])}, timeout=10)
     assert older.status_code == 409
-    assert older.json() == {"error": "stale_fence", "fence": lease["fence"],
-                            "given": idle["fence"]}
+    assert older.json() == {"error": "stale_fence", "fence": lease["fence"], "given": idle["fence"]}
     current = httpx.get(work, headers={"X-Lease-Fence": str(lease["fence"])}, timeout=10)
     assert current.status_code == 200 and current.json()["fence"] == lease["fence"]
     assert httpx.get(work, timeout=10).status_code == 400  # no fence at all
 
 
 def _self(sched: Scheduler, lease_id: str, token: str) -> httpx.Response:
-    return httpx.get(f"{sched.url}/v1/lease/{lease_id}/self", timeout=10,
-                     headers={"Authorization": f"Bearer {token}"})
+    return httpx.get(
+        f"{sched.url}/v1/lease/{lease_id}/self",
+        timeout=10,
+        headers={"Authorization": f"Bearer {token}"},
+    )
 
 
 def _env(container_id: str) -> dict[str, str]:
@@ -191,4 +215,3 @@ def _moment(stamp: str) -> datetime:
     """An RFC 3339 time from the scheduler or Docker (nanoseconds cut to micro)."""
     whole, _, fraction = stamp.rstrip("Z").partition(".")
     return datetime.fromisoformat(f"{whole}.{(fraction + '000000')[:6]}+00:00")
-

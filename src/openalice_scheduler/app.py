@@ -35,8 +35,7 @@ def create_app(
     # Opened here, not in the lifespan: a second process on one SQLite file fails
     # before serving, with one line.
     store = open_store(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
-    access = LeaseAccess(settings.internal_secret.get_secret_value(),
-                         settings.scheduler_public_url)
+    access = LeaseAccess(settings.internal_secret.get_secret_value(), settings.scheduler_public_url)
     # FastAPI whose /docs loads Swagger UI's JS, CSS and icon from the service itself
     # (ungated, under /docs/assets), not from a CDN: the docs work where only the service
     # can be reached. No /redoc: its page fetches a logo from Redocly's CDN all the same.
@@ -66,20 +65,41 @@ def create_app(
     app.include_router(lease_self.router, responses=openapi.COMMON)
     app.include_router(ops.router, responses=openapi.COMMON)
     app.include_router(ui.router)
-    install_error_handlers(app, routers=[leases.router, guard.router, usage.router,
-                                         lease_self.router, ops.router, ui.router,
-                                         app.router])
-    middleware.install(app, secret=settings.internal_secret.get_secret_value(),
-                       cors_origins=settings.cors_origin_list, access=access)
+    install_error_handlers(
+        app,
+        routers=[
+            leases.router,
+            guard.router,
+            usage.router,
+            lease_self.router,
+            ops.router,
+            ui.router,
+            app.router,
+        ],
+    )
+    middleware.install(
+        app,
+        secret=settings.internal_secret.get_secret_value(),
+        cors_origins=settings.cors_origin_list,
+        access=access,
+    )
     # Outside the request rules: every answer, theirs too, is logged and timed.
     # Its routes name a request refused before routing (the routers' own: an included
     # router does not list its routes in app.routes).
-    app.add_middleware(AccessLog, metrics=metrics,
-                       routes=[*app.routes, *leases.router.routes, *guard.router.routes,
-                               *usage.router.routes, *lease_self.router.routes, *ops.router.routes,
-                               *ui.router.routes])
+    app.add_middleware(
+        AccessLog,
+        metrics=metrics,
+        routes=[
+            *app.routes,
+            *leases.router.routes,
+            *guard.router.routes,
+            *usage.router.routes,
+            *lease_self.router.routes,
+            *ops.router.routes,
+            *ui.router.routes,
+        ],
+    )
     # Outermost: the request's span (or, tracing off, the caller's trace context) is the
     # current one for everything below, the access line included.
-    app.add_middleware(RequestSpanMiddleware,
-                       tracer=tracing.tracer if tracing.enabled else None)
+    app.add_middleware(RequestSpanMiddleware, tracer=tracing.tracer if tracing.enabled else None)
     return app

@@ -29,8 +29,10 @@ def parse_owner_budgets(value: str | None) -> dict[str, tuple[float | None, floa
         for cap in caps.split(":"):
             match = _CAP.fullmatch(cap.strip())
             if match is None or match[2] in limits:
-                raise ValueError(f"{cap.strip()[:32]!r} in {part.strip()[:64]!r} is not N/h "
-                                 "(USD per hour of live leases) or N/d (USD per 24 h), once each")
+                raise ValueError(
+                    f"{cap.strip()[:32]!r} in {part.strip()[:64]!r} is not N/h "
+                    "(USD per hour of live leases) or N/d (USD per 24 h), once each"
+                )
             limits[match[2]] = float(match[1])
         found[owner] = (limits.get("h"), limits.get("d"))
     return found
@@ -49,8 +51,10 @@ def parse_prices(value: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         match = re.fullmatch(r"([a-z]+)\s*=\s*(\d+(?:\.\d+)?)", part)
         if match is None or match[1] not in classes:
-            raise ValueError(f"{part[:32]!r} is not gpu=price with gpu one of "
-                             f"{', '.join(classes)} (e.g. entry=0.4), or one price for all")
+            raise ValueError(
+                f"{part[:32]!r} is not gpu=price with gpu one of "
+                f"{', '.join(classes)} (e.g. entry=0.4), or one price for all"
+            )
         prices[match[1]] = float(match[2])
     return prices
 
@@ -58,17 +62,22 @@ def parse_prices(value: str) -> dict[str, float]:
 class Budgets:
     """Each owner's caps: its OWNER_BUDGETS entry, else the defaults."""
 
-    def __init__(self, per_hour: float = 0.0, per_day: float = 0.0,
-                 owners: str | None = None) -> None:
+    def __init__(
+        self, per_hour: float = 0.0, per_day: float = 0.0, owners: str | None = None
+    ) -> None:
         self.default = Budget(per_hour, per_day)
         self.owners: dict[str, Budget] = {}
         for owner, (hour, day) in parse_owner_budgets(owners).items():
             self.owners[owner] = Budget(
-                per_hour if hour is None else hour, per_day if day is None else day,
-                hour_from=self.default.hour_from if hour is None else
-                f"OWNER_BUDGETS ({owner}={_show(hour)}/h)",
-                day_from=self.default.day_from if day is None else
-                f"OWNER_BUDGETS ({owner}={_show(day)}/d)")
+                per_hour if hour is None else hour,
+                per_day if day is None else day,
+                hour_from=self.default.hour_from
+                if hour is None
+                else f"OWNER_BUDGETS ({owner}={_show(hour)}/h)",
+                day_from=self.default.day_from
+                if day is None
+                else f"OWNER_BUDGETS ({owner}={_show(day)}/d)",
+            )
 
     def of(self, owner: str | None) -> Budget | None:
         """The caps of `owner`; None when it has none (or the lease has no owner)."""

@@ -16,9 +16,12 @@ _GPU_ORDER = [g.value for g in GpuClass]
 
 
 def provider_view(
-    provider: Provider, status: ProviderStatus,
-    held: Sequence[tuple[str, str, str, str | None, int]], pooled: Sequence[PoolCount] = (),
-    guards: Sequence[GuardContact] = (), now: int = 0,
+    provider: Provider,
+    status: ProviderStatus,
+    held: Sequence[tuple[str, str, str, str | None, int]],
+    pooled: Sequence[PoolCount] = (),
+    guards: Sequence[GuardContact] = (),
+    now: int = 0,
 ) -> dict[str, Any]:
     """`held`: (provider, kind, gpu, owner, count) of the live leases of every provider;
     `pooled`: warm-pool workers by state, whose idle ones are shown apart; `guards`:
@@ -55,9 +58,14 @@ def provider_view(
             for kind in sorted(kinds)
         },
         "idle": idle,
-        "guards": [{"guard_id": g.guard_id, "last_contact": format_us(g.last_contact_at),
-                    "silent_seconds": round(max(0, now - g.last_contact_at) / 1e6, 1)}
-                   for g in guards],
+        "guards": [
+            {
+                "guard_id": g.guard_id,
+                "last_contact": format_us(g.last_contact_at),
+                "silent_seconds": round(max(0, now - g.last_contact_at) / 1e6, 1),
+            }
+            for g in guards
+        ],
         **hosts,
     }
 

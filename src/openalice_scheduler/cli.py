@@ -76,8 +76,9 @@ lease_app = typer.Typer(
 )
 app.add_typer(lease_app, name="lease")
 
-Url = Annotated[str, typer.Option("--url", envvar="SCHEDULER_URL",
-                                  help="Base URL of the scheduler.")]
+Url = Annotated[
+    str, typer.Option("--url", envvar="SCHEDULER_URL", help="Base URL of the scheduler.")
+]
 
 
 class Output(StrEnum):
@@ -86,12 +87,20 @@ class Output(StrEnum):
     json = "json"
 
 
-Shown = Annotated[Output | None, typer.Option(
-    "--output", "-o", help="table (the default), wide (a table with more columns) or json "
-    "(for scripts; errors then go to stderr as JSON too).")]
+Shown = Annotated[
+    Output | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="table (the default), wide (a table with more columns) or json "
+        "(for scripts; errors then go to stderr as JSON too).",
+    ),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="The same as -o json.")]
-Owner = Annotated[str | None, typer.Option(
-    "--owner", help="Sent as X-Lease-Owner: needed when the lease has an owner_id.")]
+Owner = Annotated[
+    str | None,
+    typer.Option("--owner", help="Sent as X-Lease-Owner: needed when the lease has an owner_id."),
+]
 
 
 def _print_version(wanted: bool) -> None:
@@ -102,9 +111,12 @@ def _print_version(wanted: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_print_version, is_eager=True,
-        help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """GPU/compute lease service for renderer and anim workers."""
 
@@ -130,8 +142,10 @@ def _run_server_part(module: str, function: str) -> None:
         target = getattr(importlib.import_module(f"openalice_scheduler.{module}"), function)
         from openalice_scheduler import startup
     except ModuleNotFoundError as exc:  # a client-only install
-        _die(f"the server is not installed ({exc.name} is missing): "
-             "pip install 'openalice-scheduler[server]'")
+        _die(
+            f"the server is not installed ({exc.name} is missing): "
+            "pip install 'openalice-scheduler[server]'"
+        )
     from openalice_scheduler.errors import StartupError
 
     try:
@@ -157,20 +171,36 @@ def lease_acquire(
     kind: Annotated[WorkerKind, typer.Option("--kind", help="Worker kind.")],
     gpu: Annotated[GpuClass, typer.Option("--gpu", help="GPU class.")] = GpuClass.none,
     ttl: Annotated[int, typer.Option("--ttl", help="Lease TTL in seconds (1..28800).")] = 3600,
-    owner: Annotated[str | None, typer.Option(
-        "--owner", help="owner_id: renew and release then need --owner with it.")] = None,
-    correlation_id: Annotated[str | None, typer.Option(
-        "--correlation-id", help="Carried into logs and traces; with --owner, repeating "
-        "the same request returns the same lease.")] = None,
+    owner: Annotated[
+        str | None,
+        typer.Option("--owner", help="owner_id: renew and release then need --owner with it."),
+    ] = None,
+    correlation_id: Annotated[
+        str | None,
+        typer.Option(
+            "--correlation-id",
+            help="Carried into logs and traces; with --owner, repeating "
+            "the same request returns the same lease.",
+        ),
+    ] = None,
     region: Annotated[str | None, typer.Option("--region", help="Region to place in.")] = None,
-    env: Annotated[list[str] | None, typer.Option(
-        "--env", metavar="KEY=VALUE", help="Worker environment; repeatable.")] = None,
-    wait: Annotated[int, typer.Option(
-        "--wait", help="Seconds to wait in line when no provider has capacity now.")] = 0,
-    retry_timeout: Annotated[float, typer.Option(
-        "--retry-timeout", min=0, help="With --owner and --correlation-id: how long to keep "
-        "retrying while the scheduler is unreachable or its store unavailable (0: never).",
-    )] = RetryPolicy().timeout,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", metavar="KEY=VALUE", help="Worker environment; repeatable."),
+    ] = None,
+    wait: Annotated[
+        int,
+        typer.Option("--wait", help="Seconds to wait in line when no provider has capacity now."),
+    ] = 0,
+    retry_timeout: Annotated[
+        float,
+        typer.Option(
+            "--retry-timeout",
+            min=0,
+            help="With --owner and --correlation-id: how long to keep "
+            "retrying while the scheduler is unreachable or its store unavailable (0: never).",
+        ),
+    ] = RetryPolicy().timeout,
     url: Url = DEFAULT_URL,
     output: Shown = None,
     as_json: AsJson = False,
@@ -180,12 +210,20 @@ def lease_acquire(
     shown = _output(output, as_json)
     worker_env = _parse_env(env or [])
     retry = RetryPolicy(timeout=retry_timeout) if retry_timeout > 0 else None
-    with _session(url, shown, retry) as client, _stderr().status(
-        f"Acquiring a worker (kind={kind.value}, gpu={gpu.value})…"
+    with (
+        _session(url, shown, retry) as client,
+        _stderr().status(f"Acquiring a worker (kind={kind.value}, gpu={gpu.value})…"),
     ):
-        lease = client.acquire(kind, gpu=gpu, ttl_seconds=ttl, owner_id=owner,
-                               correlation_id=correlation_id, region=region, env=worker_env,
-                               wait_seconds=wait)
+        lease = client.acquire(
+            kind,
+            gpu=gpu,
+            ttl_seconds=ttl,
+            owner_id=owner,
+            correlation_id=correlation_id,
+            region=region,
+            env=worker_env,
+            wait_seconds=wait,
+        )
     _show_lease(lease, shown)
 
 
@@ -205,14 +243,18 @@ def lease_get(
 
 @lease_app.command("ls", epilog=EXIT_CODES_HELP)
 def lease_ls(
-    state: Annotated[list[LeaseState] | None, typer.Option(
-        "--state", help="Only leases in this state; repeatable. Default: active.")] = None,
+    state: Annotated[
+        list[LeaseState] | None,
+        typer.Option("--state", help="Only leases in this state; repeatable. Default: active."),
+    ] = None,
     owner: Annotated[str | None, typer.Option("--owner", help="Only this owner_id's.")] = None,
     kind: Annotated[WorkerKind | None, typer.Option("--kind", help="Only this kind.")] = None,
-    provider: Annotated[str | None, typer.Option(
-        "--provider", help="Only this provider's.")] = None,
-    limit: Annotated[int | None, typer.Option(
-        "--limit", min=1, help="At most this many (with filters).")] = None,
+    provider: Annotated[
+        str | None, typer.Option("--provider", help="Only this provider's.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="At most this many (with filters).")
+    ] = None,
     url: Url = DEFAULT_URL,
     output: Shown = None,
     as_json: AsJson = False,
@@ -221,8 +263,7 @@ def lease_ls(
     provider token, correlation id, region and release reason)."""
     shown = _output(output, as_json)
     with _session(url, shown) as client:
-        found = client.list(state=state, owner_id=owner, kind=kind, provider=provider,
-                            limit=limit)
+        found = client.list(state=state, owner_id=owner, kind=kind, provider=provider, limit=limit)
     if shown is Output.json:
         _print_json(found)
     elif found:
@@ -234,8 +275,10 @@ def lease_ls(
 @lease_app.command("renew", epilog=EXIT_CODES_HELP)
 def lease_renew(
     lease_id: Annotated[str, typer.Argument(help="The lease's id.")],
-    ttl: Annotated[int | None, typer.Option(
-        "--ttl", help="New TTL from now, in seconds. Default: the lease's own.")] = None,
+    ttl: Annotated[
+        int | None,
+        typer.Option("--ttl", help="New TTL from now, in seconds. Default: the lease's own."),
+    ] = None,
     owner: Owner = None,
     url: Url = DEFAULT_URL,
     output: Shown = None,
@@ -281,8 +324,9 @@ def _die(message: str) -> NoReturn:
 
 def _output(output: Output | None, as_json: bool) -> Output:
     if as_json and output not in (None, Output.json):
-        raise typer.BadParameter(f"--json and -o {output.value} disagree; give one",
-                                 param_hint="--output")
+        raise typer.BadParameter(
+            f"--json and -o {output.value} disagree; give one", param_hint="--output"
+        )
     return Output.json if as_json else output or Output.table
 
 
@@ -327,9 +371,14 @@ class _StderrLines(logging.Handler):
 
 def exit_code(exc: SchedulerError) -> ExitCode:
     by_status = {
-        401: ExitCode.denied, 403: ExitCode.denied, 404: ExitCode.not_found,
-        413: ExitCode.usage, 422: ExitCode.usage, 429: ExitCode.quota,
-        502: ExitCode.provider_failed, 503: ExitCode.unavailable,
+        401: ExitCode.denied,
+        403: ExitCode.denied,
+        404: ExitCode.not_found,
+        413: ExitCode.usage,
+        422: ExitCode.usage,
+        429: ExitCode.quota,
+        502: ExitCode.provider_failed,
+        503: ExitCode.unavailable,
     }
     return by_status.get(exc.status, ExitCode.error)
 
@@ -407,13 +456,23 @@ def _leases_table(leases: list[Lease], wide: bool = False) -> Any:
     for lease in leases:
         first = [lease.lease_id, lease.state.value, lease.kind.value, lease.gpu.value]
         if not wide:
-            table.add_row(*first, _utc(lease.expires_at), lease.provider,
-                          lease.owner_id or "", lease.endpoint)
+            table.add_row(
+                *first, _utc(lease.expires_at), lease.provider, lease.owner_id or "", lease.endpoint
+            )
             continue
         reason = lease.release_reason.value if lease.release_reason else ""
-        table.add_row(*first, _utc(lease.created_at), _utc(lease.expires_at), lease.provider,
-                      lease.provider_token, lease.owner_id or "", lease.correlation_id or "",
-                      lease.region or "", reason, lease.endpoint)
+        table.add_row(
+            *first,
+            _utc(lease.created_at),
+            _utc(lease.expires_at),
+            lease.provider,
+            lease.provider_token,
+            lease.owner_id or "",
+            lease.correlation_id or "",
+            lease.region or "",
+            reason,
+            lease.endpoint,
+        )
     return table
 
 
@@ -432,11 +491,16 @@ def _providers_table(found: list[ProviderView], wide: bool = False) -> Any:
     table.add_column("DETAIL", overflow="fold")
     for view in found:
         cap = "∞" if view.max_workers in (None, 0) else str(view.max_workers)
-        row = [view.name, "yes" if view.healthy else "[red]no[/]", f"{view.in_use}/{cap}",
-               _uses(view.gpu)]
+        row = [
+            view.name,
+            "yes" if view.healthy else "[red]no[/]",
+            f"{view.in_use}/{cap}",
+            _uses(view.gpu),
+        ]
         if wide:
-            row.append("; ".join(f"{kind.value} {_uses(uses)}"
-                                 for kind, uses in view.kinds.items()))
+            row.append(
+                "; ".join(f"{kind.value} {_uses(uses)}" for kind, uses in view.kinds.items())
+            )
         table.add_row(*row, view.detail)
     return table
 

@@ -23,18 +23,24 @@ from openalice_scheduler.models import GroupBy, UsageReport
 
 _AGO = re.compile(r"(\d+)([mhd])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
-_WHEN_HELP = ("A duration ago (90m, 24h, 7d), today or yesterday (UTC midnights), a date "
-              "(2026-11-30) or an RFC 3339 time")
+_WHEN_HELP = (
+    "A duration ago (90m, 24h, 7d), today or yesterday (UTC midnights), a date "
+    "(2026-11-30) or an RFC 3339 time"
+)
 
 
 def usage(
-    since: Annotated[str | None, typer.Option(
-        "--since", help=f"{_WHEN_HELP}. Default: 24 h before --until.")] = None,
-    until: Annotated[str | None, typer.Option(
-        "--until", help=f"{_WHEN_HELP}. Default: now.")] = None,
-    by: Annotated[str, typer.Option(
-        "--by", help="Group by owner, provider, kind or gpu.")] = "owner",
-    url: Url = DEFAULT_URL, as_json: AsJson = False,
+    since: Annotated[
+        str | None, typer.Option("--since", help=f"{_WHEN_HELP}. Default: 24 h before --until.")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help=f"{_WHEN_HELP}. Default: now.")
+    ] = None,
+    by: Annotated[
+        str, typer.Option("--by", help="Group by owner, provider, kind or gpu.")
+    ] = "owner",
+    url: Url = DEFAULT_URL,
+    as_json: AsJson = False,
 ) -> None:
     """Usage over a period: leases, lease-hours and cost per owner (or provider, kind,
     GPU class); a live lease counts up to now. E.g. yesterday's spend per owner:
@@ -44,8 +50,9 @@ def usage(
     now = datetime.now(UTC)
     shown = _output(None, as_json)
     with _session(url, shown) as client:
-        report = client.usage(_group(by), since=_when(since, now, "--since"),
-                              until=_when(until, now, "--until"))
+        report = client.usage(
+            _group(by), since=_when(since, now, "--since"), until=_when(until, now, "--until")
+        )
     if shown is Output.json:
         _print_json(report)
     else:
@@ -69,13 +76,18 @@ def _when(value: str | None, now: datetime, option: str) -> str | None:
         return (now - timedelta(**{_UNITS[ago[2]]: int(ago[1])})).isoformat()
     if text[:1].isdigit():
         return value.strip()  # a date or a time: the API checks it, naming the parameter
-    raise typer.BadParameter(f"{value!r}: expected {_WHEN_HELP[0].lower()}{_WHEN_HELP[1:]}",
-                             param_hint=option)
+    raise typer.BadParameter(
+        f"{value!r}: expected {_WHEN_HELP[0].lower()}{_WHEN_HELP[1:]}", param_hint=option
+    )
 
 
 def _group(by: str) -> GroupBy:
-    groups: dict[str, GroupBy] = {"owner": "owner", "provider": "provider", "kind": "kind",
-                                  "gpu": "gpu"}
+    groups: dict[str, GroupBy] = {
+        "owner": "owner",
+        "provider": "provider",
+        "kind": "kind",
+        "gpu": "gpu",
+    }
     return groups[by]
 
 
@@ -87,12 +99,18 @@ def _print_report(report: UsageReport) -> None:
     for name in ("leases", "live", "lease-hours", "cost $"):
         table.add_column(name, justify="right")
     for group in report.groups:
-        table.add_row("(none)" if group.key is None else group.key, str(group.leases),
-                      str(group.live), _amount(group.lease_hours), _amount(group.cost))
+        table.add_row(
+            "(none)" if group.key is None else group.key,
+            str(group.leases),
+            str(group.live),
+            _amount(group.lease_hours),
+            _amount(group.cost),
+        )
     total = report.total
     table.add_section()
-    table.add_row("total", str(total.leases), str(total.live), _amount(total.lease_hours),
-                  _amount(total.cost))
+    table.add_row(
+        "total", str(total.leases), str(total.live), _amount(total.lease_hours), _amount(total.cost)
+    )
     out = _stdout()
     out.print(table)
     if not report.complete and report.note:

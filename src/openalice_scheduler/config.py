@@ -42,37 +42,46 @@ class Settings(BaseSettings):
 
     # Money (README, Prices and caps).
     local_docker_price_per_hour: str = Field(
-        "0", description="What a local-docker worker costs, USD per hour: one price, or "
+        "0",
+        description="What a local-docker worker costs, USD per hour: one price, or "
         "per GPU class `none=0.05,entry=0.4`; a DOCKER_HOSTS host's price= replaces it.",
     )
     static_price_per_hour: str = Field(
-        "0", description="What a static endpoint's lease costs, USD per hour, as "
+        "0",
+        description="What a static endpoint's lease costs, USD per hour, as "
         "LOCAL_DOCKER_PRICE_PER_HOUR.",
     )
     local_gpu_type: str | None = Field(
-        None, max_length=64, description="The GPU type local Docker's GPU workers get "
+        None,
+        max_length=64,
+        description="The GPU type local Docker's GPU workers get "
         "(e.g. NVIDIA GeForce RTX 4090), recorded as their leases' gpu_type.",
     )
     max_cost_per_hour_per_owner: float = Field(
-        0.0, ge=0, description="USD per hour an owner's live leases may cost together; "
-        "0 = no cap.",
+        0.0,
+        ge=0,
+        description="USD per hour an owner's live leases may cost together; 0 = no cap.",
     )
     max_spend_per_day_per_owner: float = Field(
-        0.0, ge=0, description="USD an owner may have spent over the last 24 h for a new "
+        0.0,
+        ge=0,
+        description="USD an owner may have spent over the last 24 h for a new "
         "priced lease to be granted; 0 = no cap.",
     )
     owner_budgets: str | None = Field(
-        None, description="Per-owner caps replacing the two above, `owner=N/h:N/d,…` "
+        None,
+        description="Per-owner caps replacing the two above, `owner=N/h:N/d,…` "
         "(e.g. `anim=5/h:80/d,live=2/h`); 0 lifts a cap.",
     )
     lease_retention_days: int = Field(
-        90, ge=0, description="Ended leases older than this are purged in the background; "
-        "0 = kept for ever.",
+        90,
+        ge=0,
+        description="Ended leases older than this are purged in the background; 0 = kept for ever.",
     )
     database_url: str = Field("sqlite:///./openalice-scheduler.db")
     sqlite_synchronous: Literal["full", "normal"] = Field(
-        "full", description="full: commits survive power loss; normal: survive a killed "
-        "process, faster",
+        "full",
+        description="full: commits survive power loss; normal: survive a killed process, faster",
     )
 
     renderer_image: str = "openalice-demo-worker:latest"
@@ -89,43 +98,58 @@ class Settings(BaseSettings):
         None, description="Region local Docker places in; unset = only requests without region."
     )
     docker_hosts: str | None = Field(
-        None, description="A fleet of Docker engines for local-docker, `name=address "
+        None,
+        description="A fleet of Docker engines for local-docker, `name=address "
         "option=value …` separated by `;` (README, A fleet of Docker hosts); unset = the "
         "one engine of DOCKER_HOST.",
     )
 
     renderer_ready_path: str | None = Field(
-        None, pattern=r"^(/.*)?$", description="HTTP path a renderer worker answers 2xx on once "
+        None,
+        pattern=r"^(/.*)?$",
+        description="HTTP path a renderer worker answers 2xx on once "
         "ready; unset = a TCP connect to its port (README, Workers ready).",
     )
     anim_ready_path: str | None = Field(
         None, pattern=r"^(/.*)?$", description="As RENDERER_READY_PATH, for anim workers."
     )
     local_docker_ready_timeout_seconds: float = Field(
-        60.0, ge=0, description="How long a new container has to pass its readiness probe; "
+        60.0,
+        ge=0,
+        description="How long a new container has to pass its readiness probe; "
         "0 = not probed (handed out once started).",
     )
 
     warm_pool: str | None = Field(
-        None, description="Idle, ready workers to keep per kind and GPU class, "
+        None,
+        description="Idle, ready workers to keep per kind and GPU class, "
         "`kind/gpu=n,…` (e.g. `renderer/none=2,anim/entry=1`; README, Warm pools); "
         "unset = no pool.",
     )
     warm_pool_max_idle_seconds: float = Field(
-        600.0, gt=0, description="A pool worker idle this long is recycled (destroyed and "
+        600.0,
+        gt=0,
+        description="A pool worker idle this long is recycled (destroyed and "
         "replaced by a fresh one).",
     )
     warm_handoff_path: str = Field(
-        "/openalice/lease", pattern=r"^/", description="Path on a pool worker that the "
+        "/openalice/lease",
+        pattern=r"^/",
+        description="Path on a pool worker that the "
         "hand-off (the lease id, expiry, kind and env) is POSTed to when it is leased.",
     )
     scheduler_public_url: str | None = Field(
-        None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", description="How workers reach "
+        None,
+        pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+        description="How workers reach "
         "the scheduler (http://scheduler:8080): each worker is given LEASE_SELF_URL and "
         "LEASE_TOKEN under it, to ask after its own lease; unset = workers are not told.",
     )
     warm_handoff_timeout_seconds: float = Field(
-        5.0, gt=0, le=300, description="How long a pool worker has to answer its hand-off "
+        5.0,
+        gt=0,
+        le=300,
+        description="How long a pool worker has to answer its hand-off "
         "2xx; else it is destroyed and the acquire goes cold.",
     )
 
@@ -133,11 +157,15 @@ class Settings(BaseSettings):
     reconcile_interval_seconds: float = Field(60.0, gt=0, le=86400)
     provision_timeout_seconds: float = Field(600.0, gt=0)
     startup_timeout_seconds: float = Field(
-        60.0, ge=0, description="How long start-up retries an unreachable PostgreSQL; "
-        "0 = try once.",
+        60.0,
+        ge=0,
+        description="How long start-up retries an unreachable PostgreSQL; 0 = try once.",
     )
     shutdown_grace_seconds: float = Field(
-        30.0, ge=0, le=3600, description="On SIGTERM: how long requests under way (a "
+        30.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM: how long requests under way (a "
         "provision, say) have to finish and be answered before the process exits.",
     )
 
@@ -146,13 +174,9 @@ class Settings(BaseSettings):
     runpod_api_base_url: str = Field("https://api.runpod.io", pattern=r"^https?://")
     runpod_renderer_template: str | None = None
     runpod_anim_template: str | None = None
-    runpod_gpu_entry: str = (
-        "NVIDIA GeForce RTX 4090,NVIDIA RTX A5000,NVIDIA GeForce RTX 3090"
-    )
+    runpod_gpu_entry: str = "NVIDIA GeForce RTX 4090,NVIDIA RTX A5000,NVIDIA GeForce RTX 3090"
     runpod_gpu_mid: str = "NVIDIA L40S,NVIDIA RTX 6000 Ada Generation,NVIDIA RTX A6000"
-    runpod_gpu_high: str = (
-        "NVIDIA H100 80GB HBM3,NVIDIA A100-SXM4-80GB,NVIDIA A100 80GB PCIe"
-    )
+    runpod_gpu_high: str = "NVIDIA H100 80GB HBM3,NVIDIA A100-SXM4-80GB,NVIDIA A100 80GB PCIe"
     runpod_cpu_flavor: str = Field("cpu5c", min_length=1)
     runpod_cloud: Literal["SECURE", "COMMUNITY"] = "SECURE"
     runpod_max_pods: int = Field(0, ge=0, description="Cap on live pods; 0 = none.")
@@ -161,13 +185,15 @@ class Settings(BaseSettings):
     runpod_poll_interval_seconds: float = Field(2.0, gt=0)
     runpod_catalog_ttl_seconds: float = Field(30.0, ge=0)
     runpod_ready_timeout_seconds: float = Field(
-        900.0, ge=0, description="How long a RUNNING pod has to pass its readiness probe "
+        900.0,
+        ge=0,
+        description="How long a RUNNING pod has to pass its readiness probe "
         "(images pull for minutes); 0 = not probed.",
     )
     runpod_proxy_url: str = Field(
-        "https://{pod_id}-{port}.proxy.runpod.net", pattern=r"^https?://",
-        description="A pod's endpoint, where it is also probed: {pod_id} and {port} are "
-        "filled in.",
+        "https://{pod_id}-{port}.proxy.runpod.net",
+        pattern=r"^https?://",
+        description="A pod's endpoint, where it is also probed: {pod_id} and {port} are filled in.",
     )
 
     otel_exporter_otlp_endpoint: str | None = None
@@ -175,34 +201,40 @@ class Settings(BaseSettings):
     rust_log: str | None = None
     log_level: str | None = None
     log_format: Literal["text", "json"] = Field(
-        "text", description="text: one line per record for people; json: one JSON object "
+        "text",
+        description="text: one line per record for people; json: one JSON object "
         "per line, with lease, request and trace ids as fields (README, Logs).",
     )
     cors_origins: str | None = None
     http_parser: Literal["h11", "httptools"] = Field(
-        "h11", description="uvicorn's HTTP parser. h11 caps a request's header block "
+        "h11",
+        description="uvicorn's HTTP parser. h11 caps a request's header block "
         "(64 KiB) before it is buffered; httptools costs about half as much per request "
         "but buffers headers of any size: use it only behind a proxy that caps them.",
     )
     metrics_owner_series: bool = Field(
-        False, description="Serve scheduler_owner_leases{owner} and "
+        False,
+        description="Serve scheduler_owner_leases{owner} and "
         "scheduler_owner_spend_dollars_total{owner}: owner ids on the ungated /metrics.",
     )
 
     # The guard (`openalice-scheduler guard`; README, The guard). The scheduler ignores them.
     guard_scheduler_url: str | None = Field(
-        None, pattern=r"^https?://[^,\s]+(,https?://[^,\s]+)*$",
+        None,
+        pattern=r"^https?://[^,\s]+(,https?://[^,\s]+)*$",
         description="Comma list of the scheduler replicas' base URLs the guard polls.",
     )
     guard_id: str | None = Field(
-        None, pattern=r"^[\x21-\x2b\x2d-\x7e]{1,128}$",
+        None,
+        pattern=r"^[\x21-\x2b\x2d-\x7e]{1,128}$",
         description="The guard's name in GET /v1/providers; unset = its host name.",
     )
     guard_poll_seconds: float = Field(10.0, gt=0, le=3600)
     guard_silence_seconds: float = Field(60.0, gt=0)
     guard_grace_seconds: float = Field(30.0, ge=0)
     guard_state_file: str = Field(
-        "./openalice-guard.json", min_length=1,
+        "./openalice-guard.json",
+        min_length=1,
         description="Where the guard keeps what it learned, across its own restarts.",
     )
 
@@ -229,8 +261,10 @@ class Settings(BaseSettings):
         try:
             make_url(value)
         except (ArgumentError, ValueError):
-            raise ValueError("is not a valid URL (is the port a number? is a special "
-                             "character in the password percent-encoded?)") from None
+            raise ValueError(
+                "is not a valid URL (is the port a number? is a special "
+                "character in the password percent-encoded?)"
+            ) from None
         return value
 
     @field_validator("docker_host")
@@ -245,10 +279,16 @@ class Settings(BaseSettings):
             port = urlsplit(value).port
         except ValueError:
             port = None
-        if not sep or scheme not in ("unix", "tcp", "http", "https") or not rest or (
-                scheme != "unix" and port is None):
-            raise ValueError("must be unix:///path/to/docker.sock or tcp://host:port "
-                             "(http:// and https:// also work)")
+        if (
+            not sep
+            or scheme not in ("unix", "tcp", "http", "https")
+            or not rest
+            or (scheme != "unix" and port is None)
+        ):
+            raise ValueError(
+                "must be unix:///path/to/docker.sock or tcp://host:port "
+                "(http:// and https:// also work)"
+            )
         return value
 
     @field_validator("runpod_proxy_url")
@@ -325,8 +365,11 @@ class Settings(BaseSettings):
         return [d.strip() for d in self.local_gpu_devices.split(",") if d.strip()]
 
     def runpod_gpu_types(self, gpu_class: str) -> list[str]:
-        value = {"entry": self.runpod_gpu_entry, "mid": self.runpod_gpu_mid,
-                 "high": self.runpod_gpu_high}.get(gpu_class, "")
+        value = {
+            "entry": self.runpod_gpu_entry,
+            "mid": self.runpod_gpu_mid,
+            "high": self.runpod_gpu_high,
+        }.get(gpu_class, "")
         return [t.strip() for t in value.split(",") if t.strip()]
 
     @property
@@ -337,8 +380,7 @@ class Settings(BaseSettings):
     @property
     def ready_paths(self) -> dict[str, str | None]:
         """Readiness path per worker kind (RENDERER_READY_PATH, ANIM_READY_PATH)."""
-        return {"renderer": self.renderer_ready_path or None,
-                "anim": self.anim_ready_path or None}
+        return {"renderer": self.renderer_ready_path or None, "anim": self.anim_ready_path or None}
 
     @property
     def worker_ports(self) -> dict[str, int]:
@@ -375,15 +417,16 @@ def parse_warm_pool(value: str | None) -> dict[tuple[str, str], int]:
             continue
         match = re.fullmatch(r"\s*([a-z]+)/([a-z]+)\s*=\s*(\d{1,4})\s*", part)
         if match is None:
-            raise ValueError(f"{part.strip()[:64]!r} is not kind/gpu=count "
-                             "(e.g. renderer/none=2)")
+            raise ValueError(f"{part.strip()[:64]!r} is not kind/gpu=count (e.g. renderer/none=2)")
         kind, gpu, count = match[1], match[2], int(match[3])
         if kind not in kinds:
-            raise ValueError(f"unknown kind {kind!r} in {part.strip()!r}; use one of "
-                             + ", ".join(kinds))
+            raise ValueError(
+                f"unknown kind {kind!r} in {part.strip()!r}; use one of " + ", ".join(kinds)
+            )
         if gpu not in gpus:
-            raise ValueError(f"unknown GPU class {gpu!r} in {part.strip()!r}; use one of "
-                             + ", ".join(gpus))
+            raise ValueError(
+                f"unknown GPU class {gpu!r} in {part.strip()!r}; use one of " + ", ".join(gpus)
+            )
         if (kind, gpu) in targets:
             raise ValueError(f"{kind}/{gpu} is given twice")
         targets[(kind, gpu)] = count

@@ -96,8 +96,7 @@ class Drain:
         self._signals += 1
         name = signal.Signals(sig).name
         if self._signals == 1:
-            log.info("%s: draining; requests under way have up to %g s to finish",
-                     name, self.grace)
+            log.info("%s: draining; requests under way have up to %g s to finish", name, self.grace)
             self.draining = True
             self.on_drain()
             self._task = asyncio.create_task(self._drain(), name="drain")
@@ -117,9 +116,12 @@ class Drain:
     async def _drain(self) -> None:
         started = time.monotonic()
         if not await _within(self._idle, self.grace):
-            log.warning("%d request(s) still under way after the %g s grace: answered 503 "
-                        "(a lease left provisioning is resolved by reconciliation)",
-                        len(self._under_way), self.grace)
+            log.warning(
+                "%d request(s) still under way after the %g s grace: answered 503 "
+                "(a lease left provisioning is resolved by reconciliation)",
+                len(self._under_way),
+                self.grace,
+            )
             self._cut_off()
             await _within(self._idle, FLUSH_S)
         else:
@@ -168,8 +170,10 @@ class Drain:
                 raise
             task.uncancel()
             if not started:
-                error = ShuttingDown("the scheduler shut down before this request finished; "
-                                     "retry, another replica answers")
+                error = ShuttingDown(
+                    "the scheduler shut down before this request finished; "
+                    "retry, another replica answers"
+                )
                 await error_response(error)(scope, receive, forward)
         finally:
             self._under_way.discard(task)

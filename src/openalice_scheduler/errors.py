@@ -110,20 +110,23 @@ class ProvisionFailed(SchedulerError):
     status = 502
 
 
-def no_lease(what: str, reasons: dict[str, str], failures: dict[str, str],
-             at_capacity: bool) -> ProvisionFailed | NoProviderAvailable:
+def no_lease(
+    what: str, reasons: dict[str, str], failures: dict[str, str], at_capacity: bool
+) -> ProvisionFailed | NoProviderAvailable:
     """Why an acquire of `what` (`kind=… gpu=…`) got no lease: 502 when a provider
     failed to provision, else 503, naming each provider's reason."""
     if failures:
         return ProvisionFailed(
             f"every candidate provider failed to provision {what}: "
             + "; ".join(f"{name}: {why}" for name, why in failures.items()),
-            failures=failures, reasons=reasons,
+            failures=failures,
+            reasons=reasons,
         )
     return NoProviderAvailable(
         f"no provider can serve {what}: "
         + "; ".join(f"{name}: {why}" for name, why in reasons.items()),
-        reasons=reasons, at_capacity=at_capacity,
+        reasons=reasons,
+        at_capacity=at_capacity,
     )
 
 
@@ -155,11 +158,15 @@ class ShuttingDown(SchedulerError):
     RETRY_AFTER_S = 1
 
     def __init__(
-        self, message: str = "the scheduler is shutting down; retry, another replica answers",
-        *, headers: dict[str, str] | None = None, **details: Any,
+        self,
+        message: str = "the scheduler is shutting down; retry, another replica answers",
+        *,
+        headers: dict[str, str] | None = None,
+        **details: Any,
     ) -> None:
-        super().__init__(message, headers=headers or {"Retry-After": str(self.RETRY_AFTER_S)},
-                         **details)
+        super().__init__(
+            message, headers=headers or {"Retry-After": str(self.RETRY_AFTER_S)}, **details
+        )
 
 
 # Raised by providers, translated by the service; never sent as they are.

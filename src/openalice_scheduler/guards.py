@@ -31,11 +31,21 @@ class GuardDesk:
             until = row.expires_at
             if row.state == LeaseState.releasing.value and row.released_at is not None:
                 until = min(until, row.released_at)
-            workers.append({"lease_id": row.lease_id, "provider": row.provider,
-                            "state": row.state, "until": format_us(until)})
-        return {"store_id": self.store.store_id, "instance": self.instance,
-                "max_ttl_seconds": MAX_TTL_SECONDS, "now": format_us(now),
-                "workers": workers}
+            workers.append(
+                {
+                    "lease_id": row.lease_id,
+                    "provider": row.provider,
+                    "state": row.state,
+                    "until": format_us(until),
+                }
+            )
+        return {
+            "store_id": self.store.store_id,
+            "instance": self.instance,
+            "max_ttl_seconds": MAX_TTL_SECONDS,
+            "now": format_us(now),
+            "workers": workers,
+        }
 
     async def contacts(self) -> list[GuardContact]:
         """Every guard that polled in the last day, with its last contact."""

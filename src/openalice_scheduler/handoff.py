@@ -44,9 +44,12 @@ class HandOff:
 
     async def send(self, record: LeaseRecord, env: Mapping[str, str] | None) -> Outcome:
         """Hand `record` to its worker (`env` None: a renewal's hand-on, no env)."""
-        body: dict[str, object] = {"lease_id": record.lease_id,
-                                   "expires_at": format_us(record.expires_at),
-                                   "kind": record.kind, "fence": record.fence}
+        body: dict[str, object] = {
+            "lease_id": record.lease_id,
+            "expires_at": format_us(record.expires_at),
+            "kind": record.kind,
+            "fence": record.fence,
+        }
         fields = self.access.spec_fields(record.lease_id)
         if fields["token"] is not None:
             body.update(fields)  # self_url, token
@@ -55,14 +58,20 @@ class HandOff:
         url = (record.probe_url or record.endpoint).rstrip("/") + self.path
         try:
             response = await self.open().post(
-                url, content=json.dumps(body, separators=(",", ":")).encode(),
-                headers={"Content-Type": "application/json"}, timeout=self.timeout)
+                url,
+                content=json.dumps(body, separators=(",", ":")).encode(),
+                headers={"Content-Type": "application/json"},
+                timeout=self.timeout,
+            )
         except httpx.HTTPError as exc:
             return Outcome(False, problem=f"POST {url}: {type(exc).__name__}")
         if response.is_success:
             return Outcome(True)
-        return Outcome(False, unsupported=response.status_code in NO_HANDOFF,
-                       problem=f"POST {url}: {response.status_code}")
+        return Outcome(
+            False,
+            unsupported=response.status_code in NO_HANDOFF,
+            problem=f"POST {url}: {response.status_code}",
+        )
 
     def open(self) -> httpx.AsyncClient:
         """The client, made on first use. Making it loads the CA bundle (tens of ms): a

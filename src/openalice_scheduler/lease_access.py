@@ -48,5 +48,7 @@ class LeaseAccess:
         credential."""
         if self.public_url is None:
             return {"self_url": None, "token": None}
-        return {"self_url": f"{self.public_url}/v1/lease/{lease_id}/self",
-                "token": self.token(lease_id)}
+        return {
+            "self_url": f"{self.public_url}/v1/lease/{lease_id}/self",
+            "token": self.token(lease_id),
+        }

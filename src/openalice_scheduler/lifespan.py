@@ -37,8 +37,13 @@ PROVIDER_THREADS = 64
 
 
 def lifespan(
-    settings: Settings, store: LeaseStore, providers: Sequence[Provider], metrics: Metrics,
-    tracing: Tracing, clock: Clock, access: LeaseAccess,
+    settings: Settings,
+    store: LeaseStore,
+    providers: Sequence[Provider],
+    metrics: Metrics,
+    tracing: Tracing,
+    clock: Clock,
+    access: LeaseAccess,
 ) -> Callable[[Any], AbstractAsyncContextManager[None]]:
     """The app's lifespan: sets `app.state.service` (and the loops, and `readiness`)
     while it serves."""
@@ -53,27 +58,39 @@ def lifespan(
             await store.migrate()
             alarm = Alarm(lambda: to_us(clock()))
             service = LeaseService(
-                store, providers, build_policy(settings.policy), metrics, tracing.tracer,
-                provision_timeout=settings.provision_timeout_seconds, probe=probe,
-                max_leases_per_owner=settings.max_leases_per_owner, clock=clock,
-                on_due=alarm.due, access=access,
-                budgets=Budgets(settings.max_cost_per_hour_per_owner,
-                                settings.max_spend_per_day_per_owner, settings.owner_budgets),
+                store,
+                providers,
+                build_policy(settings.policy),
+                metrics,
+                tracing.tracer,
+                provision_timeout=settings.provision_timeout_seconds,
+                probe=probe,
+                max_leases_per_owner=settings.max_leases_per_owner,
+                clock=clock,
+                on_due=alarm.due,
+                access=access,
+                budgets=Budgets(
+                    settings.max_cost_per_hour_per_owner,
+                    settings.max_spend_per_day_per_owner,
+                    settings.owner_budgets,
+                ),
             )
             sweeper = Sweeper(service, alarm, tracing.tracer, settings.sweep_interval_seconds)
             beat = min(5.0, settings.reconcile_interval_seconds / 2)
             heartbeat = Heartbeat(service, beat)
             # Always there: with WARM_POOL unset it only recycles what an earlier run left.
             service.pool = pool = WarmPool(
-                service, settings.warm_pool_targets,
-                HandOff(settings.warm_handoff_path, settings.warm_handoff_timeout_seconds,
-                        access),
+                service,
+                settings.warm_pool_targets,
+                HandOff(settings.warm_handoff_path, settings.warm_handoff_timeout_seconds, access),
                 max_idle_seconds=settings.warm_pool_max_idle_seconds,
                 idle_gauge=metrics.pool_idle,
             )
             service.guards = GuardDesk(store, instance=settings.scheduler_instance)
             reconciler = Reconciler(
-                service, tracing.tracer, settings.reconcile_interval_seconds,
+                service,
+                tracing.tracer,
+                settings.reconcile_interval_seconds,
                 # A provision may go on while its worker is probed.
                 settings.provision_timeout_seconds + probe.longest,
                 replica_timeout=3 * beat + 1,
@@ -81,7 +98,9 @@ def lifespan(
             )
             await heartbeat.run_once()
             app.state.service, app.state.sweeper, app.state.reconciler = (
-                service, sweeper, reconciler,
+                service,
+                sweeper,
+                reconciler,
             )
             reconciled = await _before_serving(service, reconciler, sweeper)
             app.state.readiness = ReadinessCheck(service, reconciler, reconciled=reconciled)
@@ -97,9 +116,12 @@ def lifespan(
                 purger.start()
             # Waiters here hear of capacity freed on other replicas too.
             listener = asyncio.create_task(store.listen_capacity(service.capacity_freed))
-            log.info("openalice-scheduler %s serving: providers=%s, store=%s",
-                     service_version(), ",".join(p.name for p in providers),
-                     store.backend.name)
+            log.info(
+                "openalice-scheduler %s serving: providers=%s, store=%s",
+                service_version(),
+                ",".join(p.name for p in providers),
+                store.backend.name,
+            )
             yield
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -116,16 +138,14 @@ def lifespan(
     return run
 
 
-async def _before_serving(service: LeaseService, reconciler: Reconciler,
-                          sweeper: Sweeper) -> bool:
+async def _before_serving(service: LeaseService, reconciler: Reconciler, sweeper: Sweeper) -> bool:
     """Resolve what a crash left and release what expired meanwhile, before serving.
     Whether the reconciliation finished (else the loop retries at once)."""
     try:
         await service.recover_after_restart()
         await asyncio.wait_for(reconciler.run_once(), STARTUP_RECONCILE_TIMEOUT_S)
     except (TimeoutError, SchedulerError) as exc:
-        log.warning("start-up reconciliation incomplete (%s); the loop retries",
-                    type(exc).__name__)
+        log.warning("start-up reconciliation incomplete (%s); the loop retries", type(exc).__name__)
         return False
     try:
         # Without this sweep, leases that expired while the service was down would be

@@ -129,10 +129,14 @@ class SafeJsonFormatter(JsonFormatter):
         kept = {s for s in secrets if len(s) >= MIN_REDACTED_LENGTH}
         self.secrets = sorted(kept, key=len, reverse=True)
 
-    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord,
-                   message_dict: dict[str, Any]) -> None:
-        log_data["time"] = (datetime.fromtimestamp(record.created, UTC)
-                            .isoformat(timespec="microseconds").replace("+00:00", "Z"))
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        log_data["time"] = (
+            datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="microseconds")
+            .replace("+00:00", "Z")
+        )
         super().add_fields(log_data, record, message_dict)
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
@@ -175,8 +179,9 @@ class ContextFields(logging.Filter):
         return True
 
 
-def configure_logging(log_filter: str, secrets: Iterable[str] = (),
-                      log_format: str = "text") -> None:
+def configure_logging(
+    log_filter: str, secrets: Iterable[str] = (), log_format: str = "text"
+) -> None:
     default = logging.INFO
     per_logger: dict[str, int] = {}
     for part in log_filter.split(","):
@@ -229,8 +234,9 @@ def _escaped(text: str) -> str:
 
 def _escape(match: re.Match[str]) -> str:
     char = match.group()
-    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100
-                                else f"\\u{ord(char):04x}")
+    return _NAMED.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+    )
 
 
 def _indented(text: str) -> str:

@@ -103,8 +103,9 @@ class Sweeper(LoopService):
 
     name = "sweeper"
 
-    def __init__(self, service: LeaseService, alarm: Alarm, tracer: Tracer,
-                 interval: float) -> None:
+    def __init__(
+        self, service: LeaseService, alarm: Alarm, tracer: Tracer, interval: float
+    ) -> None:
         super().__init__(interval, wake=alarm.event)
         self.service = service
         self.alarm = alarm
@@ -138,8 +139,13 @@ class Reconciler(LoopService):
     name = "reconciler"
 
     def __init__(
-        self, service: LeaseService, tracer: Tracer, interval: float, provision_timeout: float,
-        replica_timeout: float, heartbeat: Heartbeat | None = None,
+        self,
+        service: LeaseService,
+        tracer: Tracer,
+        interval: float,
+        provision_timeout: float,
+        replica_timeout: float,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         super().__init__(interval)
         self.service = service
@@ -154,9 +160,12 @@ class Reconciler(LoopService):
         # One replica at a time: two reconcilers would race to destroy the same workers.
         lock_ttl = int(max(30.0, 3 * self.interval) * 1e6)
         gone_before = self._gone_before()
-        if not await store.replicas.try_lock(RECONCILE_LOCK, ttl_us=lock_ttl,
-                                             now=self.service.now_us(),
-                                             holder_gone_before=gone_before):
+        if not await store.replicas.try_lock(
+            RECONCILE_LOCK,
+            ttl_us=lock_ttl,
+            now=self.service.now_us(),
+            holder_gone_before=gone_before,
+        ):
             return totals
         try:
             with self.tracer.start_as_current_span("reconcile"):
@@ -165,8 +174,9 @@ class Reconciler(LoopService):
                     try:
                         found = await self._reconcile(provider, alive)
                     except ProviderError as exc:
-                        log.warning("reconcile: %s unreachable, skipped: %s",
-                                    provider.name, exc.message)
+                        log.warning(
+                            "reconcile: %s unreachable, skipped: %s", provider.name, exc.message
+                        )
                         continue
                     for key, value in found.items():
                         totals[key] += value
@@ -201,19 +211,23 @@ class Reconciler(LoopService):
         workers = await provider.list_workers()
         # Leases on a host that could not be listed are that host's next pass's to judge.
         unlisted = workers.unlisted if isinstance(workers, PartialListing) else frozenset()
-        live = {r.lease_id: r for r in await store.live(provider.name)
-                if r.host not in unlisted}
+        live = {r.lease_id: r for r in await store.live(provider.name) if r.host not in unlisted}
         stale_before = service.now_us() - int(self.provision_timeout * 1e6)
         counts = {"failed": 0, "orphans": 0, "lost": 0}
 
         for record in live.values():
             # `warming`: a pool worker's provision, resolved alike.
-            if (record.state not in (LeaseState.provisioning, LeaseState.warming)
-                    or record.lease_id in service.in_flight):
+            if (
+                record.state not in (LeaseState.provisioning, LeaseState.warming)
+                or record.lease_id in service.in_flight
+            ):
                 continue
             # A provision whose replica stopped (crashed, killed) will never finish.
-            crashed = (record.replica_id != store.replica_id and alive is not None
-                       and record.replica_id not in alive)
+            crashed = (
+                record.replica_id != store.replica_id
+                and alive is not None
+                and record.replica_id not in alive
+            )
             # This replica's own row, no longer in flight: its acquire ended without
             # resolving it (the store failed under it, e.g. while recording `active`).
             abandoned = record.replica_id == store.replica_id
@@ -253,9 +267,13 @@ class Reconciler(LoopService):
                 await service.destroy_orphan(provider, lease_id, info.provider_token)
                 counts["orphans"] += 1
         if foreign:
-            log.warning("reconcile: %d worker(s) on %s carry this SCHEDULER_INSTANCE but "
-                        "belong to another state store; left alone (give each store its own "
-                        "SCHEDULER_INSTANCE)", foreign, provider.name)
+            log.warning(
+                "reconcile: %d worker(s) on %s carry this SCHEDULER_INSTANCE but "
+                "belong to another state store; left alone (give each store its own "
+                "SCHEDULER_INSTANCE)",
+                foreign,
+                provider.name,
+            )
 
         for record in live.values():
             vanished = record.lease_id not in workers

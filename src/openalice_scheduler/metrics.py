@@ -45,7 +45,9 @@ class Metrics:
         PlatformCollector(registry=r)
         self.up = Gauge("scheduler_up", "1 while the scheduler serves.", registry=r)
         self.build_info = Gauge(
-            "scheduler_build_info", "1, labelled with the running version.", ["version"],
+            "scheduler_build_info",
+            "1, labelled with the running version.",
+            ["version"],
             registry=r,
         )
         self.active_leases = Gauge(
@@ -53,49 +55,74 @@ class Metrics:
         )
         self.providers = Gauge("scheduler_providers", "Configured providers.", registry=r)
         self.acquired = Counter(
-            "scheduler_leases_acquired", "Leases handed out.",
-            ["provider", "kind", "gpu"], registry=r,
+            "scheduler_leases_acquired",
+            "Leases handed out.",
+            ["provider", "kind", "gpu"],
+            registry=r,
         )
         self.acquire_failures = Counter(
-            "scheduler_acquire_failures", "Acquires that gave no lease, by reason.",
-            ["reason"], registry=r,
+            "scheduler_acquire_failures",
+            "Acquires that gave no lease, by reason.",
+            ["reason"],
+            registry=r,
         )
         self.released = Counter(
-            "scheduler_leases_released", "Leases ended, by reason.",
-            ["provider", "reason"], registry=r,
+            "scheduler_leases_released",
+            "Leases ended, by reason.",
+            ["provider", "reason"],
+            registry=r,
         )
         self.spend = Counter(
-            "scheduler_spend_dollars", "USD that ended leases cost (price per hour × time "
+            "scheduler_spend_dollars",
+            "USD that ended leases cost (price per hour × time "
             "held), by provider; each replica counts the leases it ended.",
-            ["provider"], registry=r,
+            ["provider"],
+            registry=r,
         )
         # Owner ids on the ungated /metrics only when the operator asks (METRICS_OWNER_SERIES).
-        self.owner_spend = Counter(
-            "scheduler_owner_spend_dollars", "USD that ended leases cost, by owner.",
-            ["owner"], registry=r,
-        ) if owner_series else None
+        self.owner_spend = (
+            Counter(
+                "scheduler_owner_spend_dollars",
+                "USD that ended leases cost, by owner.",
+                ["owner"],
+                registry=r,
+            )
+            if owner_series
+            else None
+        )
         self.live_cost = Gauge(
-            "scheduler_live_cost_per_hour_dollars", "USD per hour that live leases cost "
-            "now (provisioning, active, releasing), by provider.", ["provider"], registry=r,
+            "scheduler_live_cost_per_hour_dollars",
+            "USD per hour that live leases cost "
+            "now (provisioning, active, releasing), by provider.",
+            ["provider"],
+            registry=r,
         )
         self.provision_seconds = Histogram(
-            "scheduler_provision_seconds", "Time a provider took to make a worker.",
-            ["provider"], registry=r,
+            "scheduler_provision_seconds",
+            "Time a provider took to make a worker.",
+            ["provider"],
+            registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
         )
         self.ready_seconds = Histogram(
-            "scheduler_ready_seconds", "Time from the start of a provision to the worker "
+            "scheduler_ready_seconds",
+            "Time from the start of a provision to the worker "
             "passing its readiness probe (probed workers only).",
-            ["provider"], registry=r,
+            ["provider"],
+            registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900),
         )
         self.release_failures = Counter(
-            "scheduler_release_failures", "Release attempts a provider did not confirm.",
-            ["provider"], registry=r,
+            "scheduler_release_failures",
+            "Release attempts a provider did not confirm.",
+            ["provider"],
+            registry=r,
         )
         self.pool_idle = Gauge(
-            "scheduler_pool_idle", "Idle, ready warm-pool workers (WARM_POOL).",
-            ["kind", "gpu"], registry=r,
+            "scheduler_pool_idle",
+            "Idle, ready warm-pool workers (WARM_POOL).",
+            ["kind", "gpu"],
+            registry=r,
         )
         self.releasing = Gauge(
             "scheduler_leases_releasing", "Releases still being retried.", registry=r
@@ -103,50 +130,62 @@ class Metrics:
         # Capacity and use as GET /v1/providers shows them, set at scrape time (scrape.py).
         self.capacity = Gauge(
             "scheduler_capacity",
-            "Most workers a provider holds at once, per kind (kind=\"any\": shared by the "
+            'Most workers a provider holds at once, per kind (kind="any": shared by the '
             "kinds) and GPU class; no series where it has no fixed cap.",
-            ["provider", "kind", "gpu"], registry=r,
+            ["provider", "kind", "gpu"],
+            registry=r,
         )
         self.in_use = Gauge(
             "scheduler_in_use",
             "Live leases (provisioning, active, releasing) per provider, kind and GPU class.",
-            ["provider", "kind", "gpu"], registry=r,
+            ["provider", "kind", "gpu"],
+            registry=r,
         )
         self.provider_up = Gauge(
-            "scheduler_provider_up", "1 when the provider's last health check passed.",
-            ["provider"], registry=r,
+            "scheduler_provider_up",
+            "1 when the provider's last health check passed.",
+            ["provider"],
+            registry=r,
         )
         self.store_up = Gauge(
             "scheduler_store_up", "1 when the state store answered this scrape.", registry=r
         )
         self.waiting = Gauge(
-            "scheduler_waiting_callers", "Acquires waiting in line for capacity.",
-            ["kind", "gpu"], registry=r,
+            "scheduler_waiting_callers",
+            "Acquires waiting in line for capacity.",
+            ["kind", "gpu"],
+            registry=r,
         )
         self.wait_seconds = Histogram(
-            "scheduler_wait_seconds", "Time an acquire waited in line, by how it ended.",
-            ["outcome"], registry=r,
+            "scheduler_wait_seconds",
+            "Time an acquire waited in line, by how it ended.",
+            ["outcome"],
+            registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
         )
         self.capacity_refusals = Counter(
             "scheduler_capacity_refusals",
             "Acquires refused because every provider that could serve them was at its cap.",
-            ["kind", "gpu"], registry=r,
+            ["kind", "gpu"],
+            registry=r,
         )
         self.sweep_last_success = Gauge(
             "scheduler_sweep_last_success_timestamp_seconds",
-            "Unix time the sweeper last finished a pass.", registry=r,
+            "Unix time the sweeper last finished a pass.",
+            registry=r,
         )
         # Set at scrape time from the store (scrape.py): every replica shows every guard.
         self.guard_last_contact = Gauge(
             "scheduler_guard_last_contact_timestamp_seconds",
             "Unix time each guard (openalice-scheduler guard) last polled any replica.",
-            ["guard"], registry=r,
+            ["guard"],
+            registry=r,
         )
         self.reconcile_last_success = Gauge(
             "scheduler_reconcile_last_success_timestamp_seconds",
             "Unix time this replica last finished a reconciliation (one replica at a time "
-            "reconciles: take the max over replicas).", registry=r,
+            "reconciles: take the max over replicas).",
+            registry=r,
         )
         # Observed by the access middleware (api/access.py) for every HTTP answer. `route`
         # is the route template (`unmatched` for a path no route serves) and `method` one
@@ -154,9 +193,27 @@ class Metrics:
         self.http_request_duration = Histogram(
             "scheduler_http_request_duration_seconds",
             "Time to answer an HTTP request, by route template, method and status.",
-            ["route", "method", "status"], registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-                     30, 60, 300, 600),
+            ["route", "method", "status"],
+            registry=r,
+            buckets=(
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1,
+                2.5,
+                5,
+                10,
+                30,
+                60,
+                300,
+                600,
+            ),
         )
         # Registered on first use: only with METRICS_OWNER_SERIES, as /metrics is ungated
         # and owner ids are the callers' to show.
@@ -204,9 +261,7 @@ class Metrics:
 
     # --- scrape ------------------------------------------------------------------------
 
-    def render(
-        self, counts: dict[str, int] | None, owners: dict[str, int] | None = None
-    ) -> bytes:
+    def render(self, counts: dict[str, int] | None, owners: dict[str, int] | None = None) -> bytes:
         """Prometheus text; `counts` by lease state and live leases per owner, or None
         to keep the last figures (the store is unreachable: better stale than a false
         zero). `scheduler_owner_leases` is served once `owners` has been given."""
@@ -218,7 +273,8 @@ class Metrics:
                 self.owner_leases = Gauge(
                     "scheduler_owner_leases",
                     "Live leases (provisioning, active, releasing) per owner.",
-                    ["owner"], registry=self.registry,
+                    ["owner"],
+                    registry=self.registry,
                 )
             self.owner_leases.clear()
             for owner, count in owners.items():

@@ -63,8 +63,13 @@ class LeaseState(StrEnum):
 
 
 # States that hold a worker: they count against caps and exclusive devices.
-LIVE_STATES = (LeaseState.provisioning, LeaseState.active, LeaseState.releasing,
-               LeaseState.warming, LeaseState.idle)
+LIVE_STATES = (
+    LeaseState.provisioning,
+    LeaseState.active,
+    LeaseState.releasing,
+    LeaseState.warming,
+    LeaseState.idle,
+)
 
 
 class ReleaseReason(StrEnum):
@@ -153,22 +158,32 @@ class Lease(BaseModel):
     release_reason: ReleaseReason | None = None
     released_at: Timestamp | None = None
     host: str | None = Field(
-        None, description="local-docker with DOCKER_HOSTS: the engine holding the worker; "
-        "null otherwise")
+        None,
+        description="local-docker with DOCKER_HOSTS: the engine holding the worker; null otherwise",
+    )
     fence: int | None = Field(
-        None, description="Fencing token: strictly increasing over every lease of the "
-        "store, kept by renewals; the worker has it as LEASE_FENCE and in its hand-off")
+        None,
+        description="Fencing token: strictly increasing over every lease of the "
+        "store, kept by renewals; the worker has it as LEASE_FENCE and in its hand-off",
+    )
     gpu_type: str | None = Field(
-        None, description="The GPU type the worker got (RunPod's id, LOCAL_GPU_TYPE for "
-        "local Docker); null for gpu=none or when unknown")
+        None,
+        description="The GPU type the worker got (RunPod's id, LOCAL_GPU_TYPE for "
+        "local Docker); null for gpu=none or when unknown",
+    )
     price_per_hour: float | None = Field(
-        None, description="What the worker costs, USD per hour (README, Prices and caps); "
-        "null when unknown")
+        None,
+        description="What the worker costs, USD per hour (README, Prices and caps); "
+        "null when unknown",
+    )
     granted_at: Timestamp | None = Field(
-        None, description="When the lease became active: its cost counts from then")
+        None, description="When the lease became active: its cost counts from then"
+    )
     cost: float | None = Field(
-        None, description="Once ended: price_per_hour × the time from granted_at to "
-        "released_at, USD; 0 for a lease never granted; null while live")
+        None,
+        description="Once ended: price_per_hour × the time from granted_at to "
+        "released_at, USD; 0 for a lease never granted; null while live",
+    )
 
 
 class LeaseSelf(BaseModel):
@@ -200,8 +215,8 @@ class HostView(BaseModel):
     max_workers: int | None = Field(description="This host's cap; null = none")
     gpu_devices: list[str] = Field(description="The GPUs it leases for gpu=entry")
     workers: int | None = Field(
-        description="Containers of this scheduler on the engine now; null when it does "
-        "not answer")
+        description="Containers of this scheduler on the engine now; null when it does not answer"
+    )
 
 
 class GuardView(BaseModel):
@@ -228,22 +243,28 @@ class ProviderView(BaseModel):
         "share the GPU class's capacity",
     )
     hosts: list[HostView] | None = Field(
-        None, description="local-docker with DOCKER_HOSTS: each engine, in declared order")
+        None, description="local-docker with DOCKER_HOSTS: each engine, in declared order"
+    )
     idle: dict[WorkerKind, dict[GpuClass, int]] = Field(
         default_factory=dict,
         description="Idle warm-pool workers (WARM_POOL) per kind and GPU class; they are "
-        "counted in `in_use` too, as every cap counts them")
+        "counted in `in_use` too, as every cap counts them",
+    )
     guards: list[GuardView] = Field(
-        default_factory=list, description="The guards watching this provider's workers "
-        "(`openalice-scheduler guard`), with their last contact")
+        default_factory=list,
+        description="The guards watching this provider's workers "
+        "(`openalice-scheduler guard`), with their last contact",
+    )
 
 
 class GuardWorker(BaseModel):
     lease_id: str
     provider: str
     state: LeaseState
-    until: Timestamp = Field(description="Until when its worker may run: the lease's "
-                            "expiry, or when it ended for a lease being released")
+    until: Timestamp = Field(
+        description="Until when its worker may run: the lease's "
+        "expiry, or when it ended for a lease being released"
+    )
 
 
 class GuardPoll(BaseModel):
@@ -276,14 +297,19 @@ class ErrorBody(BaseModel):
     field: str | None = Field(None, description="invalid_request: the first invalid field")
     errors: list[FieldError] | None = Field(None, description="invalid_request: each field")
     reasons: dict[str, str] | list[str] | None = Field(
-        None, description="no_provider_available, provision_failed: why, per provider; "
-        "not_ready, shutting_down (/readyz): each reason")
+        None,
+        description="no_provider_available, provision_failed: why, per provider; "
+        "not_ready, shutting_down (/readyz): each reason",
+    )
     ready: bool | None = Field(None, description="not_ready, shutting_down (/readyz): false")
     failures: dict[str, str] | None = Field(
-        None, description="provision_failed: each provider's failure")
+        None, description="provision_failed: each provider's failure"
+    )
     limit: int | None = Field(
-        None, description="quota_exceeded: leases an owner may hold; body_too_large, "
-        "headers_too_large: bytes")
+        None,
+        description="quota_exceeded: leases an owner may hold; body_too_large, "
+        "headers_too_large: bytes",
+    )
     header: str | None = Field(None, description="duplicate_header: the repeated header")
     lease_id: str | None = Field(None, description="release_failed: the lease")
     provider: str | None = Field(None, description="release_failed: its provider")
@@ -315,8 +341,9 @@ class UsageFigures(BaseModel):
 
 
 class UsageGroup(UsageFigures):
-    key: str | None = Field(description="The owner, provider, kind or GPU class; null for "
-                            "leases without an owner")
+    key: str | None = Field(
+        description="The owner, provider, kind or GPU class; null for leases without an owner"
+    )
 
 
 class UsageReport(BaseModel):
@@ -327,8 +354,11 @@ class UsageReport(BaseModel):
     group_by: GroupBy
     groups: list[UsageGroup] = Field(description="By cost, highest first")
     total: UsageFigures
-    retention_days: int = Field(description="Ended leases are purged after this many "
-                                "days (0: never)")
-    complete: bool = Field(description="False when the period reaches back beyond "
-                           "retention: purged leases are missing from it")
+    retention_days: int = Field(
+        description="Ended leases are purged after this many days (0: never)"
+    )
+    complete: bool = Field(
+        description="False when the period reaches back beyond "
+        "retention: purged leases are missing from it"
+    )
     note: str | None = Field(description="What is missing, when not complete")

@@ -14,8 +14,7 @@ from openalice_scheduler.providers import Provider, WorkerSpec
 class Policy(Protocol):
     name: str
 
-    async def order(self, providers: Sequence[Provider], spec: WorkerSpec) -> list[Provider]:
-        ...
+    async def order(self, providers: Sequence[Provider], spec: WorkerSpec) -> list[Provider]: ...
 
 
 class OrderedFirstAvailable:

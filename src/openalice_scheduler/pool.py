@@ -59,11 +59,17 @@ Key = tuple[str, str]  # (kind, gpu)
 class WarmPool(LoopService):
     name = "warm-pool"
 
-    def __init__(self, service: LeaseService, targets: dict[Key, int], handoff: HandOff,
-                 *, max_idle_seconds: float, idle_gauge: Gauge,
-                 interval: float = REFILL_INTERVAL_S) -> None:
-        super().__init__(interval if any(n > 0 for n in targets.values())
-                         else UNSET_INTERVAL_S)
+    def __init__(
+        self,
+        service: LeaseService,
+        targets: dict[Key, int],
+        handoff: HandOff,
+        *,
+        max_idle_seconds: float,
+        idle_gauge: Gauge,
+        interval: float = REFILL_INTERVAL_S,
+    ) -> None:
+        super().__init__(interval if any(n > 0 for n in targets.values()) else UNSET_INTERVAL_S)
         self.service = service
         self.store = PoolStore(service.store)
         self.targets = {key: n for key, n in targets.items() if n > 0}
@@ -90,10 +96,12 @@ class WarmPool(LoopService):
             key = (count.kind, count.gpu)
             have[key] = have.get(key, 0) + count.count
         now = time.monotonic()
-        work = [self._warm_one(key, target)
-                for key, target in self.targets.items()
-                if key[0] not in self.disabled and now >= self._retry_at.get(key, 0)
-                for _ in range(target - have.get(key, 0))]
+        work = [
+            self._warm_one(key, target)
+            for key, target in self.targets.items()
+            if key[0] not in self.disabled and now >= self._retry_at.get(key, 0)
+            for _ in range(target - have.get(key, 0))
+        ]
         made = sum(await asyncio.gather(*work))
         await self._show_idle()
         return {"recycled": recycled, "warmed": made}
@@ -113,12 +121,16 @@ class WarmPool(LoopService):
                 alive.append(record)
         if time.monotonic() - self._checked_at >= CHECK_EVERY_S:
             self._checked_at = time.monotonic()
-            problems = await asyncio.gather(*(
-                self.service.probe.check(r.kind, r.probe_url or r.endpoint) for r in alive))
+            problems = await asyncio.gather(
+                *(self.service.probe.check(r.kind, r.probe_url or r.endpoint) for r in alive)
+            )
             for record, problem in zip(alive, problems, strict=True):
                 if problem is not None:
-                    log.warning("pool worker %s stopped answering (%s); replaced",
-                                lease_ref(record), problem)
+                    log.warning(
+                        "pool worker %s stopped answering (%s); replaced",
+                        lease_ref(record),
+                        problem,
+                    )
                     recycled += await self._recycle(record.lease_id)
         return recycled
 
@@ -137,12 +149,24 @@ class WarmPool(LoopService):
         lease_id = new_lease_id()
         now = self.service.clock()
         expires = now + timedelta(microseconds=self.max_idle_us)
-        spec = WorkerSpec(lease_id=lease_id, kind=WorkerKind(kind), gpu=GpuClass(gpu),
-                          expires_at=expires, store_id=self.service.store.store_id)
-        new = NewLease(lease_id=lease_id, kind=kind, gpu=gpu, owner_id=None,
-                       correlation_id=None, region=None,
-                       ttl_seconds=math.ceil(self.max_idle_us / 1e6),
-                       created_at=to_us(now), expires_at=to_us(expires))
+        spec = WorkerSpec(
+            lease_id=lease_id,
+            kind=WorkerKind(kind),
+            gpu=GpuClass(gpu),
+            expires_at=expires,
+            store_id=self.service.store.store_id,
+        )
+        new = NewLease(
+            lease_id=lease_id,
+            kind=kind,
+            gpu=gpu,
+            owner_id=None,
+            correlation_id=None,
+            region=None,
+            ttl_seconds=math.ceil(self.max_idle_us / 1e6),
+            created_at=to_us(now),
+            expires_at=to_us(expires),
+        )
         self.service.in_flight.add(lease_id)
         try:
             for provider in await self.service.policy.order(self.service.providers, spec):
@@ -150,8 +174,13 @@ class WarmPool(LoopService):
                     continue  # static endpoints are always there: nothing to keep warm
                 if not (await provider.available(spec)).ok:
                     continue
-                terms = reservation_terms(provider, spec, now=self.service.now_us(),
-                                          owner_quota=0, price=await provider.price(spec))
+                terms = reservation_terms(
+                    provider,
+                    spec,
+                    now=self.service.now_us(),
+                    owner_quota=0,
+                    price=await provider.price(spec),
+                )
                 try:
                     reserved = await self.store.reserve(new, provider.name, terms, target)
                 except AtCapacity:
@@ -168,29 +197,41 @@ class WarmPool(LoopService):
         service = self.service
         # Its idle fence and credential from the start: a worker that serves no lease yet
         # can ask after its own row too (and stops itself when the pool is gone).
-        spec = WorkerSpec(lease_id=spec.lease_id, kind=spec.kind, gpu=spec.gpu,
-                          expires_at=spec.expires_at, store_id=spec.store_id,
-                          resource=reserved.resource, fence=reserved.fence,
-                          **service.access.spec_fields(spec.lease_id))
+        spec = WorkerSpec(
+            lease_id=spec.lease_id,
+            kind=spec.kind,
+            gpu=spec.gpu,
+            expires_at=spec.expires_at,
+            store_id=spec.store_id,
+            resource=reserved.resource,
+            fence=reserved.fence,
+            **service.access.spec_fields(spec.lease_id),
+        )
         started = time.perf_counter()
         try:
-            worker = await asyncio.wait_for(provider.provision(spec),
-                                            timeout=service.provision_timeout)
+            worker = await asyncio.wait_for(
+                provider.provision(spec), timeout=service.provision_timeout
+            )
             await service.probe.wait(provider.name, spec, worker, since=started)
         except (ProviderError, TimeoutError) as exc:
             why = exc.message if isinstance(exc, ProviderError) else "provision timed out"
-            log.warning("pool worker %s (%s/%s) failed on %s: %s", lease_ref(spec),
-                        *key, provider.name, why)
+            log.warning(
+                "pool worker %s (%s/%s) failed on %s: %s", lease_ref(spec), *key, provider.name, why
+            )
             self._failed(key)
             await service.store.fail(spec.lease_id, error=why, now=service.now_us())
             await _destroy_quietly(provider, spec.lease_id)
             service.capacity_freed()
             return 0
-        ready = await self.store.ready(spec.lease_id, endpoint=worker.endpoint,
-                                       provider_token=worker.provider_token,
-                                       probe_url=worker.probe_url, now=service.now_us(),
-                                       gpu_type=worker.gpu_type,
-                                       price_per_hour=worker.price_per_hour)
+        ready = await self.store.ready(
+            spec.lease_id,
+            endpoint=worker.endpoint,
+            provider_token=worker.provider_token,
+            probe_url=worker.probe_url,
+            now=service.now_us(),
+            gpu_type=worker.gpu_type,
+            price_per_hour=worker.price_per_hour,
+        )
         if ready is None:  # resolved by reconciliation meanwhile
             await _destroy_quietly(provider, spec.lease_id, worker.provider_token)
             return 0
@@ -219,17 +260,25 @@ class WarmPool(LoopService):
         none (or its worker failed the hand-off): the acquire then goes cold. Raises as
         a cold reserve does for the owner's quota and a duplicate request."""
         kind, gpu = request.kind.value, request.gpu.value
-        if request.region is not None or kind in self.disabled or (kind, gpu) not in \
-                self.targets:
+        if request.region is not None or kind in self.disabled or (kind, gpu) not in self.targets:
             return None
         service = self.service
         now = service.now_us()
-        claimed = await self.store.claim(NewLease(
-            lease_id=new_lease_id(), kind=kind, gpu=gpu, owner_id=request.owner_id,
-            correlation_id=request.correlation_id, region=None,
-            ttl_seconds=request.ttl_seconds, created_at=now,
-            expires_at=now + request.ttl_seconds * 1_000_000,
-        ), service.max_leases_per_owner, service.budgets.of(request.owner_id))
+        claimed = await self.store.claim(
+            NewLease(
+                lease_id=new_lease_id(),
+                kind=kind,
+                gpu=gpu,
+                owner_id=request.owner_id,
+                correlation_id=request.correlation_id,
+                region=None,
+                ttl_seconds=request.ttl_seconds,
+                created_at=now,
+                expires_at=now + request.ttl_seconds * 1_000_000,
+            ),
+            service.max_leases_per_owner,
+            service.budgets.of(request.owner_id),
+        )
         if claimed is None:
             return None
         self.idle_gauge.labels(kind, gpu).dec()  # the next pass sets it from the store
@@ -238,32 +287,44 @@ class WarmPool(LoopService):
         asyncio.get_running_loop().call_later(REFILL_AFTER_TAKE_S, self.wake)
         service.in_flight.add(claimed.lease_id)
         try:
-            attributes = span_attributes(claimed.lease_id, claimed.provider, claimed.kind,
-                                         claimed.correlation_id)  # never the env
+            attributes = span_attributes(
+                claimed.lease_id, claimed.provider, claimed.kind, claimed.correlation_id
+            )  # never the env
             with service.tracer.start_as_current_span("handoff", attributes=attributes) as span:
                 outcome = await self.handoff.send(claimed, request.env)
                 if not outcome.ok:
                     span.set_status(Status(StatusCode.ERROR, outcome.problem))
             if outcome.ok:
                 record = await service.store.activate(
-                    claimed.lease_id, endpoint=claimed.endpoint,
-                    provider_token=claimed.provider_token, now=service.now_us())
+                    claimed.lease_id,
+                    endpoint=claimed.endpoint,
+                    provider_token=claimed.provider_token,
+                    now=service.now_us(),
+                )
                 if record is not None:
                     return record
                 why = "resolved by reconciliation while handing off"
             elif outcome.unsupported:
                 if kind not in self.disabled:
                     self.disabled.add(kind)
-                    log.warning("pool workers of kind %s answer their hand-off (%s) 404: "
-                                "the %s pool is switched off, those acquires go cold",
-                                kind, self.handoff.path, kind)
+                    log.warning(
+                        "pool workers of kind %s answer their hand-off (%s) 404: "
+                        "the %s pool is switched off, those acquires go cold",
+                        kind,
+                        self.handoff.path,
+                        kind,
+                    )
                 why = outcome.problem
             else:
                 why = outcome.problem
-            log.warning("lease %s: hand-off to pool worker failed (%s); destroyed, "
-                        "going cold", lease_ref(claimed), why)
-            await service.store.fail(claimed.lease_id, error=f"hand-off failed: {why}",
-                                     now=service.now_us())
+            log.warning(
+                "lease %s: hand-off to pool worker failed (%s); destroyed, going cold",
+                lease_ref(claimed),
+                why,
+            )
+            await service.store.fail(
+                claimed.lease_id, error=f"hand-off failed: {why}", now=service.now_us()
+            )
             provider = service.by_name.get(claimed.provider)
             if provider is not None:
                 await _destroy_quietly(provider, claimed.lease_id, claimed.provider_token)
@@ -285,8 +346,11 @@ class WarmPool(LoopService):
         renewal stands (the worker was told LEASE_EXPIRES_AT's successor, or not)."""
         outcome = await self.handoff.send(record, None)
         if not outcome.ok:
-            log.warning("lease %s: renewal not handed on to its worker (%s)",
-                        lease_ref(record), outcome.problem)
+            log.warning(
+                "lease %s: renewal not handed on to its worker (%s)",
+                lease_ref(record),
+                outcome.problem,
+            )
 
     async def stop(self, timeout: float = 10.0) -> None:
         await super().stop(timeout)
@@ -298,5 +362,9 @@ async def _destroy_quietly(provider: Provider, lease_id: str, token: str = "") -
         await provider.release(token, lease_id)
     except ProviderError as exc:
         # The reconciler destroys it later as an orphan: it carries our labels.
-        log.warning("lease %s: could not clean up on %s yet: %s",
-                    lease_ref(lease_id), provider.name, exc.message)
+        log.warning(
+            "lease %s: could not clean up on %s yet: %s",
+            lease_ref(lease_id),
+            provider.name,
+            exc.message,
+        )

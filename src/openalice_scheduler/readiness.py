@@ -20,8 +20,7 @@ NOT_RECONCILED = "start-up reconciliation not finished"
 class ReadinessCheck:
     """What `/readyz` asks, set up by the lifespan once the service serves."""
 
-    def __init__(self, service: LeaseService, reconciler: Reconciler, *,
-                 reconciled: bool) -> None:
+    def __init__(self, service: LeaseService, reconciler: Reconciler, *, reconciled: bool) -> None:
         self.service = service
         self.reconciler = reconciler
         # Whether the reconciliation before serving finished; else the reconciler's

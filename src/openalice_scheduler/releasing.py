@@ -79,14 +79,17 @@ class Releasing:
             raise ReleaseFailed(
                 f"{error[0]} could not destroy the worker of lease {lease_id}: {error[1]}; "
                 "the lease stays releasing and the scheduler keeps retrying",
-                lease_id=lease_id, provider=error[0],
+                lease_id=lease_id,
+                provider=error[0],
             )
 
-    async def _release(self, lease_id: str, check: Check | None,
-                       reason: ReleaseReason = ReleaseReason.explicit) -> tuple[str, str] | None:
+    async def _release(
+        self, lease_id: str, check: Check | None, reason: ReleaseReason = ReleaseReason.explicit
+    ) -> tuple[str, str] | None:
         """Claim the lease and destroy its worker; (provider, why) when it could not."""
         claimed = await self.store.claim_release(
-            lease_id, reason, now=self.now_us(), check=check, at_once=self.instant)
+            lease_id, reason, now=self.now_us(), check=check, at_once=self.instant
+        )
         if claimed is None:
             raise LeaseNotFound(f"lease {lease_id} is already released")
         if claimed.state == LeaseState.released:  # nothing to destroy
@@ -112,10 +115,15 @@ class Releasing:
         for lease_id in list(self.store.unsure):
             record = await self.store.get(lease_id)  # store still down: next time
             self.store.unsure.discard(lease_id)
-            if (record is not None and record.state == LeaseState.active
-                    and not (record.owner_id and record.correlation_id)):
-                log.warning("lease %s: recorded although its acquire answered 503; "
-                            "releasing it", lease_ref(record))
+            if (
+                record is not None
+                and record.state == LeaseState.active
+                and not (record.owner_id and record.correlation_id)
+            ):
+                log.warning(
+                    "lease %s: recorded although its acquire answered 503; releasing it",
+                    lease_ref(record),
+                )
                 await self._release(lease_id, None, ReleaseReason.failed)
 
     async def _destroy_due(self, record: LeaseRecord) -> None:
@@ -145,8 +153,13 @@ class Releasing:
                 )
                 self.metrics.release_failures.labels(record.provider).inc()
                 self.on_due(retry_at)
-                log.warning("lease %s: release attempt %d on %s failed: %s",
-                            lease_ref(record), attempts, record.provider, exc.message)
+                log.warning(
+                    "lease %s: release attempt %d on %s failed: %s",
+                    lease_ref(record),
+                    attempts,
+                    record.provider,
+                    exc.message,
+                )
                 return exc.message
         done = await self.store.finish_release(record.lease_id, now=self.now_us())
         if done is None:

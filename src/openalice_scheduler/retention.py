@@ -20,8 +20,9 @@ class Purger(LoopService):
 
     name = "purger"
 
-    def __init__(self, service: LeaseService, days: int,
-                 interval: float = PURGE_INTERVAL_S) -> None:
+    def __init__(
+        self, service: LeaseService, days: int, interval: float = PURGE_INTERVAL_S
+    ) -> None:
         super().__init__(interval)
         self.service = service
         self.days = days
@@ -30,6 +31,9 @@ class Purger(LoopService):
         before = self.service.now_us() - self.days * DAY_US
         purged = await purge_ended(self.service.store.backend, before=before)
         if purged:
-            log.info("purged %d ended leases older than %d days (LEASE_RETENTION_DAYS)",
-                     purged, self.days)
+            log.info(
+                "purged %d ended leases older than %d days (LEASE_RETENTION_DAYS)",
+                purged,
+                self.days,
+            )
         return purged

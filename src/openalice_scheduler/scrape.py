@@ -65,7 +65,8 @@ class Scrape:
             if service.guards is not None:
                 for contact in await service.guards.contacts():
                     metrics.guard_last_contact.labels(contact.guard_id).set(
-                        contact.last_contact_at / 1e6)
+                        contact.last_contact_at / 1e6
+                    )
             # Owner ids on an ungated page only when the operator asks for them.
             if owner_series:
                 owners = {}

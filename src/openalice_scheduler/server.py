@@ -54,8 +54,11 @@ def serve(settings: Settings) -> None:
     tune_gc()
     # SIGTERM drains first (drain.py); uvicorn's graceful timeout is only what is left
     # once the drain is over.
-    drain = Drain(application, settings.shutdown_grace_seconds,
-                  on_drain=lambda: application.state.service.drain())
+    drain = Drain(
+        application,
+        settings.shutdown_grace_seconds,
+        on_drain=lambda: application.state.service.drain(),
+    )
     config = uvicorn.Config(
         drain,
         host=settings.scheduler_host,

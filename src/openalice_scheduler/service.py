@@ -131,8 +131,11 @@ class LeaseService(Releasing):
             return twin
         try:
             record = await self.queue.serve(
-                lambda: self._acquire_once(request), request.wait_seconds, gone,
-                kind=request.kind.value, gpu=request.gpu.value,
+                lambda: self._acquire_once(request),
+                request.wait_seconds,
+                gone,
+                kind=request.kind.value,
+                gpu=request.gpu.value,
             )
         except NoProviderAvailable as exc:
             raise await self._with_retry_after(exc) from None
@@ -146,17 +149,27 @@ class LeaseService(Releasing):
         lease_id = new_lease_id()
         now = self.clock()
         spec = WorkerSpec(
-            lease_id=lease_id, kind=request.kind, gpu=request.gpu,
+            lease_id=lease_id,
+            kind=request.kind,
+            gpu=request.gpu,
             expires_at=now + timedelta(seconds=request.ttl_seconds),
-            owner_id=request.owner_id, correlation_id=request.correlation_id,
-            region=request.region, store_id=self.store.store_id, env=request.env,
+            owner_id=request.owner_id,
+            correlation_id=request.correlation_id,
+            region=request.region,
+            store_id=self.store.store_id,
+            env=request.env,
         )
         spec = replace(spec, **self.access.spec_fields(lease_id))
         new = NewLease(
-            lease_id=lease_id, kind=request.kind.value, gpu=request.gpu.value,
-            owner_id=request.owner_id, correlation_id=request.correlation_id,
-            region=request.region, ttl_seconds=request.ttl_seconds,
-            created_at=to_us(now), expires_at=to_us(spec.expires_at),
+            lease_id=lease_id,
+            kind=request.kind.value,
+            gpu=request.gpu.value,
+            owner_id=request.owner_id,
+            correlation_id=request.correlation_id,
+            region=request.region,
+            ttl_seconds=request.ttl_seconds,
+            created_at=to_us(now),
+            expires_at=to_us(spec.expires_at),
         )
         reasons: dict[str, str] = {}
         failures: dict[str, str] = {}
@@ -170,16 +183,27 @@ class LeaseService(Releasing):
             if warm is not None:
                 return self._acquired(warm.provider, warm)
             order = await self.policy.order(self.providers, spec)
-            log.debug("lease %s (%s, gpu=%s, correlation_id=%s): trying %s", lease_ref(spec),
-                      spec.kind, spec.gpu, spec.correlation_id, ", ".join(p.name for p in order))
+            log.debug(
+                "lease %s (%s, gpu=%s, correlation_id=%s): trying %s",
+                lease_ref(spec),
+                spec.kind,
+                spec.gpu,
+                spec.correlation_id,
+                ", ".join(p.name for p in order),
+            )
             for provider in order:
                 availability = await provider.available(spec)
                 if not availability.ok:
                     reasons[provider.name] = availability.reason
                     continue
-                terms = reservation_terms(provider, spec, now=self.now_us(),
-                                          owner_quota=self.max_leases_per_owner,
-                                          price=await provider.price(spec), budget=budget)
+                terms = reservation_terms(
+                    provider,
+                    spec,
+                    now=self.now_us(),
+                    owner_quota=self.max_leases_per_owner,
+                    price=await provider.price(spec),
+                    budget=budget,
+                )
                 try:
                     if isinstance(provider, InstantProvider):
                         # Nothing to create: reserved and active in one transaction.
@@ -203,9 +227,15 @@ class LeaseService(Releasing):
                 # Under an hourly cap, the worker may cost no more than it was checked at.
                 most = reserved.price_per_hour if budget and budget.per_hour else None
                 try:
-                    record = await self._provision(provider, replace(
-                        spec, resource=reserved.resource, fence=reserved.fence,
-                        max_price_per_hour=most))
+                    record = await self._provision(
+                        provider,
+                        replace(
+                            spec,
+                            resource=reserved.resource,
+                            fence=reserved.fence,
+                            max_price_per_hour=most,
+                        ),
+                    )
                 except ProviderOutOfCapacity as exc:
                     # No capacity, learnt by trying (RunPod): a reason, as for a provider
                     # unavailable, not a failure; the next provider may serve. One provider
@@ -227,8 +257,9 @@ class LeaseService(Releasing):
             raise await self._over_budget(request, over_budget, reasons)
         raise self._no_lease(request, reasons, failures, at_capacity)
 
-    async def _take_warm(self, request: LeaseRequest,
-                         over_budget: list[OverBudget]) -> LeaseRecord | None:
+    async def _take_warm(
+        self, request: LeaseRequest, over_budget: list[OverBudget]
+    ) -> LeaseRecord | None:
         """A ready worker of the pool, when it has one for `request` (else None: cold).
         The quota, the owner's caps and a twin request are checked as for a cold
         reserve; a pool worker over the owner's budget is noted in `over_budget` (a
@@ -245,8 +276,9 @@ class LeaseService(Releasing):
         except DuplicateRequest as exc:
             return await self._twin(exc.lease_id)  # None: it failed, this one goes cold
 
-    async def _over_budget(self, request: LeaseRequest, refusals: list[OverBudget],
-                           reasons: dict[str, str]) -> BudgetExceeded:
+    async def _over_budget(
+        self, request: LeaseRequest, refusals: list[OverBudget], reasons: dict[str, str]
+    ) -> BudgetExceeded:
         """The 429 when every provider left would break the owner's caps: the refusal
         at the cheapest price, with the owner's figures as the store has them now."""
         self.metrics.acquire_failures.labels("budget").inc()
@@ -255,16 +287,22 @@ class LeaseService(Releasing):
         per_hour, spent = await self.store.owner_money(request.owner_id, now=self.now_us())
         return BudgetExceeded(
             f"{cheapest.message} (cheapest price refused: {cheapest.price:.4g} $/h)",
-            owner_id=request.owner_id, cap=cheapest.cap, limit=cheapest.limit,
-            owner_cost_per_hour=round(per_hour, 6), owner_spend_24h=round(spent, 6),
-            cheapest_refused_price=cheapest.price, reasons=reasons)
+            owner_id=request.owner_id,
+            cap=cheapest.cap,
+            limit=cheapest.limit,
+            owner_cost_per_hour=round(per_hour, 6),
+            owner_spend_24h=round(spent, 6),
+            cheapest_refused_price=cheapest.price,
+            reasons=reasons,
+        )
 
     def _over_quota(self, exc: OverQuota) -> QuotaExceeded:
         self.metrics.acquire_failures.labels("quota").inc()
         return QuotaExceeded(exc.message, limit=self.max_leases_per_owner)
 
-    async def _reserve(self, provider: str, new: NewLease, terms: Terms,
-                       moving: bool) -> LeaseRecord:
+    async def _reserve(
+        self, provider: str, new: NewLease, terms: Terms, moving: bool
+    ) -> LeaseRecord:
         """store.reserve_lease; at capacity where idle pool workers hold the room, one of
         them is destroyed and the reservation tried once more (pools never cost a caller)."""
         try:
@@ -274,8 +312,9 @@ class LeaseService(Releasing):
         except AtCapacity:
             if self.pool is None or not await self.pool.make_room(provider, new.gpu):
                 raise
-        return await self.store.reserve_lease(new, provider,
-                                              replace(terms, now=self.now_us()), moving=moving)
+        return await self.store.reserve_lease(
+            new, provider, replace(terms, now=self.now_us()), moving=moving
+        )
 
     async def _replay(self, request: LeaseRequest) -> LeaseRecord | None:
         existing = await self.store.find_request(request.owner_id, request.correlation_id)
@@ -287,13 +326,14 @@ class LeaseService(Releasing):
         deadline = time.monotonic() + self.provision_timeout + self.probe.longest + 5
         while time.monotonic() < deadline:
             record = await self.store.get(lease_id)
-            if record is None or record.state not in (
-                LeaseState.provisioning, LeaseState.active
-            ):
+            if record is None or record.state not in (LeaseState.provisioning, LeaseState.active):
                 return None
             if record.state == LeaseState.active:
-                log.info("lease %s returned again for correlation_id=%s",
-                         lease_ref(record), record.correlation_id)
+                log.info(
+                    "lease %s returned again for correlation_id=%s",
+                    lease_ref(record),
+                    record.correlation_id,
+                )
                 return record
             await asyncio.sleep(TWIN_POLL_S)
         return None
@@ -311,50 +351,69 @@ class LeaseService(Releasing):
         with self.tracer.start_as_current_span("provision", attributes=attributes) as span:
             started = time.perf_counter()
             try:
-                worker = await asyncio.wait_for(provider.provision(spec),
-                                                timeout=self.provision_timeout)
+                worker = await asyncio.wait_for(
+                    provider.provision(spec), timeout=self.provision_timeout
+                )
                 self.metrics.provision_seconds.labels(provider.name).observe(
-                    time.perf_counter() - started)
+                    time.perf_counter() - started
+                )
                 # Still `provisioning` while probed: a crash now is resolved as any other.
                 await self.probe.wait(provider.name, spec, worker, since=started)
             except (ProviderError, TimeoutError) as exc:
-                message = (exc.message if isinstance(exc, ProviderError)
-                           else f"no worker after {self.provision_timeout:g} s")
+                message = (
+                    exc.message
+                    if isinstance(exc, ProviderError)
+                    else f"no worker after {self.provision_timeout:g} s"
+                )
                 span.set_status(Status(StatusCode.ERROR, message))
-                log.warning("lease %s: %s failed to provision: %s",
-                            lease_ref(spec), provider.name, message)
+                log.warning(
+                    "lease %s: %s failed to provision: %s", lease_ref(spec), provider.name, message
+                )
                 await self._clean_half_made(provider, spec.lease_id)  # a worker not ready too
                 if isinstance(exc, ProviderOutOfCapacity):
                     raise
                 return message
         # The TTL counts from the request, time to ready included: the worker was told
         # LEASE_EXPIRES_AT before it started, and lease and worker must agree on it.
-        record = await self.store.activate(spec.lease_id, endpoint=worker.endpoint,
-                                           provider_token=worker.provider_token,
-                                           now=self.now_us(), gpu_type=worker.gpu_type,
-                                           price_per_hour=worker.price_per_hour)
+        record = await self.store.activate(
+            spec.lease_id,
+            endpoint=worker.endpoint,
+            provider_token=worker.provider_token,
+            now=self.now_us(),
+            gpu_type=worker.gpu_type,
+            price_per_hour=worker.price_per_hour,
+        )
         if record is None:
             # Reconciliation resolved the lease while we provisioned: do not leak.
             await self._clean_half_made(provider, spec.lease_id, worker.provider_token)
             return "the lease was resolved by reconciliation while provisioning"
         return self._acquired(provider.name, record)
 
-    async def _assign(self, provider: InstantProvider, new: NewLease, spec: WorkerSpec,
-                      terms: Terms, moving: bool) -> LeaseRecord:
+    async def _assign(
+        self, provider: InstantProvider, new: NewLease, spec: WorkerSpec, terms: Terms, moving: bool
+    ) -> LeaseRecord:
         attributes = span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with self.tracer.start_as_current_span("provision", attributes=attributes):
             started = time.perf_counter()
-            record = await self.store.reserve_active(new, provider.name, terms, provider.assign,
-                                                     moving=moving)
+            record = await self.store.reserve_active(
+                new, provider.name, terms, provider.assign, moving=moving
+            )
             self.metrics.provision_seconds.labels(provider.name).observe(
-                time.perf_counter() - started)
+                time.perf_counter() - started
+            )
         return self._acquired(provider.name, record)
 
     def _acquired(self, provider: str, record: LeaseRecord) -> LeaseRecord:
         self.metrics.acquired.labels(provider, record.kind, record.gpu).inc()
         self.on_due(record.expires_at)
-        log.info("lease %s acquired on %s (%s, gpu=%s, correlation_id=%s)", lease_ref(record),
-                 provider, record.kind, record.gpu, record.correlation_id)
+        log.info(
+            "lease %s acquired on %s (%s, gpu=%s, correlation_id=%s)",
+            lease_ref(record),
+            provider,
+            record.kind,
+            record.gpu,
+            record.correlation_id,
+        )
         return record
 
     async def _clean_half_made(self, provider: Provider, lease_id: str, token: str = "") -> None:
@@ -362,11 +421,18 @@ class LeaseService(Releasing):
             await provider.release(token, lease_id)
         except ProviderError as exc:
             # The reconciler destroys it later as an orphan: it carries our labels.
-            log.warning("lease %s: could not clean up on %s yet: %s",
-                        lease_ref(lease_id), provider.name, exc.message)
+            log.warning(
+                "lease %s: could not clean up on %s yet: %s",
+                lease_ref(lease_id),
+                provider.name,
+                exc.message,
+            )
 
     def _no_lease(
-        self, request: LeaseRequest, reasons: dict[str, str], failures: dict[str, str],
+        self,
+        request: LeaseRequest,
+        reasons: dict[str, str],
+        failures: dict[str, str],
         at_capacity: bool,
     ) -> ProvisionFailed | NoProviderAvailable:
         what = f"kind={request.kind.value} gpu={request.gpu.value}"
@@ -389,14 +455,16 @@ class LeaseService(Releasing):
         acquire still run after all, its `activate` finds the lease resolved and
         destroys its own worker: never is a worker destroyed under an active lease. A
         worker left here (provider error) is an orphan for the next pass."""
-        failed = await self.store.fail(record.lease_id, error="scheduler stopped while "
-                                       "provisioning", now=self.now_us())
+        failed = await self.store.fail(
+            record.lease_id, error="scheduler stopped while provisioning", now=self.now_us()
+        )
         if failed is None:
             return False
         self.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
         self.capacity_freed()
-        log.warning("lease %s: provision abandoned on %s; marked failed",
-                    lease_ref(record), provider.name)
+        log.warning(
+            "lease %s: provision abandoned on %s; marked failed", lease_ref(record), provider.name
+        )
         await provider.release("", record.lease_id)
         return True
 
@@ -404,8 +472,12 @@ class LeaseService(Releasing):
         """A worker of this scheduler that no live lease holds."""
         await provider.release(token, lease_id)
         self.metrics.released.labels(provider.name, ReleaseReason.orphan.value).inc()
-        log.info("reconcile: destroyed orphan worker %s of lease %s on %s",
-                 token[:12], lease_ref(lease_id), provider.name)
+        log.info(
+            "reconcile: destroyed orphan worker %s of lease %s on %s",
+            token[:12],
+            lease_ref(lease_id),
+            provider.name,
+        )
 
     async def mark_lost(self, provider: Provider, record: LeaseRecord) -> bool:
         """A lease whose worker vanished: released, reason `lost`; or `expired` when the
@@ -421,11 +493,15 @@ class LeaseService(Releasing):
         self.metrics.spent(ended)
         self.capacity_freed()
         if expired:
-            log.info("lease %s: expired, and its worker already gone from %s; released",
-                     lease_ref(record), provider.name)
+            log.info(
+                "lease %s: expired, and its worker already gone from %s; released",
+                lease_ref(record),
+                provider.name,
+            )
         else:
-            log.warning("lease %s: worker vanished from %s; marked lost",
-                        lease_ref(record), provider.name)
+            log.warning(
+                "lease %s: worker vanished from %s; marked lost", lease_ref(record), provider.name
+            )
         return True
 
     # --- renew -----------------------------------------------------------------------
@@ -467,8 +543,10 @@ class LeaseService(Releasing):
         statuses = await asyncio.gather(*(p.status() for p in self.providers))
         guards = {} if self.guards is None else await self.guards.by_provider()
         now = self.now_us()
-        return [provider_view(provider, status, held, idle, guards.get(provider.name, []), now)
-                for provider, status in zip(self.providers, statuses, strict=True)]
+        return [
+            provider_view(provider, status, held, idle, guards.get(provider.name, []), now)
+            for provider, status in zip(self.providers, statuses, strict=True)
+        ]
 
     async def list_active_json(self) -> bytes:
         """The active leases as a JSON array of `Lease` (cheap for 10,000 leases)."""

@@ -76,9 +76,13 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     warnings = []
     for name, value in sorted(environ.items()):
         upper = name.upper()
-        if (upper in known or upper in CLIENT_VARIABLES or upper.startswith(FOREIGN_PREFIXES)
-                or _SERVICE_LINK.search(upper)
-                or (upper.endswith("_PORT") and _SERVICE_ADDRESS.match(value))):
+        if (
+            upper in known
+            or upper in CLIENT_VARIABLES
+            or upper.startswith(FOREIGN_PREFIXES)
+            or _SERVICE_LINK.search(upper)
+            or (upper.endswith("_PORT") and _SERVICE_ADDRESS.match(value))
+        ):
             continue
         close = difflib.get_close_matches(upper, known, n=1, cutoff=_CLOSE)
         if f"{upper}_SECONDS" in known:

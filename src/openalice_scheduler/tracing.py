@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 service_version = package_version
 
 
-def span_attributes(lease_id: str, provider: str, kind: str,
-                    correlation_id: str | None) -> dict[str, str]:
+def span_attributes(
+    lease_id: str, provider: str, kind: str, correlation_id: str | None
+) -> dict[str, str]:
     """The attributes of a lease's provision and release spans (SPEC.md, Tracing)."""
     attributes = {"lease_id": lease_id, "provider": provider, "kind": str(kind)}
     return attributes | ({"correlation_id": correlation_id} if correlation_id else {})
@@ -76,8 +77,9 @@ class RequestSpanMiddleware:
         self.tracer = tracer
         # The headers the propagators read (`traceparent`, `tracestate`, `baggage` by
         # default; OTEL_PROPAGATORS may name others): only these are handed to them.
-        self.fields = frozenset(f.lower().encode("latin-1")
-                                for f in propagate.get_global_textmap().fields)
+        self.fields = frozenset(
+            f.lower().encode("latin-1") for f in propagate.get_global_textmap().fields
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,9 +98,12 @@ class RequestSpanMiddleware:
             return
         method, path = scope["method"], scope["path"]
         with self.tracer.start_as_current_span(
-            method, context=parent, kind=trace.SpanKind.SERVER,
+            method,
+            context=parent,
+            kind=trace.SpanKind.SERVER,
             attributes={"http.request.method": method, "url.path": path},
         ) as span:
+
             async def send_wrapper(message: Message) -> None:
                 if message["type"] == "http.response.start":
                     span.set_attribute("http.response.status_code", message["status"])
@@ -108,6 +113,9 @@ class RequestSpanMiddleware:
             await self.app(scope, receive, send_wrapper)
 
     def _caller_context(self, scope: Scope) -> Context | None:
-        carrier = {name.decode("latin-1"): value.decode("latin-1")
-                   for name, value in scope["headers"] if name in self.fields}
+        carrier = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in self.fields
+        }
         return propagate.extract(carrier) if carrier else None

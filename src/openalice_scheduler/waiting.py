@@ -51,8 +51,13 @@ class CapacityQueue:
         return any(w.woken.is_set() for w in self._queue)
 
     async def serve(
-        self, attempt: Callable[[], Awaitable[T]], wait_seconds: float,
-        gone: asyncio.Event | None, *, kind: str, gpu: str,
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        wait_seconds: float,
+        gone: asyncio.Event | None,
+        *,
+        kind: str,
+        gpu: str,
     ) -> T:
         """`attempt()`, tried again each time capacity is freed while it finds every
         provider at capacity, for up to `wait_seconds`, in arrival order. Raises the
@@ -87,8 +92,9 @@ class CapacityQueue:
                         waiter = self.join(kind, gpu)
                     else:
                         self.pass_on(waiter)
-                    log.info("acquire (%s, gpu=%s) waits up to %.0f s for capacity",
-                             kind, gpu, remaining)
+                    log.info(
+                        "acquire (%s, gpu=%s) waits up to %.0f s for capacity", kind, gpu, remaining
+                    )
                     await self.wait(waiter, remaining, gone)
                     if _left(gone):
                         raise
@@ -109,8 +115,7 @@ class CapacityQueue:
             self.pass_on(waiter)
         with contextlib.suppress(ValueError):
             self._queue.remove(waiter)
-        self._metrics.wait_ended(waiter.kind, waiter.gpu, outcome,
-                                 time.monotonic() - waiter.since)
+        self._metrics.wait_ended(waiter.kind, waiter.gpu, outcome, time.monotonic() - waiter.since)
 
     def close(self) -> None:
         """The scheduler drains: every waiter wakes now and leaves with ShuttingDown, and
@@ -144,8 +149,9 @@ class CapacityQueue:
         if gone is not None:
             waits.add(asyncio.ensure_future(gone.wait()))
         try:
-            await asyncio.wait(waits, timeout=max(timeout, 0.0),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                waits, timeout=max(timeout, 0.0), return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             for future in waits:
                 future.cancel()

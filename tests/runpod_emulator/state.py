@@ -289,8 +289,12 @@ class EmulatorState:
                 return False
             pod = self._observe(pod)
             declared = f"{port}/http" in pod.ports  # the proxy serves HTTP ports only
-            return (declared and pod.status == "RUNNING" and pod.started_mono is not None
-                    and time.monotonic() - pod.started_mono >= self._answer_after)
+            return (
+                declared
+                and pod.status == "RUNNING"
+                and pod.started_mono is not None
+                and time.monotonic() - pod.started_mono >= self._answer_after
+            )
 
     def proxy_hits(self, pod_id: str) -> int:
         """Requests a pod's proxy URL has had."""

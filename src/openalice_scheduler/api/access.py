@@ -91,19 +91,31 @@ class AccessLog:
         span = trace.get_current_span()
         span.update_name(method if route == UNMATCHED else f"{method} {route}")
         span.set_attribute("http.route", route)
-        self.duration.labels(route, method if method in _METHODS else "other",
-                             str(status)).observe(seconds)
+        self.duration.labels(route, method if method in _METHODS else "other", str(status)).observe(
+            seconds
+        )
         if not log.isEnabledFor(logging.INFO):
             return
         fields: dict[str, Any] = {
-            "method": method, "route": route, "path": scope["path"], "status": status,
-            "duration_ms": round(seconds * 1000, 3), "request_id": rid,
+            "method": method,
+            "route": route,
+            "path": scope["path"],
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
+            "request_id": rid,
         }
         if isinstance(params.get("lease_id"), str):
             fields["lease_id"] = params["lease_id"]
         # The request id in the message too: a text log shows no fields.
-        log.info("%s %s %d %.1f ms request_id=%s", method, scope["path"], status,
-                 seconds * 1000, rid, extra=fields)
+        log.info(
+            "%s %s %d %.1f ms request_id=%s",
+            method,
+            scope["path"],
+            status,
+            seconds * 1000,
+            rid,
+            extra=fields,
+        )
 
     def _route(self, scope: Scope) -> tuple[str, dict[str, Any]]:
         """The route template that served the request, and its path parameters. A

@@ -50,14 +50,18 @@ async def _invalid_request(_request: Request, exc: RequestValidationError) -> JS
     return JSONResponse(validation_body(exc.errors()), status_code=422)
 
 
-def _http_error(request: Request, exc: StarletteHTTPException,
-                routes: Sequence[BaseRoute]) -> JSONResponse:
+def _http_error(
+    request: Request, exc: StarletteHTTPException, routes: Sequence[BaseRoute]
+) -> JSONResponse:
     if exc.status_code == 400:
         # FastAPI's only 400: a JSON body it could not even decode (not UTF-8, say). The
         # contract answers every unreadable body as 422 invalid_request.
-        return JSONResponse(validation_body([{"type": "json_invalid", "loc": ("body",),
-                                              "ctx": {"error": "not UTF-8 JSON"}}]),
-                            status_code=422)
+        return JSONResponse(
+            validation_body(
+                [{"type": "json_invalid", "loc": ("body",), "ctx": {"error": "not UTF-8 JSON"}}]
+            ),
+            status_code=422,
+        )
     headers = dict(getattr(exc, "headers", None) or {})
     if exc.status_code == 405:
         # Starlette's Allow names the methods of the first route on the path only.

@@ -23,10 +23,16 @@ router = APIRouter(prefix="/v1", tags=["guard"], dependencies=[Security(SECRET_H
 async def guard_poll(
     service: ServiceDep,
     guard_id: Annotated[Token, Query(description="The guard's name (GUARD_ID)")],
-    providers: Annotated[str, Query(
-        max_length=256, pattern=r"^[a-z0-9-]+(,[a-z0-9-]+)*$",
-        description="Comma list of the providers the guard watches")],
+    providers: Annotated[
+        str,
+        Query(
+            max_length=256,
+            pattern=r"^[a-z0-9-]+(,[a-z0-9-]+)*$",
+            description="Comma list of the providers the guard watches",
+        ),
+    ],
 ) -> JSONResponse:
     assert service.guards is not None  # set before serving (lifespan)
-    return JSONResponse(await service.guards.poll(guard_id, tuple(providers.split(",")),
-                                                  service.now_us()))
+    return JSONResponse(
+        await service.guards.poll(guard_id, tuple(providers.split(",")), service.now_us())
+    )

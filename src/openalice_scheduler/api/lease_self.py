@@ -17,11 +17,13 @@ from openalice_scheduler.store import format_us
 
 # Either one (OpenAPI lists them as alternatives); checked by SecretGate before routing.
 _token = HTTPBearer(auto_error=False, description="LEASE_TOKEN: the lease's own token")
-router = APIRouter(prefix="/v1", tags=["workers"],
-                   dependencies=[Security(SECRET_HEADER), Security(_token)])
+router = APIRouter(
+    prefix="/v1", tags=["workers"], dependencies=[Security(SECRET_HEADER), Security(_token)]
+)
 
-_FORBIDDEN: Responses = {403: {"model": ErrorBody,
-                    "description": "`forbidden`: the bearer token is not this lease's"}}
+_FORBIDDEN: Responses = {
+    403: {"model": ErrorBody, "description": "`forbidden`: the bearer token is not this lease's"}
+}
 
 
 @router.get(
@@ -32,5 +34,11 @@ _FORBIDDEN: Responses = {403: {"model": ErrorBody,
 )
 async def lease_self(lease_id: str, service: ServiceDep) -> JSONResponse:
     record = await service.get(lease_id)
-    return JSONResponse({"lease_id": record.lease_id, "state": record.state,
-                         "expires_at": format_us(record.expires_at), "fence": record.fence})
+    return JSONResponse(
+        {
+            "lease_id": record.lease_id,
+            "state": record.state,
+            "expires_at": format_us(record.expires_at),
+            "fence": record.fence,
+        }
+    )

@@ -66,7 +66,8 @@ async def get_lease(lease_id: str, service: ServiceDep) -> JSONResponse:
     responses=errors(403, 404, 422, 503),
 )
 async def renew_lease(
-    lease_id: str, service: ServiceDep,
+    lease_id: str,
+    service: ServiceDep,
     # Optional, and described as a plain RenewRequest (not anyOf [RenewRequest, null]):
     # generated clients then send no body rather than `null`.
     body: RenewRequest = Body(default=None),  # noqa: B008
@@ -101,18 +102,30 @@ async def list_leases(
     provider: Annotated[str | None, Query(max_length=64)] = None,
     # A query string's "60.0" is taken as 60, as in a body (JSON Schema's integer).
     limit: Annotated[int, Query(ge=1, le=10_000, description="For filtered lists.")] = 1000,
-    order: Annotated[Literal["oldest", "newest"], Query(
-        description="By created_at: `oldest` first (the default) or `newest` first, so "
-        "that `limit` keeps the most recent (the dashboard's recent releases).")] = "oldest",
+    order: Annotated[
+        Literal["oldest", "newest"],
+        Query(
+            description="By created_at: `oldest` first (the default) or `newest` first, so "
+            "that `limit` keeps the most recent (the dashboard's recent releases)."
+        ),
+    ] = "oldest",
 ) -> Response:
-    if (state is None and owner_id is None and kind is None and provider is None
-            and order == "oldest"):
+    if (
+        state is None
+        and owner_id is None
+        and kind is None
+        and provider is None
+        and order == "oldest"
+    ):
         # The original contract: exactly the active leases. Encoded by the store, which
         # reuses each unchanged lease's JSON between listings.
         return Response(await service.list_active_json(), media_type="application/json")
     found = await service.search(
-        states=state or [LeaseState.active], owner_id=owner_id,
-        kind=kind.value if kind else None, provider=provider, limit=limit,
+        states=state or [LeaseState.active],
+        owner_id=owner_id,
+        kind=kind.value if kind else None,
+        provider=provider,
+        limit=limit,
         newest_first=order == "newest",
     )
     return JSONResponse(found)

@@ -31,8 +31,7 @@ BODY_TIMEOUT_S = 15.0
 ONCE_ONLY = (b"x-internal-secret", b"x-lease-owner", b"content-type", b"content-length")
 
 
-def install(app: FastAPI, *, secret: str, cors_origins: list[str],
-            access: LeaseAccess) -> None:
+def install(app: FastAPI, *, secret: str, cors_origins: list[str], access: LeaseAccess) -> None:
     """The rules in the order they decide (the last added runs first): duplicate headers
     before anything else, header size, CORS (its preflights need no secret), the secret
     (nothing is read unauthenticated), then the body."""
@@ -45,8 +44,14 @@ def install(app: FastAPI, *, secret: str, cors_origins: list[str],
             allow_methods=["GET", "POST", "DELETE"],
             # A page's request id and trace context reach the access log (access.py) too,
             # and the page can read the id it was answered with.
-            allow_headers=["Content-Type", "X-Internal-Secret", "X-Lease-Owner",
-                           "X-Request-ID", "traceparent", "tracestate"],
+            allow_headers=[
+                "Content-Type",
+                "X-Internal-Secret",
+                "X-Lease-Owner",
+                "X-Request-ID",
+                "traceparent",
+                "tracestate",
+            ],
             expose_headers=["X-Request-ID"],
         )
     app.add_middleware(HeaderLimit, limit=MAX_HEADER_BYTES)
@@ -66,8 +71,10 @@ class DuplicateHeaders:
             for name, _ in scope["headers"]:
                 if name in self.names:
                     if name in seen:
-                        error = DuplicateHeader(f"header {name.decode()} is repeated; send it "
-                                                "once", header=name.decode())
+                        error = DuplicateHeader(
+                            f"header {name.decode()} is repeated; send it once",
+                            header=name.decode(),
+                        )
                         await _refuse(error, scope, receive, send, close=True)
                         return
                     seen.add(name)
@@ -86,8 +93,9 @@ class HeaderLimit:
         if scope["type"] == "http":
             size = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
             if size > self.limit:
-                error = HeadersTooLarge(f"request headers are larger than {self.limit} bytes",
-                                        limit=self.limit)
+                error = HeadersTooLarge(
+                    f"request headers are larger than {self.limit} bytes", limit=self.limit
+                )
                 await _refuse(error, scope, receive, send, close=True)
                 return
         await self.app(scope, receive, send)
@@ -119,13 +127,21 @@ class SecretGate:
         """None when a valid lease token opens this request, else the refusal."""
         scheme, _, token = authorization.partition(b" ")
         own = SELF_PATH.fullmatch(scope["path"])
-        if own is None or scheme.lower() != b"bearer" or not token.strip() \
-                or scope["method"] not in ("GET", "HEAD"):
-            return Unauthorized("missing or wrong X-Internal-Secret header (a lease token "
-                                "opens only GET /v1/lease/{id}/self)")
+        if (
+            own is None
+            or scheme.lower() != b"bearer"
+            or not token.strip()
+            or scope["method"] not in ("GET", "HEAD")
+        ):
+            return Unauthorized(
+                "missing or wrong X-Internal-Secret header (a lease token "
+                "opens only GET /v1/lease/{id}/self)"
+            )
         if not self.access.valid(own[1], token.strip()):
-            return Forbidden("this bearer token is not the token of this lease: a worker "
-                             "may ask only after its own lease")
+            return Forbidden(
+                "this bearer token is not the token of this lease: a worker "
+                "may ask only after its own lease"
+            )
         return None
 
 
@@ -178,8 +194,9 @@ class BodyLimit:
         return BodyTooLarge(f"request body is larger than {self.limit} bytes", limit=self.limit)
 
 
-async def _refuse(error: SchedulerError, scope: Scope, receive: Receive, send: Send, *,
-                  close: bool = False) -> None:
+async def _refuse(
+    error: SchedulerError, scope: Scope, receive: Receive, send: Send, *, close: bool = False
+) -> None:
     await error_response(error, close=close)(scope, receive, send)
 
 

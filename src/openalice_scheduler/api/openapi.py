@@ -23,28 +23,28 @@ _RETRY_AFTER = {
 
 _DESCRIPTIONS = {
     400: "`duplicate_header`: X-Internal-Secret, X-Lease-Owner, Content-Type or "
-         "Content-Length sent more than once (`header` names it)",
+    "Content-Length sent more than once (`header` names it)",
     401: "`unauthorized`: X-Internal-Secret missing or wrong",
     403: "`forbidden`: the lease has an owner_id and X-Lease-Owner is missing or different",
     404: "`lease_not_found`: unknown lease, released, or (renew) no longer active; "
-         "`not_found`: no such path",
+    "`not_found`: no such path",
     408: f"`request_timeout`: the body did not arrive within {BODY_TIMEOUT_S:g} s; the "
-         "connection is closed",
+    "connection is closed",
     409: "`lease_conflict`: the lease is still provisioning",
     413: f"`body_too_large`: a body over {MAX_BODY_BYTES} bytes (`limit`)",
     422: "`invalid_request`: an invalid body, parameter or JSON; `field` names the first "
-         "offending field, `errors` each",
+    "offending field, `errors` each",
     429: "`quota_exceeded`: the owner holds as many leases as it may (`limit`); "
-         "`budget_exceeded`: a lease would break the owner's cap in money (`cap`, `limit`, "
-         "`owner_cost_per_hour`, `owner_spend_24h`, `cheapest_refused_price`)",
+    "`budget_exceeded`: a lease would break the owner's cap in money (`cap`, `limit`, "
+    "`owner_cost_per_hour`, `owner_spend_24h`, `cheapest_refused_price`)",
     431: f"`headers_too_large`: request headers over {MAX_HEADER_BYTES} bytes",
     502: "`provision_failed` (acquire): every candidate provider failed, `failures` lists "
-         "each; `release_failed` (release): the lease stays releasing and is retried",
+    "each; `release_failed` (release): the lease stays releasing and is retried",
     503: "`no_provider_available` (acquire): no provider can serve the request now, after "
-         "`wait_seconds` (`reasons` per provider); `store_unavailable`: the state store "
-         "cannot be reached (`cause`); `shutting_down` (acquire): the scheduler is draining "
-         "after SIGTERM, also for callers waiting in line; retry after `Retry-After`, "
-         "another replica answers",
+    "`wait_seconds` (`reasons` per provider); `store_unavailable`: the state store "
+    "cannot be reached (`cause`); `shutting_down` (acquire): the scheduler is draining "
+    "after SIGTERM, also for callers waiting in line; retry after `Retry-After`, "
+    "another replica answers",
 }
 
 

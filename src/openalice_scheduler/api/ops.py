@@ -22,9 +22,14 @@ async def health() -> Health:
     "/readyz",
     response_model=Readiness,
     summary="Readiness: whether to send this process traffic",
-    responses={503: {**errors(503)[503], "description": "`not_ready`: `reasons` says why "
-                     "(store unavailable, start-up reconciliation not finished); "
-                     "`shutting_down`: draining after SIGTERM"}},
+    responses={
+        503: {
+            **errors(503)[503],
+            "description": "`not_ready`: `reasons` says why "
+            "(store unavailable, start-up reconciliation not finished); "
+            "`shutting_down`: draining after SIGTERM",
+        }
+    },
 )
 async def readyz(request: Request) -> Readiness:
     readiness = request.app.state.readiness

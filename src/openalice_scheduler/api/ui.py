@@ -13,12 +13,19 @@ from fastapi import APIRouter, HTTPException, Response
 router = APIRouter(tags=["ui"], include_in_schema=False)
 
 _UI = files("openalice_scheduler") / "ui"
-_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-          ".css": "text/css; charset=utf-8"}
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+}
 # Read once: a handful of small files that change only with the package.
-_ASSETS = {entry.name: entry.read_bytes() for entry in _UI.iterdir()
-           if entry.is_file() and "." + entry.name.rpartition(".")[2] in _TYPES
-           and entry.name != "index.html"}
+_ASSETS = {
+    entry.name: entry.read_bytes()
+    for entry in _UI.iterdir()
+    if entry.is_file()
+    and "." + entry.name.rpartition(".")[2] in _TYPES
+    and entry.name != "index.html"
+}
 _PAGE = (_UI / "index.html").read_bytes()
 
 # The page runs only its own script and talks only to this service: whatever a
@@ -46,5 +53,4 @@ async def dashboard_asset(name: str) -> Response:
     body = _ASSETS.get(name)
     if body is None:
         raise HTTPException(status_code=404, detail="no such dashboard asset")
-    return Response(body, media_type=_TYPES["." + name.rpartition(".")[2]],
-                    headers=_HEADERS)
+    return Response(body, media_type=_TYPES["." + name.rpartition(".")[2]], headers=_HEADERS)

@@ -20,8 +20,7 @@ from openalice_scheduler.store.spending import DAY_US
 router = APIRouter(prefix="/v1", tags=["usage"], dependencies=[Security(SECRET_HEADER)])
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_TIME_HELP = ("RFC 3339 time (`2026-11-30T12:00:00Z`) or a date (`2026-11-30`: its UTC "
-              "midnight)")
+_TIME_HELP = "RFC 3339 time (`2026-11-30T12:00:00Z`) or a date (`2026-11-30`: its UTC midnight)"
 
 
 @router.get(
@@ -31,11 +30,15 @@ _TIME_HELP = ("RFC 3339 time (`2026-11-30T12:00:00Z`) or a date (`2026-11-30`: i
     responses=errors(422, 503),
 )
 async def usage(
-    request: Request, service: ServiceDep,
-    since: Annotated[str | None, Query(max_length=64, description=(
-        f"{_TIME_HELP}; default: 24 h before `until`."))] = None,
-    until: Annotated[str | None, Query(max_length=64, description=(
-        f"{_TIME_HELP}; default: now."))] = None,
+    request: Request,
+    service: ServiceDep,
+    since: Annotated[
+        str | None,
+        Query(max_length=64, description=(f"{_TIME_HELP}; default: 24 h before `until`.")),
+    ] = None,
+    until: Annotated[
+        str | None, Query(max_length=64, description=(f"{_TIME_HELP}; default: now."))
+    ] = None,
     group_by: GroupBy = "owner",
 ) -> UsageReport:
     now = service.now_us()
@@ -48,14 +51,19 @@ async def usage(
     kept_from = now - retention * DAY_US
     complete = retention == 0 or start >= kept_from
     return UsageReport(
-        since=format_us(start), until=format_us(end), group_by=group_by,
-        groups=[UsageGroup(key=key, **_figures(t).model_dump())
-                for key, t in found.by_cost()],
+        since=format_us(start),
+        until=format_us(end),
+        group_by=group_by,
+        groups=[UsageGroup(key=key, **_figures(t).model_dump()) for key, t in found.by_cost()],
         total=_figures(found.total),
-        retention_days=retention, complete=complete,
-        note=None if complete else (
+        retention_days=retention,
+        complete=complete,
+        note=None
+        if complete
+        else (
             f"leases ended before {format_us(kept_from)} ({retention} days ago, "
-            "LEASE_RETENTION_DAYS) are purged: they are missing from these figures"),
+            "LEASE_RETENTION_DAYS) are purged: they are missing from these figures"
+        ),
     )
 
 
@@ -67,11 +75,14 @@ def _instant(value: str, name: str) -> int:
             return to_us(datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC))
         moment = datetime.fromisoformat(text.replace("z", "Z"))
     except ValueError:
-        raise InvalidRequest(f"{name}: not an RFC 3339 time or a date (YYYY-MM-DD)",
-                             field=name) from None
+        raise InvalidRequest(
+            f"{name}: not an RFC 3339 time or a date (YYYY-MM-DD)", field=name
+        ) from None
     if moment.tzinfo is None:
-        raise InvalidRequest(f"{name}: an RFC 3339 time needs a date, a time and a UTC "
-                             "offset (Z or +hh:mm)", field=name)
+        raise InvalidRequest(
+            f"{name}: an RFC 3339 time needs a date, a time and a UTC offset (Z or +hh:mm)",
+            field=name,
+        )
     try:
         return to_us(moment)
     except OverflowError:  # 9999-12-31T23:59:59-01:00 is after year 9999 in UTC
@@ -79,5 +90,6 @@ def _instant(value: str, name: str) -> int:
 
 
 def _figures(t: counting.Tally) -> UsageFigures:
-    return UsageFigures(leases=t.leases, live=t.live, lease_hours=round(t.lease_hours, 6),
-                        cost=round(t.cost, 6))
+    return UsageFigures(
+        leases=t.leases, live=t.live, lease_hours=round(t.lease_hours, 6), cost=round(t.cost, 6)
+    )

@@ -59,7 +59,9 @@ class AsyncSchedulerClient:
         self._core = _Core(url, secret, timeout)
         self._retry = retry
         self._http = httpx.AsyncClient(
-            base_url=self._core.url, headers=self._core.auth, timeout=timeout,
+            base_url=self._core.url,
+            headers=self._core.auth,
+            timeout=timeout,
             transport=transport,
         )
 
@@ -80,8 +82,9 @@ class AsyncSchedulerClient:
         wait_seconds: int = 0,
     ) -> Lease:
         """See `SchedulerClient.acquire`."""
-        request = _lease_request(kind, gpu, ttl_seconds, owner_id, correlation_id, region,
-                                 env, wait_seconds)
+        request = _lease_request(
+            kind, gpu, ttl_seconds, owner_id, correlation_id, region, env, wait_seconds
+        )
         call = self._core.acquire_call(request)
         retries = _AcquireRetries(self._retry, request)
         async for attempt in retries:
@@ -122,8 +125,9 @@ class AsyncSchedulerClient:
     async def providers(self) -> builtins.list[ProviderView]:
         return await self._send(self._core.providers_call())
 
-    async def usage(self, group_by: GroupBy = "owner", *, since: str | None = None,
-                    until: str | None = None) -> UsageReport:
+    async def usage(
+        self, group_by: GroupBy = "owner", *, since: str | None = None, until: str | None = None
+    ) -> UsageReport:
         """Leases, lease-hours and cost per group over [since, until) (RFC 3339 times or
         dates; the server's defaults: the last 24 h)."""
         return await self._send(self._core.usage_call(group_by, since, until))
@@ -152,13 +156,21 @@ class AsyncSchedulerClient:
         (its `finally` clauses run), and the `async with` then raises `LeaseLost` in its
         place, the way `asyncio.timeout()` raises TimeoutError. A cancellation from
         elsewhere still comes through as `CancelledError`."""
-        lease = await self.acquire(kind, gpu=gpu, ttl_seconds=ttl_seconds, owner_id=owner_id,
-                                   correlation_id=correlation_id, region=region, env=env,
-                                   wait_seconds=wait_seconds)
+        lease = await self.acquire(
+            kind,
+            gpu=gpu,
+            ttl_seconds=ttl_seconds,
+            owner_id=owner_id,
+            correlation_id=correlation_id,
+            region=region,
+            env=env,
+            wait_seconds=wait_seconds,
+        )
         held = HeldLease(lease, on_lost)
         block = _Block(cancel_on_lost)
-        renewer = asyncio.create_task(self._keep_renewed(held, ttl_seconds, block),
-                                      name=f"renew-lease-{lease.lease_id[:8]}")
+        renewer = asyncio.create_task(
+            self._keep_renewed(held, ttl_seconds, block), name=f"renew-lease-{lease.lease_id[:8]}"
+        )
         try:
             yield held
         except BaseException as exc:
@@ -189,8 +201,12 @@ class AsyncSchedulerClient:
     async def _send(self, call: _Call[T]) -> T:
         try:
             response = await self._http.request(
-                call.method, call.path, params=call.params, json=call.json,
-                headers=call.headers, timeout=call.timeout or httpx.USE_CLIENT_DEFAULT,
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                headers=call.headers,
+                timeout=call.timeout or httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.RequestError as exc:
             raise self._core.unreachable(exc) from None

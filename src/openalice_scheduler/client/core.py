@@ -93,17 +93,25 @@ class _Core:
 
     def acquire_call(self, request: LeaseRequest) -> _Call[AcquireResponse]:
         read = request.wait_seconds + ACQUIRE_TIMEOUT_S
-        return _Call("POST", "/v1/lease", _ACQUIRED,
-                     json=request.model_dump(mode="json", exclude_none=True),
-                     timeout=httpx.Timeout(self.timeout, read=read))
+        return _Call(
+            "POST",
+            "/v1/lease",
+            _ACQUIRED,
+            json=request.model_dump(mode="json", exclude_none=True),
+            timeout=httpx.Timeout(self.timeout, read=read),
+        )
 
     def get_call(self, lease: str | Lease) -> _Call[Lease]:
         lease_id = _lease_id(lease)
         return _Call("GET", _lease_path(lease_id), _LEASE, lease_id)
 
     def list_call(
-        self, state: States | None, owner_id: str | None, kind: WorkerKind | str | None,
-        provider: str | None, limit: int | None,
+        self,
+        state: States | None,
+        owner_id: str | None,
+        kind: WorkerKind | str | None,
+        provider: str | None,
+        limit: int | None,
     ) -> _Call[builtins.list[Lease]]:
         states = [state] if isinstance(state, str) else builtins.list(state or ())
         params: builtins.list[tuple[str, str | int | float | bool | None]] = [
@@ -111,8 +119,12 @@ class _Core:
         ]
         if owner_id is not None:
             _check_token("owner_id", owner_id)
-        for name, value in (("owner_id", owner_id), ("kind", kind), ("provider", provider),
-                            ("limit", limit)):
+        for name, value in (
+            ("owner_id", owner_id),
+            ("kind", kind),
+            ("provider", provider),
+            ("limit", limit),
+        ):
             if value is not None:
                 params.append((name, str(value)))
         return _Call("GET", "/v1/leases", _LEASES, params=httpx.QueryParams(params))
@@ -122,24 +134,42 @@ class _Core:
     ) -> _Call[Lease]:
         lease_id = _lease_id(lease)
         body = None if ttl_seconds is None else {"ttl_seconds": ttl_seconds}
-        return _Call("POST", f"{_lease_path(lease_id)}/renew", _LEASE, lease_id, json=body,
-                     headers=self.owner_header(lease_id, owner))
+        return _Call(
+            "POST",
+            f"{_lease_path(lease_id)}/renew",
+            _LEASE,
+            lease_id,
+            json=body,
+            headers=self.owner_header(lease_id, owner),
+        )
 
     def release_call(self, lease: str | Lease, owner: str | None) -> _Call[None]:
         lease_id = _lease_id(lease)
         # Releasing a Docker worker stops a container: allow it longer than a lookup.
-        return _Call("DELETE", _lease_path(lease_id), None, lease_id,
-                     headers=self.owner_header(lease_id, owner),
-                     timeout=httpx.Timeout(self.timeout, read=max(self.timeout, 120.0)))
+        return _Call(
+            "DELETE",
+            _lease_path(lease_id),
+            None,
+            lease_id,
+            headers=self.owner_header(lease_id, owner),
+            timeout=httpx.Timeout(self.timeout, read=max(self.timeout, 120.0)),
+        )
 
     def providers_call(self) -> _Call[builtins.list[ProviderView]]:
         return _Call("GET", "/v1/providers", _PROVIDERS)
 
-    def usage_call(self, group_by: GroupBy, since: str | None,
-                   until: str | None) -> _Call[UsageReport]:
+    def usage_call(
+        self, group_by: GroupBy, since: str | None, until: str | None
+    ) -> _Call[UsageReport]:
         params = {"group_by": group_by, "since": since, "until": until}
-        return _Call("GET", "/v1/usage", _USAGE, params=httpx.QueryParams(
-            {name: value for name, value in params.items() if value is not None}))
+        return _Call(
+            "GET",
+            "/v1/usage",
+            _USAGE,
+            params=httpx.QueryParams(
+                {name: value for name, value in params.items() if value is not None}
+            ),
+        )
 
     def health_call(self) -> _Call[Health]:
         return _Call("GET", "/health", _HEALTH)
@@ -175,18 +205,30 @@ class _Core:
 
 
 def _lease_request(
-    kind: WorkerKind | str, gpu: GpuClass | str, ttl_seconds: int, owner_id: str | None,
-    correlation_id: str | None, region: str | None, env: Mapping[str, str] | None,
+    kind: WorkerKind | str,
+    gpu: GpuClass | str,
+    ttl_seconds: int,
+    owner_id: str | None,
+    correlation_id: str | None,
+    region: str | None,
+    env: Mapping[str, str] | None,
     wait_seconds: int,
 ) -> LeaseRequest:
     """Checked here against the same model the service uses, so a bad field fails fast
     with the same InvalidRequest the service would answer."""
     try:
-        return LeaseRequest.model_validate({
-            "kind": kind, "gpu": gpu, "ttl_seconds": ttl_seconds, "owner_id": owner_id,
-            "correlation_id": correlation_id, "region": region, "env": dict(env or {}),
-            "wait_seconds": wait_seconds,
-        })
+        return LeaseRequest.model_validate(
+            {
+                "kind": kind,
+                "gpu": gpu,
+                "ttl_seconds": ttl_seconds,
+                "owner_id": owner_id,
+                "correlation_id": correlation_id,
+                "region": region,
+                "env": dict(env or {}),
+                "wait_seconds": wait_seconds,
+            }
+        )
     except ValidationError as exc:
         # `from None`: the ValidationError's text repeats the input, env values included.
         raise _invalid(exc) from None
@@ -204,11 +246,11 @@ def _invalid(exc: ValidationError, at: tuple[str, ...] = ()) -> InvalidRequest:
     details = []
     for error in exc.errors(include_input=False, include_url=False):
         where = ".".join(str(part) for part in (*at, *error["loc"])) or "body"
-        details.append({"field": where,
-                        "message": str(error["msg"]).removeprefix("Value error, ")})
+        details.append({"field": where, "message": str(error["msg"]).removeprefix("Value error, ")})
     first = details[0]
-    return InvalidRequest(f"{first['field']}: {first['message']}", field=first["field"],
-                          errors=details)
+    return InvalidRequest(
+        f"{first['field']}: {first['message']}", field=first["field"], errors=details
+    )
 
 
 def _lease_id(lease: str | Lease) -> str:
@@ -218,6 +260,9 @@ def _lease_id(lease: str | Lease) -> str:
 def _lease_path(lease_id: str) -> str:
     if not lease_id:
         # `/v1/lease/` is no lease's path: the service would answer a redirect, not 404.
-        raise InvalidRequest("lease_id: must not be empty", field="lease_id",
-                             errors=[{"field": "lease_id", "message": "must not be empty"}])
+        raise InvalidRequest(
+            "lease_id: must not be empty",
+            field="lease_id",
+            errors=[{"field": "lease_id", "message": "must not be empty"}],
+        )
     return f"/v1/lease/{quote(lease_id, safe='')}"

@@ -40,13 +40,18 @@ def _error(response: httpx.Response) -> SchedulerError:
         body = None
     if not isinstance(body, dict) or not isinstance(body.get("error"), str):
         # Not the scheduler's own answer (a proxy, say); its body is not repeated.
-        body = {"error": f"http_{response.status_code}",
-                "message": f"HTTP {response.status_code} {response.reason_phrase} "
-                           f"from {response.request.method} {response.request.url.path}"}
+        body = {
+            "error": f"http_{response.status_code}",
+            "message": f"HTTP {response.status_code} {response.reason_phrase} "
+            f"from {response.request.method} {response.request.url.path}",
+        }
     code = body["error"]
     cls = _KNOWN_ERRORS.get(code) or _unknown_error(code, response.status_code)
-    headers = {"Retry-After": response.headers["Retry-After"]} \
-        if "Retry-After" in response.headers else None
+    headers = (
+        {"Retry-After": response.headers["Retry-After"]}
+        if "Retry-After" in response.headers
+        else None
+    )
     exc = cls(str(body.get("message") or code), headers=headers)
     exc.details = {k: v for k, v in body.items() if k not in ("error", "message")}
     return exc
@@ -71,7 +76,11 @@ _KNOWN_ERRORS = _known_errors()
 def _unknown_error(code: str, status: int) -> type[SchedulerError]:
     """A SchedulerError whose `code` and `status` are those of an answer this client has
     no class for (a newer service, a proxy): still caught by `except SchedulerError`."""
-    return cast(type[SchedulerError], type(
-        "SchedulerError", (SchedulerError,),
-        {"code": code, "status": status, "__module__": __name__},
-    ))
+    return cast(
+        type[SchedulerError],
+        type(
+            "SchedulerError",
+            (SchedulerError,),
+            {"code": code, "status": status, "__module__": __name__},
+        ),
+    )

@@ -62,8 +62,10 @@ class HeldLease:
         return self.lease.expires_at
 
     def __repr__(self) -> str:
-        return (f"HeldLease(lease_id={self.lease_id!r}, endpoint={self.endpoint!r}, "
-                f"expires_at={self.expires_at!r}, renewals={self.renewals}, lost={self.lost})")
+        return (
+            f"HeldLease(lease_id={self.lease_id!r}, endpoint={self.endpoint!r}, "
+            f"expires_at={self.expires_at!r}, renewals={self.renewals}, lost={self.lost})"
+        )
 
 
 class LeaseLost(LeaseNotFound):
@@ -74,8 +76,11 @@ class LeaseLost(LeaseNotFound):
     code = "lease_lost"
 
     def __init__(self, lease_id: str, reason: str) -> None:
-        super().__init__(f"lease {lease_id} ended on the scheduler while held ({reason})",
-                         lease_id=lease_id, reason=reason)
+        super().__init__(
+            f"lease {lease_id} ended on the scheduler while held ({reason})",
+            lease_id=lease_id,
+            reason=reason,
+        )
         self.lease_id = lease_id
         self.reason = reason
 
@@ -98,8 +103,9 @@ def _renewal_failed(held: HeldLease, exc: SchedulerError) -> bool:
     held.error = exc
     if isinstance(exc, LeaseNotFound):
         held.lost = True
-        log.warning("lease %s ended on the scheduler (%s); no longer renewed",
-                    held.lease_id, exc.message)
+        log.warning(
+            "lease %s ended on the scheduler (%s); no longer renewed", held.lease_id, exc.message
+        )
         return False
     if isinstance(exc, Unauthorized | Forbidden | InvalidRequest):
         log.warning("lease %s: renewal refused (%s); no longer renewed", held.lease_id, exc.code)
@@ -143,8 +149,13 @@ def _logged(held: HeldLease, what: str) -> Iterator[None]:
     try:
         yield
     except SchedulerError as exc:
-        log.warning("lease %s: %s failed (%s: %s); it ends at its expiry", held.lease_id, what,
-                    exc.code, exc.message)
+        log.warning(
+            "lease %s: %s failed (%s: %s); it ends at its expiry",
+            held.lease_id,
+            what,
+            exc.code,
+            exc.message,
+        )
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -26,11 +26,17 @@ from openalice_scheduler.models import LeaseRequest
 
 log = logging.getLogger(__name__)
 
-RETRIED_CODES = frozenset({
-    "scheduler_unreachable", "store_unavailable", "shutting_down",
-    # decoding.py's codes for a gateway's answer that is not the scheduler's JSON.
-    "http_502", "http_503", "http_504",
-})
+RETRIED_CODES = frozenset(
+    {
+        "scheduler_unreachable",
+        "store_unavailable",
+        "shutting_down",
+        # decoding.py's codes for a gateway's answer that is not the scheduler's JSON.
+        "http_502",
+        "http_503",
+        "http_504",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,7 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError("RetryPolicy.attempts must be at least 1")
-        if self.timeout <= 0 or self.wait_initial < 0 or self.wait_max < 0 \
-                or self.wait_jitter < 0:
+        if self.timeout <= 0 or self.wait_initial < 0 or self.wait_max < 0 or self.wait_jitter < 0:
             raise ValueError("RetryPolicy: timeout must be positive, waits not negative")
 
 
@@ -65,8 +70,11 @@ class _AcquireRetries:
         self.attempts = policy.attempts if retried else 1
         self.last: SchedulerError | None = None
         self._context = stamina.retry_context(
-            on=self._retried, attempts=self.attempts, timeout=policy.timeout,
-            wait_initial=policy.wait_initial, wait_max=policy.wait_max,
+            on=self._retried,
+            attempts=self.attempts,
+            timeout=policy.timeout,
+            wait_initial=policy.wait_initial,
+            wait_max=policy.wait_max,
             wait_jitter=policy.wait_jitter,
         )
 
@@ -78,9 +86,15 @@ class _AcquireRetries:
 
     def starting(self, attempt: stamina.Attempt) -> None:
         if attempt.num > 1 and self.last is not None:
-            log.warning("acquire (owner_id=%s, correlation_id=%s): attempt %d of at most %d "
-                        "after %s: %s", self.request.owner_id, self.request.correlation_id,
-                        attempt.num, self.attempts, self.last.code, self.last.message)
+            log.warning(
+                "acquire (owner_id=%s, correlation_id=%s): attempt %d of at most %d after %s: %s",
+                self.request.owner_id,
+                self.request.correlation_id,
+                attempt.num,
+                self.attempts,
+                self.last.code,
+                self.last.message,
+            )
 
     def _retried(self, exc: Exception) -> bool:
         if not isinstance(exc, SchedulerError) or exc.code not in RETRIED_CODES:

@@ -61,7 +61,9 @@ class SchedulerClient:
         self._core = _Core(url, secret, timeout)
         self._retry = retry
         self._http = httpx.Client(
-            base_url=self._core.url, headers=self._core.auth, timeout=timeout,
+            base_url=self._core.url,
+            headers=self._core.auth,
+            timeout=timeout,
             transport=transport,
         )
 
@@ -85,8 +87,9 @@ class SchedulerClient:
         capacity before NoProviderAvailable. Raises InvalidRequest before sending when a
         field breaks the contract's rules. With `owner_id` and `correlation_id`, retried
         as the client's `retry` says."""
-        request = _lease_request(kind, gpu, ttl_seconds, owner_id, correlation_id, region,
-                                 env, wait_seconds)
+        request = _lease_request(
+            kind, gpu, ttl_seconds, owner_id, correlation_id, region, env, wait_seconds
+        )
         call = self._core.acquire_call(request)
         retries = _AcquireRetries(self._retry, request)
         for attempt in retries:
@@ -132,8 +135,9 @@ class SchedulerClient:
     def providers(self) -> builtins.list[ProviderView]:
         return self._send(self._core.providers_call())
 
-    def usage(self, group_by: GroupBy = "owner", *, since: str | None = None,
-              until: str | None = None) -> UsageReport:
+    def usage(
+        self, group_by: GroupBy = "owner", *, since: str | None = None, until: str | None = None
+    ) -> UsageReport:
         """Leases, lease-hours and cost per group over [since, until) (RFC 3339 times or
         dates; the server's defaults: the last 24 h)."""
         return self._send(self._core.usage_call(group_by, since, until))
@@ -160,14 +164,23 @@ class SchedulerClient:
         logged, not raised, so the block's own exception comes through). When a renewal
         finds the lease gone, `held.lost` turns true and `on_lost(lease_id, reason)` is
         called from the renewal thread (see `HeldLease`); the block is not interrupted."""
-        lease = self.acquire(kind, gpu=gpu, ttl_seconds=ttl_seconds, owner_id=owner_id,
-                             correlation_id=correlation_id, region=region, env=env,
-                             wait_seconds=wait_seconds)
+        lease = self.acquire(
+            kind,
+            gpu=gpu,
+            ttl_seconds=ttl_seconds,
+            owner_id=owner_id,
+            correlation_id=correlation_id,
+            region=region,
+            env=env,
+            wait_seconds=wait_seconds,
+        )
         held = HeldLease(lease, on_lost)
         stop = threading.Event()
         renewer = threading.Thread(
-            target=self._keep_renewed, args=(held, ttl_seconds, stop),
-            name=f"renew-lease-{lease.lease_id[:8]}", daemon=True,
+            target=self._keep_renewed,
+            args=(held, ttl_seconds, stop),
+            name=f"renew-lease-{lease.lease_id[:8]}",
+            daemon=True,
         )
         renewer.start()
         try:
@@ -197,8 +210,12 @@ class SchedulerClient:
     def _send(self, call: _Call[T]) -> T:
         try:
             response = self._http.request(
-                call.method, call.path, params=call.params, json=call.json,
-                headers=call.headers, timeout=call.timeout or httpx.USE_CLIENT_DEFAULT,
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                headers=call.headers,
+                timeout=call.timeout or httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.RequestError as exc:
             raise self._core.unreachable(exc) from None

@@ -26,28 +26,37 @@ def run(settings: Settings) -> None:
     """Run a guard until SIGTERM/SIGINT. Raises StartupError (one line) when it cannot."""
     configure_logging(settings.log_filter, settings.secrets(), settings.log_format)
     if not settings.guard_scheduler_url:
-        raise StartupError("invalid configuration: GUARD_SCHEDULER_URL must be set for "
-                           "the guard: the scheduler replicas it polls")
+        raise StartupError(
+            "invalid configuration: GUARD_SCHEDULER_URL must be set for "
+            "the guard: the scheduler replicas it polls"
+        )
     try:
-        providers = [p for p in build_providers(settings)
-                     if not isinstance(p, InstantProvider)]  # static: nothing to destroy
+        providers = [
+            p for p in build_providers(settings) if not isinstance(p, InstantProvider)
+        ]  # static: nothing to destroy
     except (ProviderConfigError, ValueError) as exc:
         raise StartupError(f"invalid configuration: {exc}") from None
     if not providers:
-        raise StartupError("invalid configuration: PROVIDERS names no provider whose "
-                           "workers the guard could destroy (local-docker, runpod)")
+        raise StartupError(
+            "invalid configuration: PROVIDERS names no provider whose "
+            "workers the guard could destroy (local-docker, runpod)"
+        )
     state_file = Path(settings.guard_state_file)
     try:
         guard = Guard(
             guard_id=settings.guard_id or socket.gethostname(),
             urls=settings.guard_scheduler_url.split(","),
-            secret=settings.internal_secret.get_secret_value(), providers=providers,
-            state_file=state_file, poll=settings.guard_poll_seconds,
-            silence=settings.guard_silence_seconds, grace=settings.guard_grace_seconds,
+            secret=settings.internal_secret.get_secret_value(),
+            providers=providers,
+            state_file=state_file,
+            poll=settings.guard_poll_seconds,
+            silence=settings.guard_silence_seconds,
+            grace=settings.guard_grace_seconds,
         )
     except (OSError, ValueError, TypeError) as exc:
-        raise StartupError(f"GUARD_STATE_FILE {state_file} cannot be read: "
-                           f"{type(exc).__name__}") from None
+        raise StartupError(
+            f"GUARD_STATE_FILE {state_file} cannot be read: {type(exc).__name__}"
+        ) from None
     asyncio.run(_serve(guard))
 
 

@@ -29,10 +29,19 @@ log = logging.getLogger(__name__)
 
 
 class Guard:
-    def __init__(self, *, guard_id: str, urls: Sequence[str], secret: str,
-                 providers: Sequence[Provider], state_file: Path, poll: float,
-                 silence: float, grace: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        guard_id: str,
+        urls: Sequence[str],
+        secret: str,
+        providers: Sequence[Provider],
+        state_file: Path,
+        poll: float,
+        silence: float,
+        grace: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.guard_id = guard_id
         self.urls = [u.rstrip("/") for u in urls]
         self.providers = list(providers)
@@ -40,14 +49,21 @@ class Guard:
         self.poll, self.silence, self.grace = poll, silence, grace
         self.clock = clock
         self.memory = Memory.load(state_file, clock())
-        self.client = httpx.AsyncClient(timeout=min(poll, 10.0), follow_redirects=False,
-                                        headers={"X-Internal-Secret": secret})
+        self.client = httpx.AsyncClient(
+            timeout=min(poll, 10.0), follow_redirects=False, headers={"X-Internal-Secret": secret}
+        )
         self._said_silent = False
 
     async def run(self, stop: asyncio.Event) -> None:
-        log.info("guard %s watching %s for %s; silence %gs, grace %gs, poll %gs",
-                 self.guard_id, ",".join(p.name for p in self.providers),
-                 ", ".join(self.urls), self.silence, self.grace, self.poll)
+        log.info(
+            "guard %s watching %s for %s; silence %gs, grace %gs, poll %gs",
+            self.guard_id,
+            ",".join(p.name for p in self.providers),
+            ", ".join(self.urls),
+            self.silence,
+            self.grace,
+            self.poll,
+        )
         while not stop.is_set():
             try:
                 await self.once()
@@ -71,13 +87,18 @@ class Guard:
         silent = self.memory.silent_for(now)
         if silent >= self.silence:
             if not self._said_silent:
-                log.warning("guard %s: no scheduler has answered for %.0fs; destroying "
-                            "workers past their lease + %gs", self.guard_id, silent,
-                            self.grace)
+                log.warning(
+                    "guard %s: no scheduler has answered for %.0fs; destroying "
+                    "workers past their lease + %gs",
+                    self.guard_id,
+                    silent,
+                    self.grace,
+                )
                 self._said_silent = True
             for lease_id, found in sorted(listed.items()):
-                when = self.memory.deadline(lease_id, grace=self.grace,
-                                            default_max_ttl=MAX_TTL_SECONDS)
+                when = self.memory.deadline(
+                    lease_id, grace=self.grace, default_max_ttl=MAX_TTL_SECONDS
+                )
                 if now >= when:
                     destroyed += await self._destroy(lease_id, found, when)
         self.memory.save(self.state_file)
@@ -90,8 +111,7 @@ class Guard:
 
     async def _contact(self) -> dict[str, Any] | None:
         """The first replica's answer to the poll, or None when none answered."""
-        params = {"guard_id": self.guard_id,
-                  "providers": ",".join(p.name for p in self.providers)}
+        params = {"guard_id": self.guard_id, "providers": ",".join(p.name for p in self.providers)}
         for url in self.urls:
             try:
                 response = await self.client.get(f"{url}/v1/guard", params=params)
@@ -100,11 +120,17 @@ class Guard:
                 continue
             if response.status_code == 200:
                 answer: dict[str, Any] = response.json()
-                if self.memory.instance not in (None, answer["instance"]) or \
-                        self.memory.store_id not in (None, answer["store_id"]):
-                    log.error("guard: %s serves instance %s of store %s, not the one this "
-                              "guard watched (GUARD_STATE_FILE); not learned from",
-                              url, answer["instance"], answer["store_id"])
+                if self.memory.instance not in (
+                    None,
+                    answer["instance"],
+                ) or self.memory.store_id not in (None, answer["store_id"]):
+                    log.error(
+                        "guard: %s serves instance %s of store %s, not the one this "
+                        "guard watched (GUARD_STATE_FILE); not learned from",
+                        url,
+                        answer["instance"],
+                        answer["store_id"],
+                    )
                     continue
                 return answer
             # 401: a wrong secret, said each time (the guard is then blind); others: a
@@ -121,8 +147,7 @@ class Guard:
             try:
                 workers = await provider.list_workers()
             except ProviderError as exc:
-                log.warning("guard: cannot list %s's workers: %s", provider.name,
-                            exc.message)
+                log.warning("guard: cannot list %s's workers: %s", provider.name, exc.message)
                 complete = False
                 continue
             if isinstance(workers, PartialListing):
@@ -135,8 +160,9 @@ class Guard:
                     found.setdefault(lease_id, []).extend((provider, i) for i in mine)
         return found, complete
 
-    async def _destroy(self, lease_id: str, found: list[tuple[Provider, WorkerInfo]],
-                       when: float) -> int:
+    async def _destroy(
+        self, lease_id: str, found: list[tuple[Provider, WorkerInfo]], when: float
+    ) -> int:
         """Destroy the workers of `lease_id`; one that could not be is tried again next
         pass (it is still listed then)."""
         destroyed = 0
@@ -145,11 +171,19 @@ class Guard:
             try:
                 await provider.release(info.provider_token, lease_id)
             except ProviderError as exc:
-                log.warning("guard: could not destroy the worker of lease %s on %s yet: %s",
-                            lease_ref(lease_id), provider.name, exc.message)
+                log.warning(
+                    "guard: could not destroy the worker of lease %s on %s yet: %s",
+                    lease_ref(lease_id),
+                    provider.name,
+                    exc.message,
+                )
                 continue
-            log.warning("guard: destroyed the worker of lease %s on %s (its lease ended "
-                        "by %s; no scheduler answers)", lease_ref(lease_id), provider.name,
-                        since)
+            log.warning(
+                "guard: destroyed the worker of lease %s on %s (its lease ended "
+                "by %s; no scheduler answers)",
+                lease_ref(lease_id),
+                provider.name,
+                since,
+            )
             destroyed += 1
         return destroyed

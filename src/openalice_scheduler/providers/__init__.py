@@ -47,8 +47,11 @@ def _static(settings: Settings) -> Provider:
     from openalice_scheduler.providers.static import StaticProvider
 
     assert settings.static_workers, "configuration_problems checked it"
-    return StaticProvider(settings.static_workers, settings.static_region,
-                          parse_prices(settings.static_price_per_hour))
+    return StaticProvider(
+        settings.static_workers,
+        settings.static_region,
+        parse_prices(settings.static_price_per_hour),
+    )
 
 
 REGISTRY: dict[str, Callable[[Settings], Provider]] = {
@@ -63,8 +66,11 @@ def configuration_problems(settings: Settings) -> list[str]:
     found without building a provider (no engine or API is contacted), so that start-up
     reports them all at once with the settings' own errors (startup.py)."""
     names = settings.provider_names
-    problems = [f"PROVIDERS: unknown provider {name!r}; valid names: {', '.join(REGISTRY)}"
-                for name in dict.fromkeys(names) if name not in REGISTRY]
+    problems = [
+        f"PROVIDERS: unknown provider {name!r}; valid names: {', '.join(REGISTRY)}"
+        for name in dict.fromkeys(names)
+        if name not in REGISTRY
+    ]
     if len(set(names)) != len(names):
         problems.append("PROVIDERS: a provider is listed twice")
     if "static" in names:
@@ -78,20 +84,34 @@ def configuration_problems(settings: Settings) -> list[str]:
     return problems
 
 
-def reservation_terms(provider: Provider, spec: WorkerSpec, *, now: int,
-                      owner_quota: int, price: float | None = None,
-                      budget: Budget | None = None) -> Terms:
+def reservation_terms(
+    provider: Provider,
+    spec: WorkerSpec,
+    *,
+    now: int,
+    owner_quota: int,
+    price: float | None = None,
+    budget: Budget | None = None,
+) -> Terms:
     """What reserving `spec` on `provider` at `price` (its `price(spec)`) must respect,
     checked by the store. A placing provider's placer counts its caps itself, per place,
     and gives the price of the place it picks."""
     if isinstance(provider, PlacingProvider):
-        return Terms(now=now, owner_quota=owner_quota, place=provider.placer(spec),
-                     price_per_hour=price, budget=budget)
+        return Terms(
+            now=now,
+            owner_quota=owner_quota,
+            place=provider.placer(spec),
+            price_per_hour=price,
+            budget=budget,
+        )
     return Terms(
-        now=now, max_live=provider.max_workers,
+        now=now,
+        max_live=provider.max_workers,
         resources=provider.exclusive_resources(spec),
-        resource_label=provider.resource_label, owner_quota=owner_quota,
-        price_per_hour=price, budget=budget,
+        resource_label=provider.resource_label,
+        owner_quota=owner_quota,
+        price_per_hour=price,
+        budget=budget,
     )
 
 
@@ -129,13 +149,17 @@ def _fleet_problems(settings: Settings) -> list[str]:
     except ValueError as exc:
         problems.append(str(exc))
     # Each host declares its own; a single engine's settings beside them would be ignored.
-    single = {"LOCAL_GPU_DEVICES": (settings.local_gpu_devices or "").strip(),
-              "LOCAL_DOCKER_MAX_WORKERS": settings.local_docker_max_workers,
-              "LOCAL_DOCKER_REGION": settings.local_docker_region}
+    single = {
+        "LOCAL_GPU_DEVICES": (settings.local_gpu_devices or "").strip(),
+        "LOCAL_DOCKER_MAX_WORKERS": settings.local_docker_max_workers,
+        "LOCAL_DOCKER_REGION": settings.local_docker_region,
+    }
     for name, value in single.items():
         if value:
-            problems.append(f"{name}: not used with DOCKER_HOSTS; give each host its "
-                            "gpus=, max= and region= there instead")
+            problems.append(
+                f"{name}: not used with DOCKER_HOSTS; give each host its "
+                "gpus=, max= and region= there instead"
+            )
     return problems
 
 

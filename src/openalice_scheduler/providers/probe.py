@@ -44,8 +44,12 @@ class NotReady(ProviderError):
 class ReadyProbe:
     """Waits until a new worker passes its kind's probe, within its provider's time."""
 
-    def __init__(self, paths: Mapping[str, str | None], timeouts: Mapping[str, float],
-                 seconds: Histogram | None = None) -> None:
+    def __init__(
+        self,
+        paths: Mapping[str, str | None],
+        timeouts: Mapping[str, float],
+        seconds: Histogram | None = None,
+    ) -> None:
         self.paths = dict(paths)
         self.timeouts = dict(timeouts)
         self.seconds = seconds
@@ -53,10 +57,14 @@ class ReadyProbe:
 
     @classmethod
     def from_settings(cls, settings: Settings, seconds: Histogram | None = None) -> ReadyProbe:
-        return cls(settings.ready_paths, {
-            "local-docker": settings.local_docker_ready_timeout_seconds,
-            "runpod": settings.runpod_ready_timeout_seconds,
-        }, seconds)
+        return cls(
+            settings.ready_paths,
+            {
+                "local-docker": settings.local_docker_ready_timeout_seconds,
+                "runpod": settings.runpod_ready_timeout_seconds,
+            },
+            seconds,
+        )
 
     @property
     def longest(self) -> float:
@@ -64,8 +72,7 @@ class ReadyProbe:
         `provisioning` that much longer than PROVISION_TIMEOUT_SECONDS."""
         return max(self.timeouts.values(), default=0.0)
 
-    async def wait(self, provider: str, spec: WorkerSpec, worker: Worker,
-                   since: float) -> None:
+    async def wait(self, provider: str, spec: WorkerSpec, worker: Worker, since: float) -> None:
         """Returns once `worker` answered its probe (at once when `provider`'s workers are
         not probed); raises NotReady when it did not within the provider's time.
         `since` (perf_counter) is when provisioning began: the time to ready observed."""
@@ -78,8 +85,9 @@ class ReadyProbe:
         interval = FIRST_INTERVAL_S
         while True:
             left = deadline - time.monotonic()
-            problem = await self._attempt(url, path, worker.behind_proxy,
-                                          max(0.05, min(ATTEMPT_TIMEOUT_S, left)))
+            problem = await self._attempt(
+                url, path, worker.behind_proxy, max(0.05, min(ATTEMPT_TIMEOUT_S, left))
+            )
             if problem is None:
                 break
             left = deadline - time.monotonic()
@@ -90,8 +98,12 @@ class ReadyProbe:
         took = time.perf_counter() - since
         if self.seconds is not None:
             self.seconds.labels(provider).observe(took)
-        log.info("lease %s: worker on %s ready %.2f s after provisioning began",
-                 lease_ref(spec), provider, took)
+        log.info(
+            "lease %s: worker on %s ready %.2f s after provisioning began",
+            lease_ref(spec),
+            provider,
+            took,
+        )
 
     async def check(self, kind: str, url: str) -> str | None:
         """One attempt of `kind`'s probe at `url`: None when the worker answers as ready,
@@ -102,8 +114,9 @@ class ReadyProbe:
         if self._client is not None:
             await self._client.aclose()
 
-    async def _attempt(self, url: str, path: str | None, behind_proxy: bool,
-                       budget: float) -> str | None:
+    async def _attempt(
+        self, url: str, path: str | None, behind_proxy: bool, budget: float
+    ) -> str | None:
         """None when the worker answered as ready, else what was seen instead."""
         if path is None and not behind_proxy:
             return await _connect(url, budget)
@@ -115,8 +128,7 @@ class ReadyProbe:
         except httpx.HTTPError as exc:
             return f"GET {target}: {type(exc).__name__}"
         # Behind a proxy, with no path to ask: any answer of the worker's own will do.
-        ok = (response.status_code not in PROXY_NOT_THERE if path is None
-              else response.is_success)
+        ok = response.status_code not in PROXY_NOT_THERE if path is None else response.is_success
         return None if ok else f"GET {target}: {response.status_code}"
 
 

@@ -57,8 +57,9 @@ class StaticProvider:
     max_workers = 0  # each endpoint is its own exclusive resource: that is the cap
     resource_label = "static endpoints"
 
-    def __init__(self, workers: str, region: str | None = None,
-                 prices: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self, workers: str, region: str | None = None, prices: Mapping[str, float] | None = None
+    ) -> None:
         # Tuples: handed to every reserve as they are, never copied.
         self.pools = {key: tuple(urls) for key, urls in parse_static_workers(workers).items()}
         self.region = region

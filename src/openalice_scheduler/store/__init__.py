@@ -36,13 +36,27 @@ def open_backend(database_url: str, *, sqlite_synchronous: str = "full") -> Back
 
 
 def open_store(
-    database_url: str, *, replica_id: str | None = None, sqlite_synchronous: str = "full",
+    database_url: str,
+    *,
+    replica_id: str | None = None,
+    sqlite_synchronous: str = "full",
 ) -> LeaseStore:
     backend = open_backend(database_url, sqlite_synchronous=sqlite_synchronous)
     return LeaseStore(backend, replica_id=replica_id)
 
 
 __all__ = [
-    "AtCapacity", "Backend", "DuplicateRequest", "LeaseRecord", "LeaseStore", "NewLease",
-    "OverBudget", "OverQuota", "Terms", "format_us", "open_backend", "open_store", "to_us",
+    "AtCapacity",
+    "Backend",
+    "DuplicateRequest",
+    "LeaseRecord",
+    "LeaseStore",
+    "NewLease",
+    "OverBudget",
+    "OverQuota",
+    "Terms",
+    "format_us",
+    "open_backend",
+    "open_store",
+    "to_us",
 ]

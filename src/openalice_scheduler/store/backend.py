@@ -76,7 +76,13 @@ async def guarded(work: Awaitable[T], also: tuple[type[BaseException], ...] = ()
     pool). A constraint that did its job (IntegrityError) is the caller's to interpret.
     `also`: a backend's own driver errors, for statements it runs on the driver."""
     unavailable: tuple[type[BaseException], ...] = (
-        OperationalError, DBAPIError, PoolTimeout, OSError, sqlite3.DatabaseError, *also)
+        OperationalError,
+        DBAPIError,
+        PoolTimeout,
+        OSError,
+        sqlite3.DatabaseError,
+        *also,
+    )
     try:
         return await work
     except (IntegrityError, sqlite3.IntegrityError):
@@ -84,5 +90,6 @@ async def guarded(work: Awaitable[T], also: tuple[type[BaseException], ...] = ()
     except unavailable as exc:
         log.warning("state store unavailable: %s", type(exc).__name__)
         raise StoreUnavailable(
-            "the state store is unavailable; try again shortly", cause=type(exc).__name__,
+            "the state store is unavailable; try again shortly",
+            cause=type(exc).__name__,
         ) from exc

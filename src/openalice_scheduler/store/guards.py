@@ -13,8 +13,9 @@ from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.schema import guards, leases
 
 _DAY_US = 86_400_000_000
-_LIVE = select(leases.c.lease_id, leases.c.provider, leases.c.state, leases.c.expires_at,
-               leases.c.released_at).where(leases.c.state.in_([s.value for s in LIVE_STATES]))
+_LIVE = select(
+    leases.c.lease_id, leases.c.provider, leases.c.state, leases.c.expires_at, leases.c.released_at
+).where(leases.c.state.in_([s.value for s in LIVE_STATES]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +47,11 @@ class GuardStore:
         def _tx(conn: Connection) -> None:
             seen = update(guards).where(guards.c.guard_id == guard_id)
             if conn.execute(seen.values(providers=watched, last_contact_at=now)).rowcount == 0:
-                conn.execute(guards.insert().values(guard_id=guard_id, providers=watched,
-                                                    last_contact_at=now))
+                conn.execute(
+                    guards.insert().values(
+                        guard_id=guard_id, providers=watched, last_contact_at=now
+                    )
+                )
             conn.execute(guards.delete().where(guards.c.last_contact_at < now - _DAY_US))
 
         await self.backend.write(_tx)
@@ -55,8 +59,12 @@ class GuardStore:
     async def contacts(self) -> list[GuardContact]:
         def _tx(conn: Connection) -> list[GuardContact]:
             rows = conn.execute(select(guards).order_by(guards.c.guard_id))
-            return [GuardContact(r.guard_id, tuple(p for p in r.providers.split(",") if p),
-                                 r.last_contact_at) for r in rows]
+            return [
+                GuardContact(
+                    r.guard_id, tuple(p for p in r.providers.split(",") if p), r.last_contact_at
+                )
+                for r in rows
+            ]
 
         return await self.backend.read(_tx)
 

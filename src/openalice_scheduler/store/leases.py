@@ -93,8 +93,9 @@ class LeaseStore:
 
     # --- acquire ---------------------------------------------------------------------
 
-    async def reserve(self, lease: NewLease, provider: str, terms: Terms, *,
-                      moving: bool = False) -> str | None:
+    async def reserve(
+        self, lease: NewLease, provider: str, terms: Terms, *, moving: bool = False
+    ) -> str | None:
         """Record `lease` as `provisioning` on `provider`, atomically checking `terms`
         (the provider's cap, one free exclusive resource, the owner's quota). Returns
         the resource taken. Called again for the same lease after a failed provider
@@ -105,14 +106,20 @@ class LeaseStore:
         record = await self.reserve_lease(lease, provider, terms, moving=moving)
         return record.resource
 
-    async def reserve_lease(self, lease: NewLease, provider: str, terms: Terms, *,
-                            moving: bool = False) -> LeaseRecord:
+    async def reserve_lease(
+        self, lease: NewLease, provider: str, terms: Terms, *, moving: bool = False
+    ) -> LeaseRecord:
         """`reserve`, answering the lease's record: its resource and its `fence`."""
         return await self._reserve(lease, provider, terms, None, moving)
 
     async def reserve_active(
-        self, lease: NewLease, provider: str, terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]], *, moving: bool = False,
+        self,
+        lease: NewLease,
+        provider: str,
+        terms: Terms,
+        assign: Callable[[str | None], tuple[str, str]],
+        *,
+        moving: bool = False,
     ) -> LeaseRecord:
         """`reserve` for a worker that already exists (static endpoints): `assign(resource)`
         names its (endpoint, provider_token), and the lease is recorded `active` in the
@@ -120,12 +127,15 @@ class LeaseStore:
         return await self._reserve(lease, provider, terms, assign, moving)
 
     async def _reserve(
-        self, lease: NewLease, provider: str, terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]] | None, moving: bool,
+        self,
+        lease: NewLease,
+        provider: str,
+        terms: Terms,
+        assign: Callable[[str | None], tuple[str, str]] | None,
+        moving: bool,
     ) -> LeaseRecord:
         try:
-            return await self.backend.write(self.reserve_tx, lease, provider, terms, assign,
-                                            moving)
+            return await self.backend.write(self.reserve_tx, lease, provider, terms, assign, moving)
         except StoreUnavailable:
             self.unsure.add(lease.lease_id)
             raise
@@ -137,8 +147,13 @@ class LeaseStore:
             raise DuplicateRequest(existing.lease_id) from exc
 
     def reserve_tx(
-        self, conn: Connection, lease: NewLease, provider: str, terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]] | None, moving: bool,
+        self,
+        conn: Connection,
+        lease: NewLease,
+        provider: str,
+        terms: Terms,
+        assign: Callable[[str | None], tuple[str, str]] | None,
+        moving: bool,
         state: LeaseState = LeaseState.provisioning,
     ) -> LeaseRecord:
         # Serialised per owner (quota, idempotency), then per provider (cap, devices).
@@ -159,16 +174,21 @@ class LeaseStore:
             taken = set(conn.execute(TAKEN, mine).scalars())
             resource = next((r for r in terms.resources if r not in taken), None)
             if resource is None:
-                raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} "
-                                 "are leased")
+                raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} are leased")
         if terms.budget is not None:  # still under the owner's lock
             check_budget(conn, lease, price, terms.budget, terms.now)
         values: dict[str, Any] = {
-            "provider": provider, "state": state.value,
-            "resource": resource, "host": host, "updated_at": terms.now,
+            "provider": provider,
+            "state": state.value,
+            "resource": resource,
+            "host": host,
+            "updated_at": terms.now,
             "replica_id": self.replica_id,
-            "endpoint": "", "provider_token": "", "price_per_hour": price,
-            "gpu_type": None, "granted_at": None,
+            "endpoint": "",
+            "provider_token": "",
+            "price_per_hour": price,
+            "gpu_type": None,
+            "granted_at": None,
         }
         if assign is not None:
             values["state"] = LeaseState.active.value
@@ -178,13 +198,23 @@ class LeaseStore:
             moved = transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
             if moved is not None:
                 return moved
-        row = conn.execute(INSERT, {
-            "lease_id": lease.lease_id, "kind": lease.kind, "gpu": lease.gpu,
-            "owner_id": lease.owner_id, "correlation_id": lease.correlation_id,
-            "region": lease.region, "ttl_seconds": lease.ttl_seconds,
-            "created_at": lease.created_at, "expires_at": lease.expires_at,
-            "release_attempts": 0, "fence": self.backend.next_fence(conn), **values,
-        }).one()
+        row = conn.execute(
+            INSERT,
+            {
+                "lease_id": lease.lease_id,
+                "kind": lease.kind,
+                "gpu": lease.gpu,
+                "owner_id": lease.owner_id,
+                "correlation_id": lease.correlation_id,
+                "region": lease.region,
+                "ttl_seconds": lease.ttl_seconds,
+                "created_at": lease.created_at,
+                "expires_at": lease.expires_at,
+                "release_attempts": 0,
+                "fence": self.backend.next_fence(conn),
+                **values,
+            },
+        ).one()
         return record_of(row)
 
     def owner_checks(self, conn: Connection, lease: NewLease, quota: int) -> None:
@@ -202,12 +232,19 @@ class LeaseStore:
         if quota:
             held = conn.execute(HELD_BY_OWNER, mine).scalar_one()
             if held >= quota:
-                raise OverQuota(f"owner {lease.owner_id!r} holds {held} leases; "
-                                f"MAX_LEASES_PER_OWNER is {quota}")
+                raise OverQuota(
+                    f"owner {lease.owner_id!r} holds {held} leases; MAX_LEASES_PER_OWNER is {quota}"
+                )
 
     async def activate(
-        self, lease_id: str, *, endpoint: str, provider_token: str, now: int,
-        gpu_type: str | None = None, price_per_hour: float | None = None,
+        self,
+        lease_id: str,
+        *,
+        endpoint: str,
+        provider_token: str,
+        now: int,
+        gpu_type: str | None = None,
+        price_per_hour: float | None = None,
     ) -> LeaseRecord | None:
         """provisioning → active, granted now: its cost counts from here. `gpu_type` and
         `price_per_hour`, when given, are what the provider says the worker is and costs
@@ -217,9 +254,14 @@ class LeaseStore:
         found: dict[str, Any] = {"gpu_type": gpu_type, "price_per_hour": price_per_hour}
         try:
             return await self._transition(
-                lease_id, (LeaseState.provisioning,), state=LeaseState.active.value,
-                endpoint=endpoint, provider_token=provider_token, updated_at=now,
-                granted_at=now, **{k: v for k, v in found.items() if v is not None},
+                lease_id,
+                (LeaseState.provisioning,),
+                state=LeaseState.active.value,
+                endpoint=endpoint,
+                provider_token=provider_token,
+                updated_at=now,
+                granted_at=now,
+                **{k: v for k, v in found.items() if v is not None},
             )
         except StoreUnavailable:
             self.unsure.add(lease_id)
@@ -228,15 +270,25 @@ class LeaseStore:
     async def fail(self, lease_id: str, *, error: str, now: int) -> LeaseRecord | None:
         """provisioning|warming → failed (its worker, if any, is destroyed by the caller)."""
         return await self._transition(
-            lease_id, (LeaseState.provisioning, LeaseState.warming), frees=True,
-            state=LeaseState.failed.value, release_reason=ReleaseReason.failed.value,
-            released_at=now, last_error=error[:2000], updated_at=now,
+            lease_id,
+            (LeaseState.provisioning, LeaseState.warming),
+            frees=True,
+            state=LeaseState.failed.value,
+            release_reason=ReleaseReason.failed.value,
+            released_at=now,
+            last_error=error[:2000],
+            updated_at=now,
         )
 
     # --- release ---------------------------------------------------------------------
 
     async def claim_release(
-        self, lease_id: str, reason: ReleaseReason, *, now: int, check: Check | None = None,
+        self,
+        lease_id: str,
+        reason: ReleaseReason,
+        *,
+        now: int,
+        check: Check | None = None,
         at_once: Sequence[str] = (),
     ) -> LeaseRecord | None:
         """active|releasing → releasing, claimed for one attempt (an explicit release of
@@ -244,48 +296,72 @@ class LeaseStore:
         lease on one of the providers `at_once` (nothing to destroy) goes straight to
         `released`. In the same transaction, `check` first sees the lease as it is and
         may refuse by raising. None when the lease was in neither state."""
+
         def _tx(conn: Connection) -> LeaseRecord | None:
             row = conn.execute(GET, {"b_id": lease_id}).first()
             current = record_of(row) if row else None
             if check is not None:
                 check(current)
             if current is not None and current.provider in at_once:
-                return transition_tx(conn, lease_id, RELEASABLE,
-                                      released(now, reason), self.backend)
-            return transition_tx(conn, lease_id, RELEASABLE, {
-                "state": LeaseState.releasing.value, "release_reason": reason.value,
-                "next_attempt_at": now + RELEASE_CLAIM_US, "updated_at": now,
-            })
+                return transition_tx(
+                    conn, lease_id, RELEASABLE, released(now, reason), self.backend
+                )
+            return transition_tx(
+                conn,
+                lease_id,
+                RELEASABLE,
+                {
+                    "state": LeaseState.releasing.value,
+                    "release_reason": reason.value,
+                    "next_attempt_at": now + RELEASE_CLAIM_US,
+                    "updated_at": now,
+                },
+            )
 
         return await self.backend.write(_tx)
 
     async def claim_expired(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
         """Active leases past `expires_at`, moved to `releasing` (reason `expired`)."""
-        return await self._claim_due(LeaseState.active, leases.c.expires_at, now, limit,
-                                     release_reason=ReleaseReason.expired.value)
+        return await self._claim_due(
+            LeaseState.active,
+            leases.c.expires_at,
+            now,
+            limit,
+            release_reason=ReleaseReason.expired.value,
+        )
 
     async def claim_retries(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
         """`releasing` leases whose next attempt is due, claimed for one attempt."""
-        return await self._claim_due(LeaseState.releasing, leases.c.next_attempt_at, now,
-                                     limit)
+        return await self._claim_due(LeaseState.releasing, leases.c.next_attempt_at, now, limit)
 
     async def _claim_due(
         self, state: LeaseState, due: Any, now: int, limit: int, **values: Any
     ) -> list[LeaseRecord]:
         """Leases in `state` whose `due` column has come, each claimed for one release
         attempt by a guarded update (a racing claimer may win some)."""
+
         def _tx(conn: Connection) -> list[LeaseRecord]:
-            ids = conn.execute(
-                select(leases.c.lease_id).where(leases.c.state == state.value, due <= now)
-                .order_by(due).limit(limit)
-            ).scalars().all()
+            ids = (
+                conn.execute(
+                    select(leases.c.lease_id)
+                    .where(leases.c.state == state.value, due <= now)
+                    .order_by(due)
+                    .limit(limit)
+                )
+                .scalars()
+                .all()
+            )
             claimed = []
             for lease_id in ids:
                 row = conn.execute(
-                    update(leases).where(leases.c.lease_id == lease_id,
-                                         leases.c.state == state.value, due <= now)
-                    .values(state=LeaseState.releasing.value, updated_at=now,
-                            next_attempt_at=now + RELEASE_CLAIM_US, **values)
+                    update(leases)
+                    .where(leases.c.lease_id == lease_id, leases.c.state == state.value, due <= now)
+                    .values(
+                        state=LeaseState.releasing.value,
+                        updated_at=now,
+                        next_attempt_at=now + RELEASE_CLAIM_US,
+                        **values,
+                    )
                     .returning(*leases.c)
                 ).first()
                 if row:
@@ -302,8 +378,8 @@ class LeaseStore:
 
         def _tx(conn: Connection) -> int:
             return conn.execute(
-                update(leases).where(leases.c.state == LeaseState.releasing.value,
-                                     leases.c.next_attempt_at > now)
+                update(leases)
+                .where(leases.c.state == LeaseState.releasing.value, leases.c.next_attempt_at > now)
                 .values(next_attempt_at=now)
             ).rowcount
 
@@ -313,39 +389,51 @@ class LeaseStore:
         self, lease_id: str, *, now: int, reason: ReleaseReason | None = None
     ) -> LeaseRecord | None:
         """releasing → released, its worker destroyed."""
-        return await self._transition(lease_id, (LeaseState.releasing,), frees=True,
-                                      **released(now, reason))
+        return await self._transition(
+            lease_id, (LeaseState.releasing,), frees=True, **released(now, reason)
+        )
 
     async def release_attempt_failed(
         self, lease_id: str, *, error: str, retry_at: int, now: int
     ) -> LeaseRecord | None:
         def _tx(conn: Connection) -> LeaseRecord | None:
             row = conn.execute(
-                update(leases).where(leases.c.lease_id == lease_id,
-                                     leases.c.state == LeaseState.releasing.value)
-                .values(release_attempts=leases.c.release_attempts + 1,
-                        next_attempt_at=retry_at, last_error=error[:2000], updated_at=now)
+                update(leases)
+                .where(leases.c.lease_id == lease_id, leases.c.state == LeaseState.releasing.value)
+                .values(
+                    release_attempts=leases.c.release_attempts + 1,
+                    next_attempt_at=retry_at,
+                    last_error=error[:2000],
+                    updated_at=now,
+                )
                 .returning(*leases.c)
             ).first()
             return record_of(row) if row else None
 
         return await self.backend.write(_tx)
 
-    async def mark_lost(self, lease_id: str, *, now: int,
-                        reason: ReleaseReason = ReleaseReason.lost) -> LeaseRecord | None:
+    async def mark_lost(
+        self, lease_id: str, *, now: int, reason: ReleaseReason = ReleaseReason.lost
+    ) -> LeaseRecord | None:
         """active|idle → released (`reason`, `lost` by default): its worker vanished."""
-        return await self._transition(lease_id, (LeaseState.active, LeaseState.idle),
-                                      frees=True, **released(now, reason))
+        return await self._transition(
+            lease_id, (LeaseState.active, LeaseState.idle), frees=True, **released(now, reason)
+        )
 
     async def renew(self, lease_id: str, *, expires_at: int, now: int) -> LeaseRecord | None:
         """Move an active, unexpired lease's expiry. None when the lease is not active
         or already past its expiry: a lease is never resurrected."""
+
         def _tx(conn: Connection) -> LeaseRecord | None:
             row = conn.execute(
-                update(leases).where(leases.c.lease_id == lease_id,
-                                     leases.c.state == LeaseState.active.value,
-                                     leases.c.expires_at > now)
-                .values(expires_at=expires_at, updated_at=now).returning(*leases.c)
+                update(leases)
+                .where(
+                    leases.c.lease_id == lease_id,
+                    leases.c.state == LeaseState.active.value,
+                    leases.c.expires_at > now,
+                )
+                .values(expires_at=expires_at, updated_at=now)
+                .returning(*leases.c)
             ).first()
             return record_of(row) if row else None
 
@@ -378,22 +466,28 @@ class LeaseStore:
         return await self.backend.read(self._listing.list_json, [s.value for s in states])
 
     async def search(
-        self, *, states: Sequence[LeaseState], owner_id: str | None = None,
-        kind: str | None = None, provider: str | None = None, limit: int = 1000,
+        self,
+        *,
+        states: Sequence[LeaseState],
+        owner_id: str | None = None,
+        kind: str | None = None,
+        provider: str | None = None,
+        limit: int = 1000,
         newest_first: bool = False,
     ) -> list[dict[str, Any]]:
         """The `Lease` of each lease in `states` matching the filters, oldest first (by
         created_at, which the listing index covers), or newest first."""
         query = select(*WIRE_COLUMNS).where(leases.c.state.in_([s.value for s in states]))
-        for column, wanted in ((leases.c.owner_id, owner_id), (leases.c.kind, kind),
-                               (leases.c.provider, provider)):
+        for column, wanted in (
+            (leases.c.owner_id, owner_id),
+            (leases.c.kind, kind),
+            (leases.c.provider, provider),
+        ):
             if wanted is not None:
                 query = query.where(column == wanted)
         created = leases.c.created_at.desc() if newest_first else leases.c.created_at
         query = query.order_by(created).limit(limit)
-        return await self.backend.read(
-            lambda conn: [wire_of(row) for row in conn.execute(query)]
-        )
+        return await self.backend.read(lambda conn: [wire_of(row) for row in conn.execute(query)])
 
     async def live(self, provider: str | None = None) -> list[LeaseRecord]:
         def _tx(conn: Connection) -> list[LeaseRecord]:
@@ -406,11 +500,18 @@ class LeaseStore:
 
     async def next_due(self) -> int | None:
         """The earliest moment the sweeper has work: an expiry or a release retry."""
+
         def _tx(conn: Connection) -> int | None:
-            expiry = conn.execute(select(func.min(leases.c.expires_at)).where(
-                leases.c.state == LeaseState.active.value)).scalar()
-            retry = conn.execute(select(func.min(leases.c.next_attempt_at)).where(
-                leases.c.state == LeaseState.releasing.value)).scalar()
+            expiry = conn.execute(
+                select(func.min(leases.c.expires_at)).where(
+                    leases.c.state == LeaseState.active.value
+                )
+            ).scalar()
+            retry = conn.execute(
+                select(func.min(leases.c.next_attempt_at)).where(
+                    leases.c.state == LeaseState.releasing.value
+                )
+            ).scalar()
             due = [t for t in (expiry, retry) if t is not None]
             return min(due) if due else None
 
@@ -418,6 +519,7 @@ class LeaseStore:
 
     async def owner_money(self, owner: str, *, now: int) -> tuple[float, float]:
         """(USD per hour of what `owner` pays for now, USD it spent over the last 24 h)."""
+
         def _tx(conn: Connection) -> tuple[float, float]:
             return live_price(conn, owner), spent_since(conn, owner, now - DAY_US, now)
 
@@ -425,9 +527,13 @@ class LeaseStore:
 
     async def live_price(self) -> dict[str, float]:
         """USD per hour of what is paid for now (statements.PAID), by provider."""
+
         def _tx(conn: Connection) -> dict[str, float]:
-            rows = conn.execute(select(leases.c.provider, func.sum(leases.c.price_per_hour))
-                                .where(state_in(PAID)).group_by(leases.c.provider))
+            rows = conn.execute(
+                select(leases.c.provider, func.sum(leases.c.price_per_hour))
+                .where(state_in(PAID))
+                .group_by(leases.c.provider)
+            )
             return {provider: float(total or 0.0) for provider, total in rows}
 
         return await self.backend.read(_tx)
@@ -444,8 +550,9 @@ class LeaseStore:
         columns = (leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.owner_id)
 
         def _tx(conn: Connection) -> list[tuple[str, str, str, str | None, int]]:
-            rows = conn.execute(select(*columns, func.count())
-                                .where(leases.c.state.in_(LIVE)).group_by(*columns))
+            rows = conn.execute(
+                select(*columns, func.count()).where(leases.c.state.in_(LIVE)).group_by(*columns)
+            )
             return [(p, k, g, o, n) for p, k, g, o, n in rows]
 
         return await self.backend.read(_tx)
@@ -457,7 +564,11 @@ class LeaseStore:
     # --- internals -------------------------------------------------------------------
 
     async def _transition(
-        self, lease_id: str, expected: Sequence[LeaseState], *, frees: bool = False,
+        self,
+        lease_id: str,
+        expected: Sequence[LeaseState],
+        *,
+        frees: bool = False,
         **values: Any,
     ) -> LeaseRecord | None:
         return await self.backend.write(

@@ -33,8 +33,11 @@ class ListingEncoder:
         """The leases in `states` as a JSON array of `Lease`, oldest first. Run in one
         read transaction."""
         in_states = leases.c.state.in_(list(states))
-        keys = conn.execute(select(leases.c.lease_id, leases.c.revision).where(in_states)
-                            .order_by(leases.c.created_at, leases.c.lease_id)).all()
+        keys = conn.execute(
+            select(leases.c.lease_id, leases.c.revision)
+            .where(in_states)
+            .order_by(leases.c.created_at, leases.c.lease_id)
+        ).all()
         last, kept = self._last, {}
         parts: list[bytes] = []
         missing: dict[str, int] = {}  # lease_id -> its place in `parts`
@@ -49,9 +52,14 @@ class ListingEncoder:
         if missing:
             query = select(leases.c.revision, *WIRE_COLUMNS).where(in_states)
             ids = list(missing)
-            batches = ([query.where(leases.c.lease_id.in_(ids[i:i + _BATCH]))
-                        for i in range(0, len(ids), _BATCH)]
-                       if len(ids) <= _READ_ALL_OVER else [query])
+            batches = (
+                [
+                    query.where(leases.c.lease_id.in_(ids[i : i + _BATCH]))
+                    for i in range(0, len(ids), _BATCH)
+                ]
+                if len(ids) <= _READ_ALL_OVER
+                else [query]
+            )
             for batch in batches:
                 for revision, *row in conn.execute(batch):
                     place = missing.get(row[0])

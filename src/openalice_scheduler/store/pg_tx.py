@@ -138,8 +138,12 @@ def _compile(statement: ClauseElement, keys: tuple[str, ...]) -> tuple[Any, str,
     """SQLAlchemy's PostgreSQL SQL for `statement` run with parameters `keys` (an INSERT
     or UPDATE without values of its own sets exactly those columns): the compiled form,
     its text, the order of its positional parameters, and whether it returns rows."""
-    compiled = cast(SQLCompiler, statement.compile(
-        dialect=_DIALECT, column_keys=list(keys), compile_kwargs={"render_postcompile": True}))
+    compiled = cast(
+        SQLCompiler,
+        statement.compile(
+            dialect=_DIALECT, column_keys=list(keys), compile_kwargs={"render_postcompile": True}
+        ),
+    )
     is_dml = getattr(statement, "is_dml", False)
     returns_rows = not is_dml or bool(getattr(statement, "exported_columns", ()))
     return compiled, compiled.string, list(compiled.positiontup or ()), returns_rows

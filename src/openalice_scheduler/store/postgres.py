@@ -47,8 +47,12 @@ POOL_WAIT_S = 30.0
 # as SQLAlchemy's engine reported every asyncpg error (DBAPIError). InternalClientError
 # comes when the server ended the connection after the transaction's last statement:
 # its COMMIT was never sent (asyncpg refuses to start it), so nothing was committed.
-DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
-                 TimeoutError)
+DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    TimeoutError,
+)
 
 
 class PostgresBackend:
@@ -56,8 +60,9 @@ class PostgresBackend:
     exclusive = False
     path: Path | None = None
 
-    def __init__(self, url: URL, *, pool_max: int = POOL_MAX,
-                 pool_wait_s: float = POOL_WAIT_S) -> None:
+    def __init__(
+        self, url: URL, *, pool_max: int = POOL_MAX, pool_wait_s: float = POOL_WAIT_S
+    ) -> None:
         self.url = url
         self.pool_max, self.pool_wait_s = pool_max, pool_wait_s
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -135,7 +140,9 @@ class PostgresBackend:
         async with self._pool_made:
             if self._pool is None:
                 self._pool = await asyncpg.create_pool(
-                    self._dsn, min_size=min(POOL_MIN, self.pool_max), max_size=self.pool_max,
+                    self._dsn,
+                    min_size=min(POOL_MIN, self.pool_max),
+                    max_size=self.pool_max,
                     # Statements are prepared once per connection and kept (asyncpg's
                     # cache), so each transaction only binds and executes.
                     statement_cache_size=256,
@@ -154,15 +161,22 @@ async def wait_until_reachable(url: URL, timeout: float) -> None:
     where = _where(url)
     # The store's own driver and URL handling, without a pool: nothing is kept open.
     engine = create_async_engine(
-        url_for_sqlalchemy(url), poolclass=NullPool,
+        url_for_sqlalchemy(url),
+        poolclass=NullPool,
         connect_args={"timeout": min(CONNECT_TIMEOUT_S, max(1.0, timeout))},
     )
 
     def retrying(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        log.warning("state store: PostgreSQL at %s unreachable (%s); retrying in %.1f s "
-                    "(attempt %d, STARTUP_TIMEOUT_SECONDS=%g)", where, _reason(exc),
-                    state.upcoming_sleep, state.attempt_number, timeout)
+        log.warning(
+            "state store: PostgreSQL at %s unreachable (%s); retrying in %.1f s "
+            "(attempt %d, STARTUP_TIMEOUT_SECONDS=%g)",
+            where,
+            _reason(exc),
+            state.upcoming_sleep,
+            state.attempt_number,
+            timeout,
+        )
 
     try:
         async for attempt in tenacity.AsyncRetrying(
@@ -194,9 +208,16 @@ def _unreachable(exc: BaseException) -> bool:
     exc = _driver_error(exc)
     if isinstance(exc, ssl.SSLError):  # an OSError too, but a definite answer
         return False
-    return isinstance(exc, (OSError, TimeoutError, asyncpg.CannotConnectNowError,
-                            asyncpg.TooManyConnectionsError,
-                            asyncpg.ConnectionDoesNotExistError))
+    return isinstance(
+        exc,
+        (
+            OSError,
+            TimeoutError,
+            asyncpg.CannotConnectNowError,
+            asyncpg.TooManyConnectionsError,
+            asyncpg.ConnectionDoesNotExistError,
+        ),
+    )
 
 
 def _reason(exc: BaseException | None) -> str:
@@ -207,8 +228,11 @@ def _reason(exc: BaseException | None) -> str:
         return "no answer in time"
     if isinstance(exc, OSError) and exc.strerror:
         # asyncio words a refusal "Connect call failed (address)": errno says it plainly.
-        text = (os.strerror(exc.errno) if exc.errno and not isinstance(exc, socket.gaierror)
-                else exc.strerror)
+        text = (
+            os.strerror(exc.errno)
+            if exc.errno and not isinstance(exc, socket.gaierror)
+            else exc.strerror
+        )
         return text[:1].lower() + text[1:]
     return str(exc) or type(exc).__name__
 

@@ -85,8 +85,11 @@ def record_of(row: Sequence[Any]) -> LeaseRecord:
 WIRE_FIELDS = tuple(Lease.model_fields)
 assert set(WIRE_FIELDS) <= set(COLUMNS), "a Lease field is not a column of leases"
 WIRE_COLUMNS = tuple(leases.c[name] for name in WIRE_FIELDS)
-_TIMES = tuple(place for place, name in enumerate(WIRE_FIELDS)
-               if name in ("created_at", "expires_at", "released_at", "granted_at"))
+_TIMES = tuple(
+    place
+    for place, name in enumerate(WIRE_FIELDS)
+    if name in ("created_at", "expires_at", "released_at", "granted_at")
+)
 
 
 def wire_of(values: Sequence[Any]) -> dict[str, Any]:
@@ -177,8 +180,9 @@ class OverBudget(Exception):
     (its setting), `limit` is its value and `figure` the owner's own (USD per hour held,
     or spent over the last 24 h)."""
 
-    def __init__(self, message: str, *, cap: str, limit: float, figure: float,
-                 price: float) -> None:
+    def __init__(
+        self, message: str, *, cap: str, limit: float, figure: float, price: float
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.cap, self.limit, self.figure, self.price = cap, limit, figure, price

@@ -20,11 +20,15 @@ class Replicas:
 
     async def heartbeat(self, *, now: int) -> None:
         """Record that this replica is alive; forget replicas silent for a day."""
+
         def _tx(conn: Connection) -> None:
             beat = update(replicas).where(replicas.c.replica_id == self.replica_id)
             if conn.execute(beat.values(heartbeat_at=now)).rowcount == 0:
-                conn.execute(replicas.insert().values(
-                    replica_id=self.replica_id, started_at=now, heartbeat_at=now))
+                conn.execute(
+                    replicas.insert().values(
+                        replica_id=self.replica_id, started_at=now, heartbeat_at=now
+                    )
+                )
             conn.execute(replicas.delete().where(replicas.c.heartbeat_at < now - _DAY_US))
 
         await self.backend.write(_tx)
@@ -37,7 +41,8 @@ class Replicas:
 
         def _tx(conn: Connection) -> set[str]:
             rows = conn.execute(
-                select(replicas.c.replica_id).where(replicas.c.heartbeat_at >= since))
+                select(replicas.c.replica_id).where(replicas.c.heartbeat_at >= since)
+            )
             return set(rows.scalars())
 
         return await self.backend.read(_tx) | {self.replica_id}
@@ -48,6 +53,7 @@ class Replicas:
         """Take (or keep) the named lock for `ttl_us`; False while another replica holds
         it. With `holder_gone_before`, a lock whose holder has not heartbeated since
         then is taken over at once."""
+
         def _tx(conn: Connection) -> bool:
             free = (locks.c.holder == self.replica_id) | (locks.c.expires_at < now)
             if holder_gone_before is not None:
@@ -55,15 +61,23 @@ class Replicas:
                 # its TTL runs out: without this, nobody reconciles meanwhile.
                 free = free | locks.c.holder.not_in(
                     select(replicas.c.replica_id).where(
-                        replicas.c.heartbeat_at >= holder_gone_before))
-            taken = conn.execute(update(locks).where(locks.c.name == name, free)
-                                 .values(holder=self.replica_id, expires_at=now + ttl_us))
+                        replicas.c.heartbeat_at >= holder_gone_before
+                    )
+                )
+            taken = conn.execute(
+                update(locks)
+                .where(locks.c.name == name, free)
+                .values(holder=self.replica_id, expires_at=now + ttl_us)
+            )
             if taken.rowcount:
                 return True
             try:
                 with conn.begin_nested():
-                    conn.execute(locks.insert().values(
-                        name=name, holder=self.replica_id, expires_at=now + ttl_us))
+                    conn.execute(
+                        locks.insert().values(
+                            name=name, holder=self.replica_id, expires_at=now + ttl_us
+                        )
+                    )
             except IntegrityError:
                 return False  # held by another replica
             return True
@@ -72,7 +86,8 @@ class Replicas:
 
     async def unlock(self, name: str) -> None:
         def _tx(conn: Connection) -> None:
-            conn.execute(locks.delete().where(locks.c.name == name,
-                                              locks.c.holder == self.replica_id))
+            conn.execute(
+                locks.delete().where(locks.c.name == name, locks.c.holder == self.replica_id)
+            )
 
         await self.backend.write(_tx)

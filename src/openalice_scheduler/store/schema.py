@@ -19,8 +19,7 @@ metadata = MetaData()
 # Where (owner_id, correlation_id) must be unique: the leases an idempotent acquire
 # returns instead of making a second worker.
 IDEMPOTENCY_SCOPE = text(
-    "state IN ('provisioning', 'active') AND owner_id IS NOT NULL "
-    "AND correlation_id IS NOT NULL"
+    "state IN ('provisioning', 'active') AND owner_id IS NOT NULL AND correlation_id IS NOT NULL"
 )
 
 # Times are integer microseconds since the epoch (UTC): exact round trips on every
@@ -75,8 +74,12 @@ leases = Table(
     Index("ix_leases_owner_state", "owner_id", "state"),
     Index("ix_leases_released_at", "released_at"),
     Index(
-        "ux_leases_idempotency", "owner_id", "correlation_id", unique=True,
-        sqlite_where=IDEMPOTENCY_SCOPE, postgresql_where=IDEMPOTENCY_SCOPE,
+        "ux_leases_idempotency",
+        "owner_id",
+        "correlation_id",
+        unique=True,
+        sqlite_where=IDEMPOTENCY_SCOPE,
+        postgresql_where=IDEMPOTENCY_SCOPE,
     ),
 )
 

@@ -40,8 +40,9 @@ def spent_since(conn: Connection, owner: str, since: int, now: int) -> float:
     return sum(cost_of(p, held_us(g, r, since, now)) for p, g, r in rows)
 
 
-def check_budget(conn: Connection, lease: NewLease, price: float | None, budget: Budget,
-                 now: int) -> None:
+def check_budget(
+    conn: Connection, lease: NewLease, price: float | None, budget: Budget, now: int
+) -> None:
     """Under the owner's lock (LeaseStore.owner_checks took it): refuses with OverBudget
     when a lease at `price` would break `budget`. A free (or unpriced) lease breaks none:
     the owner is placed where it costs nothing."""
@@ -55,7 +56,11 @@ def check_budget(conn: Connection, lease: NewLease, price: float | None, budget:
                 f"owner {owner!r}: its live leases cost {held:.4g} $/h; one more at "
                 f"{price:.4g} $/h would make {held + price:.4g} $/h, over "
                 f"{budget.hour_from} = {budget.per_hour:g} $/h",
-                cap=budget.hour_from, limit=budget.per_hour, figure=held, price=price)
+                cap=budget.hour_from,
+                limit=budget.per_hour,
+                figure=held,
+                price=price,
+            )
     if budget.per_day:
         spent = spent_since(conn, owner, now - DAY_US, now)
         if spent >= budget.per_day:
@@ -63,4 +68,8 @@ def check_budget(conn: Connection, lease: NewLease, price: float | None, budget:
                 f"owner {owner!r} has spent {spent:.4g} $ in the last 24 h, "
                 f"{budget.day_from} = {budget.per_day:g} $: no lease at {price:.4g} $/h "
                 "until that falls below it",
-                cap=budget.day_from, limit=budget.per_day, figure=spent, price=price)
+                cap=budget.day_from,
+                limit=budget.per_day,
+                figure=spent,
+                price=price,
+            )

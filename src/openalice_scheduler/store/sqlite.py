@@ -42,8 +42,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WRITE_LOCK_TIMEOUT_S = 30.0
-_NEXT_FENCE = (update(fence_counter).where(fence_counter.c.id == 1)
-               .values(last=fence_counter.c.last + 1).returning(fence_counter.c.last))
+_NEXT_FENCE = (
+    update(fence_counter)
+    .where(fence_counter.c.id == 1)
+    .values(last=fence_counter.c.last + 1)
+    .returning(fence_counter.c.last)
+)
 _MAX_BATCH = 256
 _READERS = 3
 
@@ -66,8 +70,7 @@ class SqliteBackend:
     def __init__(self, url: URL, *, synchronous: str = "full") -> None:
         url = url.set(drivername="sqlite+pysqlite")
         database = url.database
-        self.path = (Path(database).resolve()
-                     if database and database != ":memory:" else None)
+        self.path = Path(database).resolve() if database and database != ":memory:" else None
         self._file_lock = _lock_file(self.path)
         _check_opens(self.path)
         self._writer_engine = _engine(url, "BEGIN IMMEDIATE", 1, synchronous)
@@ -143,12 +146,17 @@ class SqliteBackend:
         deadline fail, the others are tried again first."""
         late = [w for w in batch if w.deadline <= now]
         if late:
-            log.warning("state store: another process holds the SQLite write lock; %d "
-                        "write(s) gave up after %.0f s", len(late), WRITE_LOCK_TIMEOUT_S)
+            log.warning(
+                "state store: another process holds the SQLite write lock; %d "
+                "write(s) gave up after %.0f s",
+                len(late),
+                WRITE_LOCK_TIMEOUT_S,
+            )
         for write in late:
             write.error = StoreUnavailable(
                 "the state store is unavailable: another process holds the SQLite file's "
-                "write lock; try again shortly", cause="locked",
+                "write lock; try again shortly",
+                cause="locked",
             )
             _settle(write)
         self._pending[:0] = [w for w in batch if w.deadline > now]
@@ -185,8 +193,9 @@ class SqliteBackend:
                     write.error = exc
             transaction.commit()
         except Exception as exc:  # noqa: BLE001 - the commit failed: nobody's work stands
-            log.error("state store: SQLite commit failed (%s); the batch is undone",
-                      type(exc).__name__)
+            log.error(
+                "state store: SQLite commit failed (%s); the batch is undone", type(exc).__name__
+            )
             with contextlib.suppress(Exception):
                 transaction.rollback()
             if raw.in_transaction:  # could not even roll back: drop the connection
@@ -221,16 +230,19 @@ def _settle(write: _Write) -> None:
 
 def _busy(exc: BaseException) -> bool:
     cause = getattr(exc, "orig", exc)
-    return (isinstance(cause, sqlite3.OperationalError)
-            and getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY)
+    return (
+        isinstance(cause, sqlite3.OperationalError)
+        and getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+    )
 
 
 def _engine(url: URL, begin: str, pool_size: int, synchronous: str) -> Engine:
     """An engine whose transactions open with `begin`, in WAL mode. With synchronous
     FULL (the default), a COMMIT returns once the transaction is on disk; with NORMAL
     the last transactions may be lost on power loss (not on a killed process)."""
-    engine = create_engine(url, pool_size=pool_size, max_overflow=0,
-                           connect_args={"check_same_thread": False})
+    engine = create_engine(
+        url, pool_size=pool_size, max_overflow=0, connect_args={"check_same_thread": False}
+    )
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -256,8 +268,7 @@ def _check_opens(path: Path | None) -> None:
         with contextlib.closing(sqlite3.connect(path)) as conn:
             conn.execute("PRAGMA schema_version")  # reads the file's header
     except sqlite3.Error as exc:
-        raise StartupError(f"DATABASE_URL: cannot open the SQLite database {path}: {exc}") \
-            from None
+        raise StartupError(f"DATABASE_URL: cannot open the SQLite database {path}: {exc}") from None
 
 
 def _lock_file(path: Path | None) -> IO[str] | None:
@@ -270,8 +281,9 @@ def _lock_file(path: Path | None) -> IO[str] | None:
             path.parent.mkdir(parents=True)
         handle = open(f"{path}.lock", "a+")  # noqa: SIM115 - held open for the store's life
     except OSError as exc:
-        raise StartupError(f"DATABASE_URL: cannot open the SQLite database {path}: "
-                           f"{exc.strerror}") from None
+        raise StartupError(
+            f"DATABASE_URL: cannot open the SQLite database {path}: {exc.strerror}"
+        ) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

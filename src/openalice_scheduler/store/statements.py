@@ -36,15 +36,22 @@ def state_in(states: Sequence[str]) -> Any:
 
 def released(now: int, reason: ReleaseReason | None) -> dict[str, Any]:
     """The columns of a lease once released (its reason kept when None)."""
-    values: dict[str, Any] = {"state": LeaseState.released.value, "released_at": now,
-                              "next_attempt_at": None, "updated_at": now}
+    values: dict[str, Any] = {
+        "state": LeaseState.released.value,
+        "released_at": now,
+        "next_attempt_at": None,
+        "updated_at": now,
+    }
     if reason is not None:
         values["release_reason"] = reason.value
     return values
 
 
 def transition_tx(
-    conn: Connection, lease_id: str, expected: Sequence[LeaseState], values: dict[str, Any],
+    conn: Connection,
+    lease_id: str,
+    expected: Sequence[LeaseState],
+    values: dict[str, Any],
     frees: Backend | None = None,
 ) -> LeaseRecord | None:
     """Guarded update of one lease; None when it was in none of `expected`. `frees`:
@@ -52,8 +59,9 @@ def transition_tx(
     An update that ends the lease (sets `released_at`) also sets its `cost`."""
     columns = tuple(sorted(values))
     statement = _update(tuple(s.value for s in expected), columns)
-    row = conn.execute(statement, {"b_id": lease_id,
-                                   **{f"v_{name}": values[name] for name in columns}}).first()
+    row = conn.execute(
+        statement, {"b_id": lease_id, **{f"v_{name}": values[name] for name in columns}}
+    ).first()
     if row is not None and frees is not None:
         frees.announce_freed(conn)
     return record_of(row) if row else None
@@ -74,22 +82,32 @@ def _update(expected: tuple[str, ...], columns: tuple[str, ...]) -> Any:
     values: dict[str, Any] = {name: bindparam(f"v_{name}") for name in columns}
     if "released_at" in columns:
         values["cost"] = cost_at(bindparam("v_released_at"))
-    return (update(leases)
-            .where(leases.c.lease_id == bindparam("b_id"), state_in(expected))
-            .values(values)
-            .returning(*leases.c))
+    return (
+        update(leases)
+        .where(leases.c.lease_id == bindparam("b_id"), state_in(expected))
+        .values(values)
+        .returning(*leases.c)
+    )
 
 
 OTHERS = leases.c.lease_id != bindparam("b_id")
 GET = select(leases).where(leases.c.lease_id == bindparam("b_id"))
 TWIN = select(leases.c.lease_id).where(
-    leases.c.owner_id == bindparam("b_owner"), leases.c.correlation_id == bindparam("b_corr"),
-    state_in(HELD), OTHERS)
+    leases.c.owner_id == bindparam("b_owner"),
+    leases.c.correlation_id == bindparam("b_corr"),
+    state_in(HELD),
+    OTHERS,
+)
 REQUEST = select(leases).where(
-    leases.c.owner_id == bindparam("b_owner"), leases.c.correlation_id == bindparam("b_corr"),
-    state_in(HELD))
-HELD_BY_OWNER = select(func.count()).select_from(leases).where(
-    leases.c.owner_id == bindparam("b_owner"), state_in(HELD), OTHERS)
+    leases.c.owner_id == bindparam("b_owner"),
+    leases.c.correlation_id == bindparam("b_corr"),
+    state_in(HELD),
+)
+HELD_BY_OWNER = (
+    select(func.count())
+    .select_from(leases)
+    .where(leases.c.owner_id == bindparam("b_owner"), state_in(HELD), OTHERS)
+)
 _LIVE_HERE = (leases.c.provider == bindparam("b_provider"), state_in(LIVE), OTHERS)
 COUNT_LIVE = select(func.count()).select_from(leases).where(*_LIVE_HERE)
 TAKEN = select(leases.c.resource).where(*_LIVE_HERE, leases.c.resource.is_not(None))
@@ -97,9 +115,11 @@ INSERT = leases.insert().returning(*leases.c)
 # An owner's money (store/budgets.py): the price per hour of what it pays for now, and
 # the leases that may have cost it something since `b_since`.
 OWNER_PRICE = select(func.coalesce(func.sum(leases.c.price_per_hour), 0.0)).where(
-    leases.c.owner_id == bindparam("b_owner"), state_in(PAID), OTHERS)
-OWNER_SPENDING = select(leases.c.price_per_hour, leases.c.granted_at,
-                        leases.c.released_at).where(
-    leases.c.owner_id == bindparam("b_owner"), leases.c.price_per_hour > 0,
+    leases.c.owner_id == bindparam("b_owner"), state_in(PAID), OTHERS
+)
+OWNER_SPENDING = select(leases.c.price_per_hour, leases.c.granted_at, leases.c.released_at).where(
+    leases.c.owner_id == bindparam("b_owner"),
+    leases.c.price_per_hour > 0,
     leases.c.granted_at.is_not(None),
-    (leases.c.released_at.is_(None)) | (leases.c.released_at > bindparam("b_since")))
+    (leases.c.released_at.is_(None)) | (leases.c.released_at > bindparam("b_since")),
+)

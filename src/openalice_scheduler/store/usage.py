@@ -19,8 +19,12 @@ from openalice_scheduler.store.spending import cost_of, held_us
 from openalice_scheduler.store.statements import HOUR_US, state_in
 
 # The column each grouping reads.
-_GROUP_COLUMN = {"owner": leases.c.owner_id, "provider": leases.c.provider,
-                 "kind": leases.c.kind, "gpu": leases.c.gpu}
+_GROUP_COLUMN = {
+    "owner": leases.c.owner_id,
+    "provider": leases.c.provider,
+    "kind": leases.c.kind,
+    "gpu": leases.c.gpu,
+}
 _ENDED = [LeaseState.released.value, LeaseState.failed.value]
 # Rows one purge transaction deletes at most: a big backlog never holds the table long.
 PURGE_BATCH = 500
@@ -49,20 +53,19 @@ class Usage:
 
     def by_cost(self) -> list[tuple[str | None, Tally]]:
         """Groups by cost, highest first (ties: by key, null last), for a stable answer."""
-        return sorted(self.groups.items(),
-                      key=lambda kv: (-kv[1].cost, kv[0] is None, kv[0] or ""))
+        return sorted(self.groups.items(), key=lambda kv: (-kv[1].cost, kv[0] is None, kv[0] or ""))
 
 
-async def usage(backend: Backend, group_by: GroupBy, *, since: int, until: int,
-                now: int) -> Usage:
+async def usage(backend: Backend, group_by: GroupBy, *, since: int, until: int, now: int) -> Usage:
     """What leases held during [since, until) cost, per `group_by`: of each lease the
     part of its held time inside the period; a live one's up to `now`."""
     rows = await backend.read(_held_rows, group_by, since, until)
     return tally(rows, since=since, until=min(until, now))
 
 
-def tally(rows: Iterable[tuple[str | None, float | None, int, int | None]], *,
-          since: int, until: int) -> Usage:
+def tally(
+    rows: Iterable[tuple[str | None, float | None, int, int | None]], *, since: int, until: int
+) -> Usage:
     found = Usage()
     for key, price, granted_at, released_at in rows:
         held = held_us(granted_at, released_at, since, until)
@@ -90,23 +93,30 @@ async def purge_ended(backend: Backend, *, before: int, batch: int = PURGE_BATCH
 
 # Only the columns usage needs, of the leases whose held time may overlap the period.
 _HELD = {
-    group: select(column, leases.c.price_per_hour, leases.c.granted_at,
-                  leases.c.released_at).where(
-        leases.c.granted_at.is_not(None), leases.c.granted_at < bindparam("b_until"),
-        leases.c.released_at.is_(None) | (leases.c.released_at > bindparam("b_since")))
+    group: select(column, leases.c.price_per_hour, leases.c.granted_at, leases.c.released_at).where(
+        leases.c.granted_at.is_not(None),
+        leases.c.granted_at < bindparam("b_until"),
+        leases.c.released_at.is_(None) | (leases.c.released_at > bindparam("b_since")),
+    )
     for group, column in _GROUP_COLUMN.items()
 }
 
 
-def _held_rows(conn: Connection, group_by: GroupBy, since: int,
-               until: int) -> list[tuple[str | None, float | None, int, int | None]]:
+def _held_rows(
+    conn: Connection, group_by: GroupBy, since: int, until: int
+) -> list[tuple[str | None, float | None, int, int | None]]:
     rows = conn.execute(_HELD[group_by], {"b_since": since, "b_until": until})
     return [(key, price, granted, released) for key, price, granted, released in rows]
 
 
-_OLD_ENDED = select(leases.c.lease_id).where(
-    state_in(_ENDED), leases.c.released_at < bindparam("b_before"),
-).limit(bindparam("b_batch"))
+_OLD_ENDED = (
+    select(leases.c.lease_id)
+    .where(
+        state_in(_ENDED),
+        leases.c.released_at < bindparam("b_before"),
+    )
+    .limit(bindparam("b_batch"))
+)
 _PURGE = delete(leases).where(leases.c.lease_id.in_(_OLD_ENDED.scalar_subquery()))
 
 

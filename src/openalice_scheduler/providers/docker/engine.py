@@ -57,9 +57,13 @@ class DockerEngine:
     it answers, from a ping cached for a moment (100 concurrent acquires cost one
     ping); any call that finds it unreachable makes the next `error()` look again."""
 
-    def __init__(self, settings: Settings, where: str,
-                 client: docker.DockerClient | None = None,
-                 tls: docker.tls.TLSConfig | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        where: str,
+        client: docker.DockerClient | None = None,
+        tls: docker.tls.TLSConfig | None = None,
+    ) -> None:
         self.where = where
         self.instance = settings.scheduler_instance
         self.network = settings.docker_network
@@ -67,12 +71,19 @@ class DockerEngine:
         self.ports = settings.worker_ports
         ssh = where.startswith("ssh://")
         self.client = client or docker.DockerClient(
-            base_url=where, version=DOCKER_API_VERSION, timeout=60, max_pool_size=64,
-            tls=tls or False, use_ssh_client=ssh,
+            base_url=where,
+            version=DOCKER_API_VERSION,
+            timeout=60,
+            max_pool_size=64,
+            tls=tls or False,
+            use_ssh_client=ssh,
         )
         self._pinger = docker.APIClient(
-            base_url=where, version=DOCKER_API_VERSION, timeout=_PING_TIMEOUT_S,
-            tls=tls or False, use_ssh_client=ssh,
+            base_url=where,
+            version=DOCKER_API_VERSION,
+            timeout=_PING_TIMEOUT_S,
+            tls=tls or False,
+            use_ssh_client=ssh,
         )
         if tls is not None:
             # The engine's certificates are checked against its own CA (tls=), never a
@@ -201,8 +212,11 @@ class DockerEngine:
                 return self._provision(spec, device, retried=True)
             raise ProviderError(f"Docker could not start {name}: {_explain(exc)}") from exc
         port = self.ports[spec.kind]
-        return Worker(endpoint=f"http://{name}:{port}", provider_token=container.id,
-                      probe_url=self._address(container, port))
+        return Worker(
+            endpoint=f"http://{name}:{port}",
+            provider_token=container.id,
+            probe_url=self._address(container, port),
+        )
 
     def _address(self, container: Any, port: int) -> str | None:
         """`http://IP:port` of the container on DOCKER_NETWORK, for its readiness probe:
@@ -211,20 +225,27 @@ class DockerEngine:
         try:
             container.reload()
         except DockerException as exc:
-            log.warning("could not inspect %s for its address: %s", container.name,
-                        _explain(exc))
+            log.warning("could not inspect %s for its address: %s", container.name, _explain(exc))
             return None
         networks = container.attrs.get("NetworkSettings", {}).get("Networks") or {}
         address = (networks.get(self.network) or {}).get("IPAddress")
         return f"http://{address}:{port}" if address else None
 
     def _release(self, container_id: str, lease_id: str) -> None:
-        targets = [container_id] if container_id else [
-            c.id for c in self.client.containers.list(
-                all=True, sparse=True, filters={"label": [f"{LABEL_LEASE}={lease_id}",
-                                                          f"{LABEL_INSTANCE}={self.instance}"]}
-            )
-        ]
+        targets = (
+            [container_id]
+            if container_id
+            else [
+                c.id
+                for c in self.client.containers.list(
+                    all=True,
+                    sparse=True,
+                    filters={
+                        "label": [f"{LABEL_LEASE}={lease_id}", f"{LABEL_INSTANCE}={self.instance}"]
+                    },
+                )
+            ]
+        )
         for target in targets:
             try:
                 self.client.api.remove_container(target, force=True)
@@ -243,10 +264,14 @@ class DockerEngine:
             labels = row.get("Labels") or {}
             lease_id = labels.get(LABEL_LEASE)
             if lease_id:
-                found[lease_id].append(WorkerInfo(
-                    lease_id, row["Id"], running=row.get("State") == "running",
-                    store_id=labels.get(LABEL_STORE),
-                ))
+                found[lease_id].append(
+                    WorkerInfo(
+                        lease_id,
+                        row["Id"],
+                        running=row.get("State") == "running",
+                        store_id=labels.get(LABEL_STORE),
+                    )
+                )
         return found
 
     def _ensure_network(self) -> None:
@@ -260,7 +285,9 @@ class DockerEngine:
                 log.info("creating Docker network %s", self.network)
                 try:
                     self.client.networks.create(
-                        self.network, driver="bridge", labels={LABEL_INSTANCE: self.instance},
+                        self.network,
+                        driver="bridge",
+                        labels={LABEL_INSTANCE: self.instance},
                         check_duplicate=True,
                     )
                 except APIError as exc:
@@ -284,8 +311,9 @@ class DockerEngine:
             self._network_ready = True
 
     def _networks_named(self) -> list[Any]:
-        return [n for n in self.client.networks.list(names=[self.network])
-                if n.name == self.network]
+        return [
+            n for n in self.client.networks.list(names=[self.network]) if n.name == self.network
+        ]
 
     # --- helpers ---------------------------------------------------------------------
 
@@ -305,8 +333,10 @@ class DockerEngine:
         """Skipped from now on, until a ping (which this makes due) finds it back."""
         tls = _tls_failure(exc)
         error = ProviderUnavailable(
-            f"TLS with the Docker engine at {self.where} failed: {tls}" if tls
-            else f"Docker engine unreachable at {self.where}")
+            f"TLS with the Docker engine at {self.where} failed: {tls}"
+            if tls
+            else f"Docker engine unreachable at {self.where}"
+        )
         self._ping_error, self._ping_at = error.message, 0.0
         return error
 

@@ -50,8 +50,7 @@ class DockerFleetProvider:
         self.hosts = list(hosts)
         self.class_prices = parse_prices(settings.local_docker_price_per_hour)
         self.gpu_type = settings.local_gpu_type
-        self.engines = {h.name: DockerEngine(settings, h.address, tls=_tls(h))
-                        for h in self.hosts}
+        self.engines = {h.name: DockerEngine(settings, h.address, tls=_tls(h)) for h in self.hosts}
         # The per-host caps are counted by the placer; this total is what
         # `GET /v1/providers` shows.
         capped = all(h.max_workers for h in self.hosts)
@@ -63,8 +62,12 @@ class DockerFleetProvider:
     def placer(self, spec: WorkerSpec) -> Callable[[Set[str]], Placement]:
         serving = self._serving(spec)
         down = frozenset(h.name for h in serving if self.engines[h.name].last_error())
-        return Placer(serving, gpu=spec.gpu == GpuClass.entry, down=down,
-                      prices={h.name: self._price_on(h, spec) for h in serving})
+        return Placer(
+            serving,
+            gpu=spec.gpu == GpuClass.entry,
+            down=down,
+            prices={h.name: self._price_on(h, spec) for h in serving},
+        )
 
     async def available(self, spec: WorkerSpec) -> Availability:
         if spec.gpu in (GpuClass.mid, GpuClass.high):
@@ -72,19 +75,24 @@ class DockerFleetProvider:
         serving = self._serving(spec)
         if not serving:
             return Availability(False, self._none_serves(spec))
-        errors = await asyncio.gather(
-            *(self.engines[h.name].health(LOOK_S) for h in serving))
+        errors = await asyncio.gather(*(self.engines[h.name].health(LOOK_S) for h in serving))
         if all(errors):
-            return Availability(False, "no Docker host answers: " + "; ".join(
-                f"{h.name}: {e}" for h, e in zip(serving, errors, strict=True)))
+            return Availability(
+                False,
+                "no Docker host answers: "
+                + "; ".join(f"{h.name}: {e}" for h, e in zip(serving, errors, strict=True)),
+            )
         return Availability(True)
 
     async def provision(self, spec: WorkerSpec) -> Worker:
         assert spec.resource is not None, "placed by the store"
         host, device = parse_key(spec.resource)
         worker = await self.engines[host].provision(spec, device)
-        return replace(worker, provider_token=f"{host}/{worker.provider_token}",
-                       gpu_type=None if device is None else self.gpu_type)
+        return replace(
+            worker,
+            provider_token=f"{host}/{worker.provider_token}",
+            gpu_type=None if device is None else self.gpu_type,
+        )
 
     async def release(self, provider_token: str, lease_id: str) -> None:
         if provider_token:
@@ -99,16 +107,21 @@ class DockerFleetProvider:
         # once the host is back (it carries this scheduler's labels).
         answering = [e for e in self.engines.values() if e.last_error() is None]
         outcomes = await asyncio.gather(
-            *(e.release("", lease_id) for e in answering), return_exceptions=True)
+            *(e.release("", lease_id) for e in answering), return_exceptions=True
+        )
         _raise_first(outcomes)
 
     async def list_workers(self) -> Mapping[str, list[WorkerInfo]]:
         """Every host's workers; a PartialListing when some host could not be listed
         (reconciliation then leaves its leases be). No host listed: ProviderUnavailable."""
         listings = await asyncio.gather(
-            *(e.list_workers() for e in self.engines.values()), return_exceptions=True)
-        unlisted = frozenset(host for host, listing in zip(self.engines, listings, strict=True)
-                             if isinstance(listing, ProviderUnavailable))
+            *(e.list_workers() for e in self.engines.values()), return_exceptions=True
+        )
+        unlisted = frozenset(
+            host
+            for host, listing in zip(self.engines, listings, strict=True)
+            if isinstance(listing, ProviderUnavailable)
+        )
         if len(unlisted) == len(self.engines):
             _raise_first(listings)
         _raise_first([o for o in listings if not isinstance(o, ProviderUnavailable)])
@@ -117,14 +130,19 @@ class DockerFleetProvider:
             if isinstance(listing, BaseException):
                 continue
             for lease_id, infos in listing.items():
-                found[lease_id] += [WorkerInfo(i.lease_id, f"{host}/{i.provider_token}",
-                                               i.running, i.store_id) for i in infos]
+                found[lease_id] += [
+                    WorkerInfo(i.lease_id, f"{host}/{i.provider_token}", i.running, i.store_id)
+                    for i in infos
+                ]
         return PartialListing(found, unlisted) if unlisted else found
 
     async def price(self, spec: WorkerSpec) -> float | None:
         """The cheapest answering host's; the lease records its own host's (placer)."""
-        prices = [self._price_on(h, spec) for h in self._serving(spec)
-                  if self.engines[h.name].last_error() is None]
+        prices = [
+            self._price_on(h, spec)
+            for h in self._serving(spec)
+            if self.engines[h.name].last_error() is None
+        ]
         return min(prices) if prices else None
 
     def _price_on(self, host: HostConfig, spec: WorkerSpec) -> float:
@@ -132,16 +150,23 @@ class DockerFleetProvider:
 
     async def status(self) -> ProviderStatus:
         errors = await asyncio.gather(*(e.look() for e in self.engines.values()))
-        down = [f"{name}: {error}" for name, error in zip(self.engines, errors, strict=True)
-                if error]
+        down = [
+            f"{name}: {error}" for name, error in zip(self.engines, errors, strict=True) if error
+        ]
         capped = all(h.max_workers for h in self.hosts)
         capacity: dict[str, int | None] = {
-            GpuClass.none.value: sum(h.max_workers for h in self.hosts) if capped else None}
+            GpuClass.none.value: sum(h.max_workers for h in self.hosts) if capped else None
+        }
         if any(h.devices for h in self.hosts):
             capacity[GpuClass.entry.value] = sum(
-                min(len(h.devices), h.max_workers or len(h.devices)) for h in self.hosts)
-        return ProviderStatus(healthy=len(down) < len(self.hosts), detail="; ".join(down),
-                              capacity=capacity, hosts=await self._host_views(errors))
+                min(len(h.devices), h.max_workers or len(h.devices)) for h in self.hosts
+            )
+        return ProviderStatus(
+            healthy=len(down) < len(self.hosts),
+            detail="; ".join(down),
+            capacity=capacity,
+            hosts=await self._host_views(errors),
+        )
 
     async def close(self) -> None:
         await asyncio.gather(*(e.close() for e in self.engines.values()))
@@ -157,25 +182,37 @@ class DockerFleetProvider:
             return sum(len(infos) for infos in listing.values())
 
         counts = await asyncio.gather(
-            *(workers(h, e) for h, e in zip(self.hosts, errors, strict=True)))
+            *(workers(h, e) for h, e in zip(self.hosts, errors, strict=True))
+        )
         return [
-            {"name": h.name, "healthy": error is None, "detail": error or "",
-             "region": h.region, "max_workers": h.max_workers or None,
-             "gpu_devices": list(h.devices), "workers": count}
+            {
+                "name": h.name,
+                "healthy": error is None,
+                "detail": error or "",
+                "region": h.region,
+                "max_workers": h.max_workers or None,
+                "gpu_devices": list(h.devices),
+                "workers": count,
+            }
             for h, error, count in zip(self.hosts, errors, counts, strict=True)
         ]
 
     def _serving(self, spec: WorkerSpec) -> list[HostConfig]:
         """The hosts that could serve `spec` at all, in declared order."""
-        return [h for h in self.hosts
-                if (spec.region is None or h.region == spec.region)
-                and (spec.gpu != GpuClass.entry or h.devices)]
+        return [
+            h
+            for h in self.hosts
+            if (spec.region is None or h.region == spec.region)
+            and (spec.gpu != GpuClass.entry or h.devices)
+        ]
 
     def _none_serves(self, spec: WorkerSpec) -> str:
         if spec.region is not None and not any(h.region == spec.region for h in self.hosts):
             regions = sorted({h.region for h in self.hosts if h.region})
-            return (f"region {spec.region!r} not served (Docker hosts are in "
-                    f"{', '.join(map(repr, regions)) or 'no region'})")
+            return (
+                f"region {spec.region!r} not served (Docker hosts are in "
+                f"{', '.join(map(repr, regions)) or 'no region'})"
+            )
         where = f" in region {spec.region!r}" if spec.region else ""
         return f"gpu=entry needs a Docker host with gpus=; none{where} has any"
 
@@ -184,8 +221,11 @@ def _tls(host: HostConfig) -> TLSConfig | None:
     if host.tls_dir is None:
         return None
     where = Path(host.tls_dir)
-    return TLSConfig(client_cert=(str(where / "cert.pem"), str(where / "key.pem")),
-                     ca_cert=str(where / "ca.pem"), verify=True)
+    return TLSConfig(
+        client_cert=(str(where / "cert.pem"), str(where / "key.pem")),
+        ca_cert=str(where / "ca.pem"),
+        verify=True,
+    )
 
 
 def _raise_first(outcomes: Sequence[object]) -> None:

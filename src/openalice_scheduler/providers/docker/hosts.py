@@ -58,8 +58,10 @@ def parse_hosts(value: str) -> list[HostConfig]:
 def _parse_entry(tokens: list[str]) -> HostConfig:
     name, sep, address = tokens[0].partition("=")
     if not sep or not _NAME.fullmatch(name):
-        raise ValueError(f"{VARIABLE}: {tokens[0][:40]!r} must start name=address, the name "
-                         "lowercase letters, digits and '-' (e.g. gpu1=tcp://10.0.0.5:2376)")
+        raise ValueError(
+            f"{VARIABLE}: {tokens[0][:40]!r} must start name=address, the name "
+            "lowercase letters, digits and '-' (e.g. gpu1=tcp://10.0.0.5:2376)"
+        )
     problem = _address_problem(address)
     if problem:
         raise ValueError(f"{VARIABLE}: host {name!r}: {problem}")
@@ -67,16 +69,19 @@ def _parse_entry(tokens: list[str]) -> HostConfig:
     for token in tokens[1:]:
         key, sep, option = token.partition("=")
         if not sep or key not in _OPTIONS:
-            raise ValueError(f"{VARIABLE}: host {name!r}: unknown option {token[:40]!r}; "
-                             f"options are {', '.join(k + '=' for k in _OPTIONS)}")
+            raise ValueError(
+                f"{VARIABLE}: host {name!r}: unknown option {token[:40]!r}; "
+                f"options are {', '.join(k + '=' for k in _OPTIONS)}"
+            )
         if key in options:
             raise ValueError(f"{VARIABLE}: host {name!r}: {key}= given twice")
         options[key] = option
     devices = tuple(d.strip() for d in options.get("gpus", "").split(",") if d.strip())
     for device in devices:
         if not _DEVICE.fullmatch(device):
-            raise ValueError(f"{VARIABLE}: host {name!r}: gpus= {device!r} is not a GPU "
-                             "index or UUID")
+            raise ValueError(
+                f"{VARIABLE}: host {name!r}: gpus= {device!r} is not a GPU index or UUID"
+            )
     if len(set(devices)) != len(devices):
         raise ValueError(f"{VARIABLE}: host {name!r}: a GPU is listed twice in gpus=")
     tls_dir = options.get("tls") or None
@@ -85,14 +90,16 @@ def _parse_entry(tokens: list[str]) -> HostConfig:
             raise ValueError(f"{VARIABLE}: host {name!r}: tls= is for tcp:// addresses")
         missing = [f for f in TLS_FILES if not (Path(tls_dir) / f).is_file()]
         if missing:
-            raise ValueError(f"{VARIABLE}: host {name!r}: tls= {tls_dir} lacks "
-                             f"{', '.join(missing)}")
+            raise ValueError(
+                f"{VARIABLE}: host {name!r}: tls= {tls_dir} lacks {', '.join(missing)}"
+            )
     return HostConfig(
-        name=name, address=address, devices=devices,
+        name=name,
+        address=address,
+        devices=devices,
         max_workers=int(_number(name, "max", options.get("max", "0"), int)),
         region=options.get("region") or None,
-        price=(None if "price" not in options
-               else _number(name, "price", options["price"], float)),
+        price=(None if "price" not in options else _number(name, "price", options["price"], float)),
         tls_dir=tls_dir,
     )
 
@@ -102,8 +109,10 @@ def _address_problem(address: str) -> str | None:
     client), found before any engine is contacted."""
     scheme, sep, rest = address.partition("://")
     if not sep or scheme not in ("unix", "tcp", "ssh") or not rest:
-        return (f"address {address[:60]!r} must be unix:///path/docker.sock, "
-                "tcp://host:port or ssh://user@host")
+        return (
+            f"address {address[:60]!r} must be unix:///path/docker.sock, "
+            "tcp://host:port or ssh://user@host"
+        )
     try:
         port = urlsplit(address).port
     except ValueError:

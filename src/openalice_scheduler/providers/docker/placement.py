@@ -51,8 +51,9 @@ class Placer:
                 continue
             resource = self._free_key(host, taken)
             if resource is not None and (best is None or used < best_load):
-                best = Placement(resource=resource, host=host.name,
-                                 price=self.prices.get(host.name))
+                best = Placement(
+                    resource=resource, host=host.name, price=self.prices.get(host.name)
+                )
                 best_load = used
         if best is None:
             raise AtCapacity(self._refusal(load))
@@ -60,8 +61,10 @@ class Placer:
 
     def _free_key(self, host: HostConfig, taken: Set[str]) -> str | None:
         if self.gpu:
-            return next((gpu_key(host.name, d) for d in host.devices
-                         if gpu_key(host.name, d) not in taken), None)
+            return next(
+                (gpu_key(host.name, d) for d in host.devices if gpu_key(host.name, d) not in taken),
+                None,
+            )
         slot = 0
         while f"{host.name}:slot:{slot}" in taken:
             slot += 1
@@ -70,8 +73,9 @@ class Placer:
     def _refusal(self, load: dict[str, int]) -> str:
         what = "a free GPU device" if self.gpu else "a free worker slot"
         each = ", ".join(
-            f"{h.name} not answering" if h.name in self.down else
-            f"{h.name} {load.get(h.name, 0)}/{h.max_workers or '∞'}"
+            f"{h.name} not answering"
+            if h.name in self.down
+            else f"{h.name} {load.get(h.name, 0)}/{h.max_workers or '∞'}"
             + (f" ({len(h.devices)} GPUs)" if self.gpu else "")
             for h in self.hosts
         )

@@ -40,8 +40,9 @@ class ErrorKind(StrEnum):
 
 
 class RunPodError(Exception):
-    def __init__(self, kind: ErrorKind, detail: str, status: int | None = None, *,
-                 no_capacity: bool = False) -> None:
+    def __init__(
+        self, kind: ErrorKind, detail: str, status: int | None = None, *, no_capacity: bool = False
+    ) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
         self.detail = detail
@@ -117,7 +118,8 @@ class RunPodClient:
         # dear): keep more alive than httpx's 20, but not all 100: httpcore looks at every
         # pooled connection on each request.
         self._http = http or httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), timeout=timeout,
+            base_url=base_url.rstrip("/"),
+            timeout=timeout,
             limits=httpx.Limits(max_connections=100, max_keepalive_connections=32),
         )
         self._auth = {"Authorization": f"Bearer {api_key}"}
@@ -160,14 +162,16 @@ class RunPodClient:
                 if attempt <= self.retries:
                     await self._sleep_backoff(attempt)
                     continue
-                raise RunPodError(ErrorKind.unreachable,
-                                  f"RunPod API unreachable ({type(exc).__name__})") from exc
+                raise RunPodError(
+                    ErrorKind.unreachable, f"RunPod API unreachable ({type(exc).__name__})"
+                ) from exc
             except httpx.TimeoutException as exc:
                 if retry_server_errors and attempt <= self.retries:
                     await self._sleep_backoff(attempt)
                     continue
-                raise RunPodError(ErrorKind.timeout, f"RunPod did not answer {method} in time") \
-                    from exc
+                raise RunPodError(
+                    ErrorKind.timeout, f"RunPod did not answer {method} in time"
+                ) from exc
             except httpx.TransportError as exc:
                 # A refused connection sent nothing; a broken one may have been heard.
                 sent_nothing = isinstance(exc, httpx.ConnectError)
@@ -175,9 +179,7 @@ class RunPodClient:
                     await self._sleep_backoff(attempt)
                     continue
                 kind = ErrorKind.unreachable if sent_nothing else ErrorKind.timeout
-                raise RunPodError(
-                    kind, f"RunPod API unreachable ({type(exc).__name__})"
-                ) from exc
+                raise RunPodError(kind, f"RunPod API unreachable ({type(exc).__name__})") from exc
             status = response.status_code
             if status == 429 and attempt <= self.retries:
                 wait = _retry_after(response.headers.get("Retry-After"), self.backoff * attempt)
@@ -192,8 +194,9 @@ class RunPodClient:
     async def _sleep_backoff(self, attempt: int) -> None:
         await asyncio.sleep(self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random()))
 
-    def _error(self, kind: ErrorKind, detail: str, status: int | None = None, *,
-               no_capacity: bool = False) -> RunPodError:
+    def _error(
+        self, kind: ErrorKind, detail: str, status: int | None = None, *, no_capacity: bool = False
+    ) -> RunPodError:
         """An error whose text came (partly) from RunPod: the key is blanked out of it, in
         case an answer ever echoes the Authorization header back."""
         if len(self._key) >= 4:
@@ -217,9 +220,11 @@ def _json(response: httpx.Response) -> Any:
     except ValueError:
         body = None
     if not isinstance(body, dict):
-        raise RunPodError(ErrorKind.server,
-                          f"RunPod answered HTTP {response.status_code} without a JSON object",
-                          response.status_code)
+        raise RunPodError(
+            ErrorKind.server,
+            f"RunPod answered HTTP {response.status_code} without a JSON object",
+            response.status_code,
+        )
     return body
 
 

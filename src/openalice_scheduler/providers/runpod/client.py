@@ -37,8 +37,14 @@ __all__ = [
 ]
 
 
-def build_client(api: str, api_key: str, base_url: str, *, timeout: float = 30.0,
-                 http: httpx.AsyncClient | None = None) -> RunPodClient:
+def build_client(
+    api: str,
+    api_key: str,
+    base_url: str,
+    *,
+    timeout: float = 30.0,
+    http: httpx.AsyncClient | None = None,
+) -> RunPodClient:
     if api == "graphql":
         return GraphQLClient(api_key, base_url, http=http, timeout=timeout)
     return RestClient(api_key, base_url, http=http, timeout=timeout)

@@ -60,17 +60,24 @@ class GraphQLClient(RunPodClient):
             value["imageName"] = request.image
         if request.data_center_ids:
             value["dataCenterId"] = request.data_center_ids[0]
-        data = await self._call(self.CREATE, {"input": value}, "podFindAndDeployOnDemand",
-                                retry_server_errors=False)
+        data = await self._call(
+            self.CREATE, {"input": value}, "podFindAndDeployOnDemand", retry_server_errors=False
+        )
         pod = data["podFindAndDeployOnDemand"]
         if pod is None:
             raise RunPodError(ErrorKind.server, "RunPod returned no pod")
-        return Pod(id=pod["id"], name=request.name, status="PROVISIONING",
-                   cost_per_hr=_number(pod.get("costPerHr")), gpu_type=request.gpu_type_id)
+        return Pod(
+            id=pod["id"],
+            name=request.name,
+            status="PROVISIONING",
+            cost_per_hr=_number(pod.get("costPerHr")),
+            gpu_type=request.gpu_type_id,
+        )
 
     async def get_pod(self, pod_id: str) -> Pod | None:
-        data = await self._call(self.READ, {"input": {"podId": pod_id}}, "pod",
-                                retry_server_errors=True)
+        data = await self._call(
+            self.READ, {"input": {"podId": pod_id}}, "pod", retry_server_errors=True
+        )
         pod = data.get("pod")
         if pod is None:
             return None
@@ -80,29 +87,43 @@ class GraphQLClient(RunPodClient):
         data = await self._call(self.LIST, {}, "myself", retry_server_errors=True)
         pods = (data.get("myself") or {}).get("pods") or []
         return [
-            Pod(id=p["id"], name=p.get("name") or "", status=_graphql_status(p),
-                env=_graphql_env(p.get("env")))
+            Pod(
+                id=p["id"],
+                name=p.get("name") or "",
+                status=_graphql_status(p),
+                env=_graphql_env(p.get("env")),
+            )
             for p in pods
         ]
 
     async def terminate_pod(self, pod_id: str) -> None:
         try:
-            await self._call(self.TERMINATE, {"input": {"podId": pod_id}}, "podTerminate",
-                             retry_server_errors=True)
+            await self._call(
+                self.TERMINATE,
+                {"input": {"podId": pod_id}},
+                "podTerminate",
+                retry_server_errors=True,
+            )
         except RunPodError as exc:
             if exc.kind == ErrorKind.not_found:
                 return
             raise
 
     async def _call(
-        self, query: str, variables: dict[str, Any], field_name: str, *,
+        self,
+        query: str,
+        variables: dict[str, Any],
+        field_name: str,
+        *,
         retry_server_errors: bool,
     ) -> dict[str, Any]:
         attempt = 0
         while True:
             attempt += 1
             response = await self._send(
-                "POST", "/graphql", json={"query": query, "variables": variables},
+                "POST",
+                "/graphql",
+                json={"query": query, "variables": variables},
                 retry_server_errors=retry_server_errors,
             )
             status = response.status_code
@@ -117,8 +138,9 @@ class GraphQLClient(RunPodClient):
             if not errors:
                 return payload.get("data") or {}
             found = _graphql_error(errors[0])
-            error = self._error(found.kind, found.detail, found.status,
-                                no_capacity=found.no_capacity)
+            error = self._error(
+                found.kind, found.detail, found.status, no_capacity=found.no_capacity
+            )
             # In-band 5xx: repeat like an HTTP 5xx where that is safe.
             if error.kind == ErrorKind.server and retry_server_errors and attempt <= self.retries:
                 await self._sleep_backoff(attempt)

@@ -90,13 +90,17 @@ class RunPodProvider:
         self.disk_gb = settings.runpod_disk_gb
         self.poll_interval = settings.runpod_poll_interval_seconds
         self.catalog_ttl = settings.runpod_catalog_ttl_seconds
-        self.templates = {WorkerKind.renderer: settings.runpod_renderer_template,
-                          WorkerKind.anim: settings.runpod_anim_template}
+        self.templates = {
+            WorkerKind.renderer: settings.runpod_renderer_template,
+            WorkerKind.anim: settings.runpod_anim_template,
+        }
         self.images = settings.worker_images
         self.ports = settings.worker_ports
         self.proxy_url = settings.runpod_proxy_url
-        self.gpu_types = {c: settings.runpod_gpu_types(c.value)
-                          for c in (GpuClass.entry, GpuClass.mid, GpuClass.high)}
+        self.gpu_types = {
+            c: settings.runpod_gpu_types(c.value)
+            for c in (GpuClass.entry, GpuClass.mid, GpuClass.high)
+        }
         self._key_rejected_at: float | None = None
         self._catalog: tuple[float, list[GpuStock]] | None = None
         self._catalog_fetch: asyncio.Future[list[GpuStock]] | None = None
@@ -141,7 +145,8 @@ class RunPodProvider:
         if not candidates:
             raise ProviderOutOfCapacity(
                 f"RunPod has no stock for gpu={spec.gpu} at or under "
-                f"{spec.max_price_per_hour:g} $/h, the price the owner's cap allowed")
+                f"{spec.max_price_per_hour:g} $/h, the price the owner's cap allowed"
+            )
         for candidate in candidates:
             request = self._pod_request(spec, name, candidate)
             try:
@@ -156,9 +161,13 @@ class RunPodProvider:
                 raise self._provider_error(exc) from exc
             # RunPod's proxy answers for the pod whether or not it listens (behind_proxy).
             cost = self._cost_of(pod, candidate)
-            return Worker(endpoint=await self._wait_running(pod, spec), provider_token=pod.id,
-                          behind_proxy=True, price_per_hour=cost,
-                          gpu_type=pod.gpu_type or candidate.gpu_type_id)
+            return Worker(
+                endpoint=await self._wait_running(pod, spec),
+                provider_token=pod.id,
+                behind_proxy=True,
+                price_per_hour=cost,
+                gpu_type=pod.gpu_type or candidate.gpu_type_id,
+            )
         self._catalog = None  # stock moved under us: look again next time
         if all_capacity:
             raise ProviderOutOfCapacity(
@@ -188,8 +197,11 @@ class RunPodProvider:
         for pod in pods:
             lease_id = self._lease_of(pod)
             if lease_id is not None and pod.status != "TERMINATED":
-                found[lease_id].append(WorkerInfo(lease_id, pod.id, running=pod.running,
-                                                  store_id=pod.env.get(STORE_ENV)))
+                found[lease_id].append(
+                    WorkerInfo(
+                        lease_id, pod.id, running=pod.running, store_id=pod.env.get(STORE_ENV)
+                    )
+                )
         return found
 
     async def price(self, spec: WorkerSpec) -> float | None:
@@ -210,13 +222,13 @@ class RunPodProvider:
         """USD per hour of a pod of this shape: the catalog's, else the last seen."""
         return candidate.price or self._seen_cost.get(candidate.gpu_type_id or "cpu")
 
-    def _affordable(self, candidates: list[Candidate],
-                    most: float | None) -> list[Candidate]:
+    def _affordable(self, candidates: list[Candidate], most: float | None) -> list[Candidate]:
         """The candidates not known to cost more than `most` (None: all)."""
         if most is None:
             return candidates
-        return [c for c in candidates
-                if (price := self._known_price(c)) is None or price <= most + 1e-9]
+        return [
+            c for c in candidates if (price := self._known_price(c)) is None or price <= most + 1e-9
+        ]
 
     def _cost_of(self, pod: Pod, candidate: Candidate) -> float | None:
         """What the new pod costs per hour: its own answer's, else the catalog's price."""
@@ -261,8 +273,16 @@ class RunPodProvider:
             if spec.region is None:
                 return _Choice([Candidate(None, ())])
             catalog = await self._gpu_catalog()
-            in_region = tuple(sorted({dc for gpu in catalog or [] for dc in gpu.data_centers
-                                      if _in_region(dc, spec.region)}))
+            in_region = tuple(
+                sorted(
+                    {
+                        dc
+                        for gpu in catalog or []
+                        for dc in gpu.data_centers
+                        if _in_region(dc, spec.region)
+                    }
+                )
+            )
             if catalog is not None and not in_region:
                 return _Choice([], f"RunPod has no data center in region {spec.region!r}")
             return _Choice([Candidate(None, in_region or (spec.region,))])
@@ -285,8 +305,11 @@ class RunPodProvider:
                 continue
             centers: tuple[str, ...] = ()
             if spec.region:
-                centers = tuple(dc for dc, level in stock.data_centers.items()
-                                if _in_region(dc, spec.region) and level != "NONE")
+                centers = tuple(
+                    dc
+                    for dc, level in stock.data_centers.items()
+                    if _in_region(dc, spec.region) and level != "NONE"
+                )
                 if not centers:
                     no_stock.append(f"{gpu_id} in {spec.region}")
                     continue
@@ -295,8 +318,9 @@ class RunPodProvider:
             # Cheapest first; among equal prices, more stock, then the configured order.
             ranked.append((price, -_STOCK_RANK.get(stock.availability, 0), index, candidate))
         if not ranked:
-            return _Choice([], f"RunPod has no stock for gpu={spec.gpu} ({', '.join(no_stock)})",
-                           no_stock=True)
+            return _Choice(
+                [], f"RunPod has no stock for gpu={spec.gpu} ({', '.join(no_stock)})", no_stock=True
+            )
         return _Choice([c for *_, c in sorted(ranked, key=lambda r: r[:3])])
 
     async def _gpu_catalog(self) -> list[GpuStock] | None:
@@ -357,8 +381,11 @@ class RunPodProvider:
                 self._note(exc)
                 if not exc.uncertain or attempt == _CREATE_ATTEMPTS:
                     raise
-                log.info("RunPod create of %s failed (%s); looking it up before retrying",
-                         request.name, exc.kind)
+                log.info(
+                    "RunPod create of %s failed (%s); looking it up before retrying",
+                    request.name,
+                    exc.kind,
+                )
                 await asyncio.sleep(0.5 * attempt)
                 existing = await self._find(request.name)
                 if existing is not None:
@@ -367,8 +394,9 @@ class RunPodProvider:
 
     async def _find(self, name: str) -> Pod | None:
         """The pod with this name; duplicates (names are not unique) are terminated."""
-        pods = [p for p in await self.client.list_pods()
-                if p.name == name and p.status != "TERMINATED"]
+        pods = [
+            p for p in await self.client.list_pods() if p.name == name and p.status != "TERMINATED"
+        ]
         if not pods:
             return None
         for extra in pods[1:]:
@@ -397,7 +425,7 @@ class RunPodProvider:
     def _lease_of(self, pod: Pod) -> str | None:
         if not pod.name.startswith(self.prefix):
             return None
-        lease_id = pod.name[len(self.prefix):]
+        lease_id = pod.name[len(self.prefix) :]
         try:
             uuid.UUID(lease_id)
         except ValueError:
@@ -427,8 +455,11 @@ class RunPodProvider:
         message = self._describe(exc)
         if exc.kind == ErrorKind.unreachable:
             return ProviderUnavailable(message)
-        return ProviderError(message, transient=exc.kind not in (
-            ErrorKind.unauthorized, ErrorKind.payment, ErrorKind.invalid))
+        return ProviderError(
+            message,
+            transient=exc.kind
+            not in (ErrorKind.unauthorized, ErrorKind.payment, ErrorKind.invalid),
+        )
 
 
 def _retrieve(future: asyncio.Future[list[GpuStock]]) -> None:

@@ -65,20 +65,26 @@ class RestClient(RunPodClient):
 
     async def gpu_catalog(self) -> list[GpuStock]:
         response = await self._send(
-            "GET", "/v2/catalog/gpus", params={"include": "AVAILABILITY", "product": "POD"},
+            "GET",
+            "/v2/catalog/gpus",
+            params={"include": "AVAILABILITY", "product": "POD"},
             retry_server_errors=True,
         )
         stock = []
         for gpu in self._check(response).get("gpus", []):
             price = gpu.get("price") or {}
-            stock.append(GpuStock(
-                id=gpu["id"],
-                availability=gpu.get("availability") or "NONE",
-                price_secure=float(price.get("secure") or 0.0),
-                price_community=float(price.get("community") or 0.0),
-                data_centers={dc["id"]: dc.get("availability", "NONE")
-                              for dc in gpu.get("dataCenters") or []},
-            ))
+            stock.append(
+                GpuStock(
+                    id=gpu["id"],
+                    availability=gpu.get("availability") or "NONE",
+                    price_secure=float(price.get("secure") or 0.0),
+                    price_community=float(price.get("community") or 0.0),
+                    data_centers={
+                        dc["id"]: dc.get("availability", "NONE")
+                        for dc in gpu.get("dataCenters") or []
+                    },
+                )
+            )
         return stock
 
     def _check(self, response: httpx.Response) -> Any:
@@ -86,8 +92,12 @@ class RestClient(RunPodClient):
         if status < 400:
             return _json(response) if response.content else {}
         detail = _problem_detail(response)
-        raise self._error(_kind_for_status(status), detail, status,
-                          no_capacity=status == 400 and _says_no_capacity(detail))
+        raise self._error(
+            _kind_for_status(status),
+            detail,
+            status,
+            no_capacity=status == 400 and _says_no_capacity(detail),
+        )
 
 
 def _rest_pod(item: Mapping[str, Any]) -> Pod:

@@ -30,8 +30,12 @@ class StartWatch:
     RunPod failure (not a passing one: a timeout, 429, unreachable) fails every waiter
     with `failure(error)`."""
 
-    def __init__(self, client: RunPodClient, poll_interval: float,
-                 failure: Callable[[RunPodError], Exception]) -> None:
+    def __init__(
+        self,
+        client: RunPodClient,
+        poll_interval: float,
+        failure: Callable[[RunPodError], Exception],
+    ) -> None:
         self.client = client
         self.poll_interval = poll_interval
         self.failure = failure
@@ -43,8 +47,7 @@ class StartWatch:
         """The pod once it runs or died; None when it is gone."""
         waiter: asyncio.Future[Pod | None] = asyncio.get_running_loop().create_future()
         now = time.monotonic()
-        self.pending[pod_id] = _Starting(waiter, now, now + min(_FIRST_POLL_S,
-                                                                self.poll_interval))
+        self.pending[pod_id] = _Starting(waiter, now, now + min(_FIRST_POLL_S, self.poll_interval))
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.ensure_future(self._watch())
         self._wake.set()
@@ -76,8 +79,9 @@ class StartWatch:
             try:
                 await self._look()
             except RunPodError as exc:
-                if not (exc.uncertain or exc.kind in (ErrorKind.rate_limited,
-                                                      ErrorKind.unreachable)):
+                if not (
+                    exc.uncertain or exc.kind in (ErrorKind.rate_limited, ErrorKind.unreachable)
+                ):
                     failure = self.failure(exc)
                     for waiting in list(self.pending.values()):
                         if not waiting.waiter.done():
@@ -89,8 +93,7 @@ class StartWatch:
             finally:
                 for waiting in self.pending.values():
                     age = looked_at - waiting.since
-                    waiting.due = looked_at + min(self.poll_interval,
-                                                  max(_FIRST_POLL_S, age / 2))
+                    waiting.due = looked_at + min(self.poll_interval, max(_FIRST_POLL_S, age / 2))
 
     async def _look(self) -> None:
         waiting = dict(self.pending)
@@ -107,4 +110,3 @@ class StartWatch:
                 waiter = waiting[pod_id].waiter
                 if not waiter.done():
                     waiter.set_result(pod)
-

@@ -16,15 +16,18 @@ branch_labels = None
 depends_on = None
 
 _LIVE = sa.text(
-    "state IN ('provisioning', 'active') AND owner_id IS NOT NULL "
-    "AND correlation_id IS NOT NULL"
+    "state IN ('provisioning', 'active') AND owner_id IS NOT NULL AND correlation_id IS NOT NULL"
 )
 
 
 def upgrade() -> None:
     op.create_index(
-        "ux_leases_idempotency", "leases", ["owner_id", "correlation_id"], unique=True,
-        sqlite_where=_LIVE, postgresql_where=_LIVE,
+        "ux_leases_idempotency",
+        "leases",
+        ["owner_id", "correlation_id"],
+        unique=True,
+        sqlite_where=_LIVE,
+        postgresql_where=_LIVE,
     )
     op.create_index("ix_leases_owner_state", "leases", ["owner_id", "state"])
 

@@ -17,8 +17,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column("leases", sa.Column("revision", sa.BigInteger(), nullable=False,
-                                      server_default=sa.text("0")))
+    op.add_column(
+        "leases",
+        sa.Column("revision", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+    )
     if op.get_bind().dialect.name == "postgresql":
         op.execute("""
             CREATE FUNCTION openalice_leases_revision() RETURNS trigger AS $$
@@ -35,14 +37,15 @@ def upgrade() -> None:
             WHEN NEW.revision = OLD.revision
             BEGIN UPDATE leases SET revision = OLD.revision + 1
                   WHERE lease_id = NEW.lease_id; END""")
-    op.create_index("ix_leases_listing", "leases",
-                    ["state", "created_at", "lease_id", "revision"])
+    op.create_index("ix_leases_listing", "leases", ["state", "created_at", "lease_id", "revision"])
 
 
 def downgrade() -> None:
     op.drop_index("ix_leases_listing", table_name="leases")
-    op.execute("DROP TRIGGER IF EXISTS leases_revision" + (
-        " ON leases" if op.get_bind().dialect.name == "postgresql" else ""))
+    op.execute(
+        "DROP TRIGGER IF EXISTS leases_revision"
+        + (" ON leases" if op.get_bind().dialect.name == "postgresql" else "")
+    )
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP FUNCTION IF EXISTS openalice_leases_revision()")
     with op.batch_alter_table("leases") as batch:

@@ -30,8 +30,11 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("last", sa.BigInteger(), nullable=False),
     )
-    op.execute(sa.text("INSERT INTO fence_counter (id, last) VALUES (1, :last)")
-               .bindparams(last=int(last or 0)))
+    op.execute(
+        sa.text("INSERT INTO fence_counter (id, last) VALUES (1, :last)").bindparams(
+            last=int(last or 0)
+        )
+    )
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"CREATE SEQUENCE lease_fence AS bigint START WITH {int(last or 0) + 1}")
 

@@ -24,8 +24,10 @@ def upgrade() -> None:
     op.add_column("leases", sa.Column("price_per_hour", sa.Float(), nullable=True))
     op.add_column("leases", sa.Column("granted_at", sa.BigInteger(), nullable=True))
     op.add_column("leases", sa.Column("cost", sa.Float(), nullable=True))
-    op.execute("UPDATE leases SET granted_at = created_at "
-               "WHERE state IN ('active', 'releasing', 'released')")
+    op.execute(
+        "UPDATE leases SET granted_at = created_at "
+        "WHERE state IN ('active', 'releasing', 'released')"
+    )
     op.create_index("ix_leases_released_at", "leases", ["released_at"])
 
 
