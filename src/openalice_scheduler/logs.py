@@ -196,7 +196,7 @@ def configure_logging(
     # FORMAT names no thread, process or source line: not looking them up halves what
     # a record costs (~33 µs → ~17 µs here; the service logs two per lease at `info`).
     # The logging HOWTO's "Optimization" section names these switches.
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

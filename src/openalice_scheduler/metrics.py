@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from openalice_scheduler.store.records import LeaseRecord
 
 # `*_created` series double the output and no dashboard of ours reads them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstream
 
 # Labels of `scheduler_capacity` for a provider whose kinds share one capacity (Docker,
 # RunPod): the cap is per GPU class, whatever the kind.

@@ -33,7 +33,7 @@ from openalice_scheduler.ids import is_lease_id, new_lease_id
 from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.metrics import Metrics
-from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseRequest, LeaseState, ReleaseReason
+from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseRequest, LeaseState
 from openalice_scheduler.policy import Policy
 from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec, reservation_terms
 from openalice_scheduler.providers.probe import ReadyProbe
@@ -441,68 +441,6 @@ class LeaseService(Releasing):
         if failures:
             self.metrics.acquire_failures.labels("provision_failed").inc()
         return no_lease(what, reasons, failures, at_capacity)
-
-    # --- reconciliation: what the reconciler found, resolved ----------------------------
-
-    async def recover_after_restart(self) -> None:
-        """Before serving, in a store no other process uses: release claims found are
-        a stopped process's, and are due now."""
-        await self.store.recover_claims(now=self.now_us())
-
-    async def fail_abandoned(self, provider: Provider, record: LeaseRecord) -> bool:
-        """A provision that will never finish (its scheduler stopped): recorded `failed`
-        first, by a guarded update, and only then its worker destroyed. Should the
-        acquire still run after all, its `activate` finds the lease resolved and
-        destroys its own worker: never is a worker destroyed under an active lease. A
-        worker left here (provider error) is an orphan for the next pass."""
-        failed = await self.store.fail(
-            record.lease_id, error="scheduler stopped while provisioning", now=self.now_us()
-        )
-        if failed is None:
-            return False
-        self.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
-        self.capacity_freed()
-        log.warning(
-            "lease %s: provision abandoned on %s; marked failed", lease_ref(record), provider.name
-        )
-        await provider.release("", record.lease_id)
-        return True
-
-    async def destroy_orphan(self, provider: Provider, lease_id: str, token: str) -> None:
-        """A worker of this scheduler that no live lease holds."""
-        await provider.release(token, lease_id)
-        self.metrics.released.labels(provider.name, ReleaseReason.orphan.value).inc()
-        log.info(
-            "reconcile: destroyed orphan worker %s of lease %s on %s",
-            token[:12],
-            lease_ref(lease_id),
-            provider.name,
-        )
-
-    async def mark_lost(self, provider: Provider, record: LeaseRecord) -> bool:
-        """A lease whose worker vanished: released, reason `lost`; or `expired` when the
-        lease had expired already, as its absence then is that expiry enforced (by a
-        guard while no scheduler ran, README: The guard): the worker is confirmed gone."""
-        now = self.now_us()
-        expired = record.state == LeaseState.active.value and record.expires_at <= now
-        reason = ReleaseReason.expired if expired else ReleaseReason.lost
-        ended = await self.store.mark_lost(record.lease_id, now=now, reason=reason)
-        if ended is None:
-            return False
-        self.metrics.released.labels(provider.name, reason.value).inc()
-        self.metrics.spent(ended)
-        self.capacity_freed()
-        if expired:
-            log.info(
-                "lease %s: expired, and its worker already gone from %s; released",
-                lease_ref(record),
-                provider.name,
-            )
-        else:
-            log.warning(
-                "lease %s: worker vanished from %s; marked lost", lease_ref(record), provider.name
-            )
-        return True
 
     # --- renew -----------------------------------------------------------------------
 

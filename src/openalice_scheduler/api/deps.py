@@ -12,7 +12,8 @@ from openalice_scheduler.service import LeaseService
 
 async def _service(request: Request) -> LeaseService:
     # async: FastAPI runs a plain `def` dependency on a worker thread, per request.
-    return request.app.state.service
+    service: LeaseService = request.app.state.service  # set by the lifespan
+    return service
 
 
 ServiceDep = Annotated[LeaseService, Depends(_service)]

@@ -25,29 +25,23 @@ from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.listing import ListingEncoder
 from openalice_scheduler.store.records import (
     WIRE_COLUMNS,
-    AtCapacity,
     DuplicateRequest,
     LeaseRecord,
     NewLease,
-    OverQuota,
     Terms,
     record_of,
     wire_of,
 )
 from openalice_scheduler.store.replicas import Replicas
+from openalice_scheduler.store.reserving import reserve_tx
 from openalice_scheduler.store.schema import leases, store_identity
-from openalice_scheduler.store.spending import DAY_US, check_budget, live_price, spent_since
+from openalice_scheduler.store.spending import DAY_US, live_price, spent_since
 from openalice_scheduler.store.statements import (
-    COUNT_LIVE,
     GET,
-    HELD_BY_OWNER,
-    INSERT,
     LIVE,
     PAID,
     RELEASABLE,
     REQUEST,
-    TAKEN,
-    TWIN,
     released,
     state_in,
     transition_tx,
@@ -135,7 +129,9 @@ class LeaseStore:
         moving: bool,
     ) -> LeaseRecord:
         try:
-            return await self.backend.write(self.reserve_tx, lease, provider, terms, assign, moving)
+            return await self.backend.write(
+                reserve_tx, self.backend, self.replica_id, lease, provider, terms, assign, moving
+            )
         except StoreUnavailable:
             self.unsure.add(lease.lease_id)
             raise
@@ -145,96 +141,6 @@ class LeaseStore:
             if existing is None:
                 raise
             raise DuplicateRequest(existing.lease_id) from exc
-
-    def reserve_tx(
-        self,
-        conn: Connection,
-        lease: NewLease,
-        provider: str,
-        terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]] | None,
-        moving: bool,
-        state: LeaseState = LeaseState.provisioning,
-    ) -> LeaseRecord:
-        # Serialised per owner (quota, idempotency), then per provider (cap, devices).
-        self.owner_checks(conn, lease, terms.owner_quota)
-        self.backend.lock(conn, f"provider:{provider}")
-        mine = {"b_id": lease.lease_id, "b_provider": provider}
-        if terms.max_live:
-            count = conn.execute(COUNT_LIVE, mine).scalar_one()
-            if count >= terms.max_live:
-                raise AtCapacity(f"at capacity ({count}/{terms.max_live} live workers)")
-        resource = host = None
-        price = terms.price_per_hour
-        if terms.place is not None:
-            placed = terms.place(set(conn.execute(TAKEN, mine).scalars()))
-            resource, host = placed.resource, placed.host
-            price = price if placed.price is None else placed.price
-        elif terms.resources is not None:
-            taken = set(conn.execute(TAKEN, mine).scalars())
-            resource = next((r for r in terms.resources if r not in taken), None)
-            if resource is None:
-                raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} are leased")
-        if terms.budget is not None:  # still under the owner's lock
-            check_budget(conn, lease, price, terms.budget, terms.now)
-        values: dict[str, Any] = {
-            "provider": provider,
-            "state": state.value,
-            "resource": resource,
-            "host": host,
-            "updated_at": terms.now,
-            "replica_id": self.replica_id,
-            "endpoint": "",
-            "provider_token": "",
-            "price_per_hour": price,
-            "gpu_type": None,
-            "granted_at": None,
-        }
-        if assign is not None:
-            values["state"] = LeaseState.active.value
-            values["endpoint"], values["provider_token"] = assign(resource)
-            values["granted_at"] = terms.now
-        if moving:  # from a provider that failed to provision it: its fence stays
-            moved = transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
-            if moved is not None:
-                return moved
-        row = conn.execute(
-            INSERT,
-            {
-                "lease_id": lease.lease_id,
-                "kind": lease.kind,
-                "gpu": lease.gpu,
-                "owner_id": lease.owner_id,
-                "correlation_id": lease.correlation_id,
-                "region": lease.region,
-                "ttl_seconds": lease.ttl_seconds,
-                "created_at": lease.created_at,
-                "expires_at": lease.expires_at,
-                "release_attempts": 0,
-                "fence": self.backend.next_fence(conn),
-                **values,
-            },
-        ).one()
-        return record_of(row)
-
-    def owner_checks(self, conn: Connection, lease: NewLease, quota: int) -> None:
-        """In a lease's reserving transaction (cold, or a warm worker's claim): takes the
-        owner's lock, then refuses a second lease for the same request (DuplicateRequest)
-        and an owner over `quota` (OverQuota)."""
-        if not lease.owner_id:
-            return
-        self.backend.lock(conn, f"owner:{lease.owner_id}")
-        mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id}
-        if lease.correlation_id:
-            twin = conn.execute(TWIN, {**mine, "b_corr": lease.correlation_id}).scalar()
-            if twin is not None:
-                raise DuplicateRequest(twin)
-        if quota:
-            held = conn.execute(HELD_BY_OWNER, mine).scalar_one()
-            if held >= quota:
-                raise OverQuota(
-                    f"owner {lease.owner_id!r} holds {held} leases; MAX_LEASES_PER_OWNER is {quota}"
-                )
 
     async def activate(
         self,

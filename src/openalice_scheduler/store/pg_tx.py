@@ -32,7 +32,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 T = TypeVar("T")
 
-_DIALECT = asyncpg_dialect()
+_DIALECT = asyncpg_dialect()  # type: ignore[no-untyped-call]  # unannotated upstream
 # Statements built once (the lease path's) are compiled once; one built per call compiles
 # each time, as SQLAlchemy would on a miss. Bounded: per-call statements are new objects.
 _COMPILED_KEPT = 512

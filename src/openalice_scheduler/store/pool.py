@@ -25,6 +25,7 @@ from openalice_scheduler.store.records import (
     Terms,
     record_of,
 )
+from openalice_scheduler.store.reserving import owner_checks, reserve_tx
 from openalice_scheduler.store.schema import leases
 from openalice_scheduler.store.spending import check_budget
 from openalice_scheduler.store.statements import state_in, transition_tx
@@ -65,8 +66,16 @@ class PoolStore:
             ).scalar_one()
             if have >= target:
                 return None
-            return self.store.reserve_tx(
-                conn, lease, provider, terms, None, False, LeaseState.warming
+            return reserve_tx(
+                conn,
+                self.backend,
+                self.store.replica_id,
+                lease,
+                provider,
+                terms,
+                None,
+                False,
+                LeaseState.warming,
             )
 
         return await self.backend.write(_tx)
@@ -106,7 +115,7 @@ class PoolStore:
         OverBudget at the worker's price). None when no idle worker is left."""
 
         def _tx(conn: Connection) -> LeaseRecord | None:
-            self.store.owner_checks(conn, lease, quota)
+            owner_checks(conn, self.backend, lease, quota)
             # One row, locked, SKIP LOCKED: concurrent claims on PostgreSQL each lock a
             # different idle row instead of queueing on one (SQLite has one writer and
             # no such clause). The guarded update still refuses a row no longer idle.

@@ -43,7 +43,7 @@ def spent_since(conn: Connection, owner: str, since: int, now: int) -> float:
 def check_budget(
     conn: Connection, lease: NewLease, price: float | None, budget: Budget, now: int
 ) -> None:
-    """Under the owner's lock (LeaseStore.owner_checks took it): refuses with OverBudget
+    """Under the owner's lock (reserving.owner_checks took it): refuses with OverBudget
     when a lease at `price` would break `budget`. A free (or unpriced) lease breaks none:
     the owner is placed where it costs nothing."""
     owner = lease.owner_id

@@ -1,5 +1,5 @@
 """`openalice-scheduler usage`: GET /v1/usage as a table (README, Usage and retention).
-Registered by cli.py, whose session, output and exit-code helpers it uses."""
+Registered by the package's `__init__`; its session and output are common.py's."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typing import Annotated
 
 import typer
 
-from openalice_scheduler.cli import (
-    DEFAULT_URL,
+from openalice_scheduler.cli.common import (
     AsJson,
     Output,
     Url,
-    _output,
-    _print_json,
-    _session,
-    _stdout,
+    output_of,
+    print_json,
+    session,
+    stdout,
 )
+from openalice_scheduler.client import DEFAULT_URL
 from openalice_scheduler.models import GroupBy, UsageReport
 
 _AGO = re.compile(r"(\d+)([mhd])")
@@ -48,13 +48,13 @@ def usage(
     if by not in ("owner", "provider", "kind", "gpu"):
         raise typer.BadParameter("one of owner, provider, kind, gpu", param_hint="--by")
     now = datetime.now(UTC)
-    shown = _output(None, as_json)
-    with _session(url, shown) as client:
+    shown = output_of(None, as_json)
+    with session(url, shown) as client:
         report = client.usage(
             _group(by), since=_when(since, now, "--since"), until=_when(until, now, "--until")
         )
     if shown is Output.json:
-        _print_json(report)
+        print_json(report)
     else:
         _print_report(report)
 
@@ -111,7 +111,7 @@ def _print_report(report: UsageReport) -> None:
     table.add_row(
         "total", str(total.leases), str(total.live), _amount(total.lease_hours), _amount(total.cost)
     )
-    out = _stdout()
+    out = stdout()
     out.print(table)
     if not report.complete and report.note:
         out.print(f"Incomplete: {report.note}", highlight=False)
