@@ -30,6 +30,29 @@ exit 0
 
 
 _CHOSEN: set[int] = set()
+_CLAIMS = Path("/tmp/oa-test-routes")
+
+
+def _claim_octet(octet: int) -> bool:
+    """Claim `octet` for this process: a lock file holding its pid, made with O_EXCL.
+    A claim whose process is gone (a run killed) is taken over."""
+    _CLAIMS.mkdir(exist_ok=True)
+    path = _CLAIMS / str(octet)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            with contextlib.suppress(OSError, ValueError):
+                holder = int(path.read_text() or "0")
+                if holder == os.getpid() or Path(f"/proc/{holder}").exists():
+                    return False
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # its process is gone
+            continue
+        with os.fdopen(fd, "w") as claim:
+            claim.write(str(os.getpid()))
+        return True
+    return False
 
 
 class Route:
@@ -46,14 +69,17 @@ class Route:
 
     @classmethod
     def unused(cls) -> Route:
-        """A Route whose pool no route of the host's overlaps yet."""
+        """A Route whose pool no route of the host's overlaps yet, and that no other test
+        process (a pytest-xdist worker) has chosen: each choice is a lock file of its
+        own, made atomically and kept until this process ends."""
         taken = subprocess.run(
             ["ip", "route", "show"], capture_output=True, text=True, check=True
         ).stdout
         for octet in random.sample(range(200, 250), 50):
-            if f"10.{octet}." not in taken and octet not in _CHOSEN:
-                _CHOSEN.add(octet)  # another engine of this process may not be started yet
-                return cls(octet)
+            if f"10.{octet}." in taken or octet in _CHOSEN or not _claim_octet(octet):
+                continue
+            _CHOSEN.add(octet)  # another engine of this process may not be started yet
+            return cls(octet)
         raise AssertionError("no free 10.2xx.0.0/16 for a private engine's networks")
 
     def connect(self, pid: int) -> None:

@@ -26,10 +26,37 @@ WORKER_IMAGE = "openalice-demo-worker:latest"
 SHARED_ENGINE = "unix:///var/run/docker.sock"
 
 
+# Under pytest-xdist each worker (PYTEST_XDIST_WORKER=gw0, gw1, ...) takes ports from a
+# block of its own, below the kernel's ephemeral range (32768 and up), so two workers
+# never hand the same port to two processes, and no outgoing connection takes one
+# between our check and the process binding it.
+_PORT_BLOCK = 1000
+_FIRST_PORT = 12000
+
+
+def worker_number() -> int:
+    """This pytest-xdist worker's number (0 without xdist)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
+_next_port = _FIRST_PORT + worker_number() * _PORT_BLOCK
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port nothing listens on, from this worker's own block."""
+    global _next_port
+    first = _FIRST_PORT + worker_number() * _PORT_BLOCK
+    for _ in range(_PORT_BLOCK):
+        port = _next_port
+        _next_port = first + (_next_port + 1 - first) % _PORT_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # a process of an earlier test still holds it
+            return port
+    raise AssertionError(f"no free port in {first}..{first + _PORT_BLOCK - 1}")
 
 
 class Scheduler:

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.harness import wait_for
+from tests.harness import free_port, wait_for
 
 
 class PrivateSshd:
@@ -23,9 +23,7 @@ class PrivateSshd:
         self.root = Path(tempfile.mkdtemp(prefix="oa-ssh-", dir="/tmp"))
         self.docker_host = docker_host
         self.user = getpass.getuser()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"ssh://{self.user}@127.0.0.1:{self.port}"
         # Put first on the scheduler's PATH: its `ssh` knows this server and its key.
         self.client_bin = self.root / "bin"
