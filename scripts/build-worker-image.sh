@@ -4,11 +4,15 @@
 # answers with the lease it belongs to. Its health path ($READY_PATH, default /healthz)
 # answers 200 only $READY_DELAY_SECONDS (default 0) after start, or never with
 # READY_DELAY_SECONDS=never: a worker that is slow, or never, ready (README, Workers
-# ready when handed out). It answers the warm-pool hand-off at /cgi-bin/lease (busybox
-# httpd runs CGI only there: set WARM_HANDOFF_PATH=/cgi-bin/lease for this image) and
-# then shows the lease handed off, env included, under "handoff" at GET / (README, Warm
-# pools); while /tmp/handoff-hold exists, a hand-off waits (the tests hold one between
-# the scheduler's claim and its answer). With LEASE_SELF_URL it asks after its lease every
+# ready when handed out). It answers the warm-pool hand-off at /openalice/lease, the
+# scheduler's default WARM_HANDOFF_PATH (and at /cgi-bin/lease), then shows the lease
+# handed off, env included, under "handoff" at GET / (README, Warm pools); while
+# /tmp/handoff-hold exists, a hand-off waits (the tests hold one between the scheduler's
+# claim and its answer). busybox httpd runs CGI only under /cgi-bin/ and this busybox
+# has no reverse proxy, so busybox nc accepts the connections and a front script hands
+# each request to `httpd -i`, with any /openalice/<name> rewritten to the CGI script
+# /cgi-bin/<name>: a new /openalice/ call (POST /openalice/preempt, say) is one more
+# script in /www/cgi-bin. With LEASE_SELF_URL it asks after its lease every
 # SELF_CHECK_SECONDS (default 2) and stops itself once the lease has ended, or once the
 # scheduler is silent past the lease's expiry; /cgi-bin/work answers 409 to a request
 # whose X-Lease-Fence is older than the lease it serves (README, What a worker knows of
@@ -72,6 +76,36 @@ else
 fi
 CGI
 /bin/busybox chmod +x /www/cgi-bin/lease /www/cgi-bin/work
+# The front: one connection on stdin/stdout (busybox nc -ll -e). busybox httpd runs CGI
+# only under /cgi-bin/, so /openalice/<name> (a name of letters, digits, - and _) is
+# rewritten to /cgi-bin/<name>, query kept; then the request, headers and body go on
+# unchanged to httpd in inetd mode, which answers on the same connection. Shell builtins
+# but for the body's copy and httpd: every request (probes too) passes here.
+/bin/busybox cat > /front <<'FRONT'
+#!/bin/sh
+cr=$'\r'
+IFS= read -r -t 60 request || exit 0
+request=${request%"$cr"}
+method=${request%% *}; rest=${request#* }; target=${rest%% *}; version=${rest#"$target"}
+path=${target%%\?*}; name=${path#/openalice/}
+case "$name" in
+  "$path"|''|*[!A-Za-z0-9_-]*) ;;
+  *) target="/cgi-bin/$name${target#"$path"}" ;;
+esac
+head="$method $target$version$cr
+" length=0
+while IFS= read -r -t 60 line && [ -n "${line%"$cr"}" ]; do
+  head="$head$line
+"
+  case "$line" in [Cc][Oo][Nn][Tt][Ee][Nn][Tt]-[Ll][Ee][Nn][Gg][Tt][Hh]:*)
+    length=${line#*:}; length=${length%"$cr"}; length=${length# } ;;
+  esac
+done
+{ printf '%s%s\n' "$head" "$cr"
+  [ "$length" -gt 0 ] 2>/dev/null && /bin/busybox head -c "$length"; } \
+  | /bin/busybox httpd -i -h /www
+FRONT
+/bin/busybox chmod +x /front
 health="/www${READY_PATH:-/healthz}"
 delay="${READY_DELAY_SECONDS:-0}"
 if [ "$delay" = 0 ]; then
@@ -79,16 +113,16 @@ if [ "$delay" = 0 ]; then
 elif [ "$delay" != never ]; then
   ( /bin/busybox sleep "$delay" && echo ok > "$health" ) &
 fi
-/bin/busybox httpd -f -p "${PORT:-8080}" -h /www &
-httpd=$!
-trap '/bin/busybox kill $httpd; exit 0' TERM INT
+/bin/busybox nc -ll -p "${PORT:-8080}" -e /front &
+server=$!
+trap '/bin/busybox kill $server; exit 0' TERM INT
 # The worker's own deadline, with LEASE_SELF_URL (without it, it cannot learn of a
 # renewal, so it never stops itself). Every SELF_CHECK_SECONDS it asks the scheduler;
-# the latest answer is at GET /self.json. It stops (httpd killed, the container exits)
-# when the lease has ended, or when the scheduler has not answered and the lease's
-# latest known expiry has passed.
+# the latest answer is at GET /self.json. It stops (the server killed, the container
+# exits) when the lease has ended, or when the scheduler has not answered and the
+# lease's latest known expiry has passed.
 epoch() { t=${1%%.*}; /bin/busybox date -u -D '%Y-%m-%dT%H:%M:%S' -d "${t%Z}" +%s; }
-stop() { echo "demo worker: $*; stopping"; : > /tmp/stopped; /bin/busybox kill $httpd; }
+stop() { echo "demo worker: $*; stopping"; : > /tmp/stopped; /bin/busybox kill $server; }
 (
   deadline=$(epoch "$LEASE_EXPIRES_AT")
   while /bin/busybox sleep "${SELF_CHECK_SECONDS:-2}"; do
@@ -110,7 +144,7 @@ stop() { echo "demo worker: $*; stopping"; : > /tmp/stopped; /bin/busybox kill $
     fi
   done
 ) &
-wait $httpd
+wait $server
 [ -e /tmp/stopped ] && exit 0   # stopped itself: a clean exit
 SH
 )

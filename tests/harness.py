@@ -22,7 +22,11 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-" + uuid.uuid4().hex
 INSTANCE_LABEL = "openalice.scheduler.instance"
-WORKER_IMAGE = "openalice-demo-worker:latest"
+# The demo worker image (conftest builds it from this checkout). TEST_WORKER_IMAGE names
+# another tag: a checkout that changes the worker's entry script tests its own build
+# without swapping the shared tag under other checkouts' test runs.
+WORKER_IMAGE_ENV = "TEST_WORKER_IMAGE"
+WORKER_IMAGE = os.environ.get(WORKER_IMAGE_ENV) or "openalice-demo-worker:latest"
 SHARED_ENGINE = "unix:///var/run/docker.sock"
 
 

@@ -1,7 +1,7 @@
 """The RunPod client against the emulator over real HTTP, on both transports (REST v2 and
-GraphQL): Bearer auth, GraphQL variables, per-call timeouts and every row of the error
-table of shared/runpod/README.md as the client reports it (the provider's reaction to each
-row is in test_runpod_provider.py)."""
+GraphQL): Bearer auth, GraphQL variables, per-call timeouts and every row of RunPod's
+documented table of create failures (422, 400, 401, 402, 403, 429, 5xx) as the client
+reports it (the provider's reaction to each row is in test_runpod_provider.py)."""
 
 from __future__ import annotations
 

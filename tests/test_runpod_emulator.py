@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
-from tests.runpod_emulator.openapi import OPENAPI_PATH_ENV, OpenApiSchemas, openapi_path
+from tests.runpod_emulator.openapi import OpenApiSchemas
 
 API_KEY = "rp-test-key-d41d8cd98f00b204"
 GPU = "NVIDIA GeForce RTX 4090"
@@ -777,12 +778,30 @@ def test_runs_as_a_separate_process() -> None:
             assert process.wait(timeout=10) == 0
 
 
-def test_openapi_path_follows_the_environment(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_validates_against_the_schema_file_in_the_repository(
+    runpod: RunPodEmulator, client: httpx.Client
 ) -> None:
-    assert openapi_path().parts[-3:] == ("shared", "runpod", "openapi-v2.json")
-    missing = tmp_path / "nope.json"
-    monkeypatch.setenv(OPENAPI_PATH_ENV, str(missing))
-    assert openapi_path() == missing
-    with pytest.raises(FileNotFoundError, match=OPENAPI_PATH_ENV):
-        OpenApiSchemas.load()
+    """The emulator's 422s come from the repository's schema file, which says where and when
+    it was taken from RunPod: a clone alone has everything the emulator reads."""
+    repo = Path(__file__).resolve().parents[1]
+    path = runpod.schemas.path
+    assert path is not None and path.is_file() and path.is_relative_to(repo)
+    document = json.loads(path.read_text(encoding="utf-8"))
+    source = document["x-source"]
+    assert source["url"].startswith("https://") and source["url"].endswith("/openapi.json")
+    assert source["version"] == document["info"]["version"]
+    assert date.fromisoformat(source["taken"]).year >= 2026
+    assert "description" not in document["components"]["schemas"]["CreatePodRequest"]
+
+    clouds = document["components"]["schemas"]["Cloud"]["enum"]
+    assert "PRIVATE" not in clouds
+    wrong_enum = assert_problem(client.post("/v2/pods", json=pod_body(cloud="PRIVATE")), 422)
+    assert [e for e in wrong_enum["errors"] if e.startswith("$.cloud:")], wrong_enum
+    unknown = assert_problem(client.post("/v2/pods", json=pod_body(shape="tall")), 422)
+    assert unknown["errors"] == ["$: additional properties 'shape' not allowed"]
+    assert runpod.list_pods() == []
+
+    for index, cloud in enumerate(clouds):  # the same body, the forbidden field removed
+        response = client.post("/v2/pods", json=pod_body(name=f"oa-test-{index}", cloud=cloud))
+        assert response.status_code == 201, response.text
+    assert len(runpod.list_pods()) == len(clouds)

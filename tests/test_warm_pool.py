@@ -9,6 +9,8 @@
   is destroyed (never handed out), the idle ones adopted, nothing leaked;
 - a cold gpu=entry acquire gets the device an idle pool worker held;
 - two replicas on PostgreSQL fill one pool together without over-filling it;
+- the demo worker takes the hand-off at the default WARM_HANDOFF_PATH: WARM_POOL alone
+  makes a working pool (scripts/serve-demo's case);
 - a worker image without the hand-off switches its kind's pool off: acquires go cold;
 - a WARM_POOL that does not parse stops start-up, naming the problem."""
 
@@ -35,9 +37,8 @@ from tests.test_replicas import Replicas, replicas  # noqa: F401 - the fixture
 
 Make = Callable[..., Scheduler]
 LEASE_LABEL = "openalice.scheduler.lease_id"
-# The demo worker answers the hand-off where busybox httpd runs CGI.
+# The demo worker answers the hand-off at the default WARM_HANDOFF_PATH, /openalice/lease.
 POOL_ENV = {
-    "WARM_HANDOFF_PATH": "/cgi-bin/lease",
     "RENDERER_READY_PATH": "/healthz",
     "ANIM_READY_PATH": "/healthz",
 }
@@ -286,9 +287,42 @@ def test_two_replicas_share_one_pool(replicas: Replicas) -> None:  # noqa: F811
     assert len(a.containers()) == 7
 
 
+def test_warm_pool_alone_gets_a_working_pool_from_the_demo_worker(
+    make_scheduler: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A newcomer's setting: WARM_POOL and nothing else (no hand-off path, no readiness
+    # path), so the scheduler POSTs to its default WARM_HANDOFF_PATH, /openalice/lease.
+    monkeypatch.delenv("WARM_HANDOFF_PATH", raising=False)
+    sched = make_scheduler(WARM_POOL="renderer/none=1")
+    assert not [name for name in sched.env if name.startswith("WARM_") and name != "WARM_POOL"]
+    wait_idle(sched, 1)
+    [pool_worker] = list(ids(sched))
+    lease = sched.lease(kind="renderer", owner_id="newcomer", env={"SCENE": "intro"})
+    assert lease["provider_token"] == pool_worker  # served warm
+    page = worker_page(pool_worker)
+    assert page["lease_id"] == lease["lease_id"] and page["fence"] == lease["fence"]
+    assert page["handoff"] == {
+        "lease_id": lease["lease_id"],
+        "kind": "renderer",
+        "expires_at": lease["expires_at"],
+        "fence": lease["fence"],
+        "env": {"SCENE": "intro"},
+    }
+    # The page over HTTP is the same: the worker's front passes other paths to httpd.
+    networks = docker_client().api.inspect_container(pool_worker)["NetworkSettings"]
+    [address] = [net["IPAddress"] for net in networks["Networks"].values()]
+    assert httpx.get(f"http://{address}:8080/", timeout=10).json() == page
+    assert "switched off" not in sched.log()
+    wait_idle(sched, 1, timeout=30)  # and the pool refills
+
+
 def test_an_image_without_the_hand_off_is_not_used_warm(make_scheduler: Make) -> None:
-    # The default path: the demo image answers 501 there (no CGI outside /cgi-bin).
-    sched = make_scheduler(WARM_POOL="renderer/none=1", RENDERER_READY_PATH="/healthz")
+    # A path the demo image has no script for: /openalice/<name> answers 404 there.
+    sched = make_scheduler(
+        WARM_POOL="renderer/none=1",
+        RENDERER_READY_PATH="/healthz",
+        WARM_HANDOFF_PATH="/openalice/no-such-hand-off",
+    )
     wait_idle(sched, 1)
     [pool_worker] = list(ids(sched))
     first = sched.lease(kind="renderer")

@@ -6,6 +6,7 @@ its deadline, and refuses requests with an older fence than the lease it serves.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import uuid
@@ -16,13 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import REPO, Scheduler, docker_client, wait_for
+from tests.harness import REPO, WORKER_IMAGE_ENV, Scheduler, docker_client, wait_for
 from tests.test_warm_pool import POOL_ENV, wait_idle, worker_page
 
 Make = Callable[..., Scheduler]
 # These tests need this checkout's demo worker: built under a tag of their own, so that
-# a test session of another checkout rebuilding the shared tag cannot swap it meanwhile.
-IMAGE = "openalice-demo-worker:lease-self-test"
+# a test session of another checkout rebuilding the shared tag cannot swap it meanwhile
+# (TEST_WORKER_IMAGE's tag, when given, is already a checkout's own).
+IMAGE = os.environ.get(WORKER_IMAGE_ENV) or "openalice-demo-worker:lease-self-test"
 
 
 @pytest.fixture(scope="module")

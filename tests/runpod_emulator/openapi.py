@@ -1,15 +1,17 @@
-"""RunPod's published OpenAPI file, used as the validator for request bodies.
+"""RunPod's published OpenAPI schemas, used as the validator for request bodies.
 
-Validating against the real document (instead of a hand copy of its rules) keeps the
-emulator honest: when shared/runpod/openapi-v2.json changes, the emulator's 422s change
-with it. OpenAPI 3.1 schemas are JSON Schema 2020-12, so `unevaluatedProperties: false`
-(RunPod's "unknown fields -> 422") needs the 2020-12 validator.
+Validating against RunPod's own document (instead of a hand copy of its rules) keeps the
+emulator honest. The document lives in the repository as `runpod-rest-v2.schema.json`:
+its structure only (no prose), made from a copy of RunPod's file by make_schema.py, which
+records where and when the copy was taken in its `x-source`. Refresh it with that script
+and the emulator's 422s follow. OpenAPI 3.1 schemas are JSON Schema 2020-12, so
+`unevaluatedProperties: false` (RunPod's "unknown fields -> 422") needs the 2020-12
+validator.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,32 +20,24 @@ from jsonschema import Draft202012Validator, ValidationError
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-OPENAPI_PATH_ENV = "RUNPOD_OPENAPI_PATH"
-# CI lays shared/ beside the repository clone; this file is <repo>/tests/runpod_emulator/.
-DEFAULT_OPENAPI_PATH = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "runpod" / "openapi-v2.json"
-)
+SCHEMA_PATH = Path(__file__).resolve().with_name("runpod-rest-v2.schema.json")
 _BASE_URI = "urn:runpod:openapi-v2"
-
-
-def openapi_path() -> Path:
-    """Where the OpenAPI file is read from: $RUNPOD_OPENAPI_PATH, else the shared/ copy."""
-    override = os.environ.get(OPENAPI_PATH_ENV)
-    return Path(override) if override else DEFAULT_OPENAPI_PATH
 
 
 class OpenApiSchemas:
     """Validators for named schemas of `components.schemas`."""
 
-    def __init__(self, document: dict[str, Any]) -> None:
+    def __init__(self, document: dict[str, Any], path: Path | None = None) -> None:
         self.document = document
+        self.path = path  # the file it was read from, if any
         resource = Resource.from_contents(document, default_specification=DRAFT202012)
         self._registry: Registry[Any] = Registry().with_resource(_BASE_URI, resource)
         self._validators: dict[str, Draft202012Validator] = {}
 
     @classmethod
-    def load(cls, path: Path | None = None) -> OpenApiSchemas:
-        return _load_cached(str((path or openapi_path()).resolve()))
+    def load(cls) -> OpenApiSchemas:
+        """The schemas of the repository's file (read once per process)."""
+        return _load_cached(str(SCHEMA_PATH))
 
     def schema_names(self) -> list[str]:
         return list(self.document["components"]["schemas"])
@@ -95,12 +89,7 @@ class OpenApiSchemas:
         return self._validators[schema_name]
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=1)
 def _load_cached(path: str) -> OpenApiSchemas:
     file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"RunPod OpenAPI file not found at {file}; set {OPENAPI_PATH_ENV} "
-            "or lay shared/ beside the repository"
-        )
-    return OpenApiSchemas(json.loads(file.read_text(encoding="utf-8")))
+    return OpenApiSchemas(json.loads(file.read_text(encoding="utf-8")), path=file)

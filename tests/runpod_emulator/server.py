@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from pathlib import Path
 from types import TracebackType
 
 import uvicorn
@@ -39,12 +38,11 @@ class RunPodEmulator(EmulatorState):
         *,
         port: int = 0,
         provision_delay: float = 0.0,
-        openapi_path: Path | None = None,
     ) -> None:
         super().__init__(provision_delay=provision_delay)
         self.api_key = api_key
         self._requested_port = port
-        self._schemas = OpenApiSchemas.load(openapi_path)
+        self._schemas = OpenApiSchemas.load()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
@@ -64,6 +62,11 @@ class RunPodEmulator(EmulatorState):
         """The template of a pod's proxy URL here (the scheduler's RUNPOD_PROXY_URL):
         see `pods_answer_after` and proxy.py."""
         return f"{self.base_url}/_proxy/{{pod_id}}-{{port}}"
+
+    @property
+    def schemas(self) -> OpenApiSchemas:
+        """What request bodies are validated against (its `path`: the repository's file)."""
+        return self._schemas
 
     @property
     def auth_headers(self) -> dict[str, str]:
