@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Make a PostgreSQL server answer on this machine, with a role for the current user and
-# a database `openalice_test`. Idempotent: when a server already answers, only the role
-# and database are made when missing. Otherwise, as root on Debian, install
-# postgresql when missing and start the cluster.
+# a database `openalice_test`, taking as many connections as the parallel test suite
+# opens (each scheduler keeps a pool of up to 30; several replicas on several pytest-xdist
+# workers at once). Idempotent: when a server already answers with enough connections,
+# only the role and database are made when missing. Otherwise, as root on Debian, install
+# postgresql when missing, raise max_connections, and start (or restart) the cluster.
 set -euo pipefail
 say() { printf '[ensure-postgres] %s\n' "$*" >&2; }
+
+# What the suite needs at once, with room to spare (PostgreSQL's default is 100).
+NEEDED_CONNECTIONS=500
 
 answers() { pg_isready -q -h "${PGHOST:-/var/run/postgresql}" 2>/dev/null; }
 
@@ -23,12 +28,30 @@ if ! answers; then
     say "creating cluster $version/main"
     pg_createcluster "$version" main >/dev/null
   fi
-  say "starting PostgreSQL $version"
+  pg_conftool -s "$version" main set max_connections "$NEEDED_CONNECTIONS"
+  say "starting PostgreSQL $version (max_connections=$NEEDED_CONNECTIONS)"
   pg_ctlcluster "$version" main start
   for _ in $(seq 1 60); do answers && break; sleep 0.5; done
   answers || { say "PostgreSQL did not answer within 30 s"; exit 1; }
 else
-  say "a PostgreSQL server already answers; leaving it as it is"
+  have=$(psql -h "${PGHOST:-/var/run/postgresql}" -U postgres -d postgres -tAc "SHOW max_connections" 2>/dev/null \
+         || su postgres -c "psql -tAc 'SHOW max_connections'" 2>/dev/null || echo 0)
+  if [ "${have:-0}" -ge "$NEEDED_CONNECTIONS" ]; then
+    say "a PostgreSQL server already answers ($have connections); leaving it as it is"
+  else
+    cluster=$(pg_lsclusters -h 2>/dev/null | awk '$4 == "online" { print $1 " " $2; exit }')
+    if [ "$(id -u)" != 0 ] || [ -z "$cluster" ]; then
+      say "PostgreSQL answers but takes only $have connections; the suite needs $NEEDED_CONNECTIONS:"
+      say "  ALTER SYSTEM SET max_connections = $NEEDED_CONNECTIONS; then restart it"
+      exit 1
+    fi
+    say "PostgreSQL $cluster takes only $have connections; raising max_connections to" \
+        "$NEEDED_CONNECTIONS and restarting it (the suite opens that many at once)"
+    pg_conftool -s $cluster set max_connections "$NEEDED_CONNECTIONS"
+    pg_ctlcluster $cluster restart
+    for _ in $(seq 1 60); do answers && break; sleep 0.5; done
+    answers || { say "PostgreSQL did not answer within 30 s of its restart"; exit 1; }
+  fi
 fi
 
 user=$(id -un)

@@ -16,6 +16,30 @@ from tests.harness import REPO, WORKER_IMAGE, Scheduler, database_url, docker_cl
 from tests.postgres import PrivatePostgres
 from tests.runpod_emulator import RunPodEmulator
 
+# pytest-xdist hands tests out in collection order: these modules go first, so that
+# their long waits (the service image's build, two replicas under load, kill -9 and
+# restarts) overlap the many short tests instead of finishing last, alone. Longest first.
+SLOW_FIRST = (
+    "test_image.py",
+    "test_replicas.py",
+    "test_runpod_e2e.py",
+    "test_fleet.py",
+    "test_lifecycle.py",
+    "test_lease_features.py",
+    "test_warm_pool.py",
+    "test_guard.py",
+    "test_http.py",
+    "test_fence.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: within a module, the file's own order
+
 
 @pytest.fixture(scope="session", autouse=True)
 def docker_engine() -> None:
