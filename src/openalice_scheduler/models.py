@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -37,6 +38,23 @@ TtlSeconds = Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS), WHOLE_NUMBER]
 WaitSeconds = Annotated[int, Field(ge=0, le=MAX_WAIT_SECONDS), WHOLE_NUMBER]
 # `2026-06-16T01:44:17.123456Z` on the wire (store.records.format_us), a date-time.
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
+def _env_value(value: str) -> str:
+    # An error here is named `env.KEY` (its place in the body); the value itself is never
+    # repeated, not even in part: env values may be secrets.
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        # A lone surrogate (`"\ud800"` as a JSON escape) is no character: no worker's
+        # environment can hold it.
+        raise ValueError("not valid Unicode text (a lone UTF-16 surrogate escape)") from None
+    if size > MAX_ENV_VALUE_BYTES:
+        raise ValueError(f"value is {size} bytes in UTF-8; at most {MAX_ENV_VALUE_BYTES} allowed")
+    return value
+
+
+EnvValue = Annotated[str, AfterValidator(_env_value)]
 
 
 class WorkerKind(StrEnum):
@@ -102,7 +120,7 @@ class LeaseRequest(BaseModel):
     owner_id: Token | None = None
     region: Annotated[Token, StringConstraints(max_length=64)] | None = None
     ttl_seconds: TtlSeconds = 3600
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(default_factory=dict)
     wait_seconds: Annotated[
         WaitSeconds,
         Field(description="How long to wait in line when no provider has capacity now."),
@@ -119,16 +137,10 @@ class LeaseRequest(BaseModel):
 
     @field_validator("env")
     @classmethod
-    def _env_entries(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
+    def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
             if not _ENV_KEY.fullmatch(key):
                 raise ValueError(f"key {key[:64]!r} does not match [A-Za-z_][A-Za-z0-9_]*")
-            size = len(item.encode())
-            if size > MAX_ENV_VALUE_BYTES:
-                # Name the key, never the value: env values may be secrets.
-                raise ValueError(
-                    f"value of {key!r} is {size} bytes; at most {MAX_ENV_VALUE_BYTES} allowed"
-                )
         return value
 
 
