@@ -20,7 +20,11 @@ MAX_TTL_SECONDS = 8 * 3600
 MAX_WAIT_SECONDS = 300
 MAX_ENV_ENTRIES = 64
 MAX_ENV_VALUE_BYTES = 4096
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What JSON Schema can say of a value's size is characters; UTF-8 takes at most 4 bytes
+# for one, so this many always fit in MAX_ENV_VALUE_BYTES (the document says so).
+MAX_ENV_VALUE_SAFE_CHARS = MAX_ENV_VALUE_BYTES // 4
+ENV_KEY_PATTERN = "^[A-Za-z_][A-Za-z0-9_]*$"
+_ENV_KEY = re.compile(ENV_KEY_PATTERN.strip("^$"))
 
 
 def _whole_number(value: object) -> object:
@@ -54,7 +58,20 @@ def _env_value(value: str) -> str:
     return value
 
 
-EnvValue = Annotated[str, AfterValidator(_env_value)]
+EnvValue = Annotated[
+    str,
+    AfterValidator(_env_value),
+    # Schema only: the server's rule is the bytes, checked above.
+    Field(
+        json_schema_extra={
+            "maxLength": MAX_ENV_VALUE_SAFE_CHARS,
+            "description": f"At most {MAX_ENV_VALUE_BYTES} bytes in UTF-8, which "
+            f"maxLength cannot say: {MAX_ENV_VALUE_SAFE_CHARS} characters always fit (4 "
+            f"bytes each at most); up to {MAX_ENV_VALUE_BYTES} ASCII characters do too. "
+            "Valid Unicode text (no lone surrogate). Never logged, stored or echoed.",
+        }
+    ),
+]
 
 
 class WorkerKind(StrEnum):
@@ -120,7 +137,17 @@ class LeaseRequest(BaseModel):
     owner_id: Token | None = None
     region: Annotated[Token, StringConstraints(max_length=64)] | None = None
     ttl_seconds: TtlSeconds = 3600
-    env: dict[str, EnvValue] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(
+        default_factory=dict,
+        description="Environment variables for the worker: at most "
+        f"{MAX_ENV_ENTRIES}, named like shell variables.",
+        # The rules the validators below apply, for clients and fuzzers built from the
+        # document (a key's pattern, the number of entries).
+        json_schema_extra={
+            "maxProperties": MAX_ENV_ENTRIES,
+            "propertyNames": {"pattern": ENV_KEY_PATTERN},
+        },
+    )
     wait_seconds: Annotated[
         WaitSeconds,
         Field(description="How long to wait in line when no provider has capacity now."),
@@ -140,7 +167,7 @@ class LeaseRequest(BaseModel):
     def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
             if not _ENV_KEY.fullmatch(key):
-                raise ValueError(f"key {key[:64]!r} does not match [A-Za-z_][A-Za-z0-9_]*")
+                raise ValueError(f"key {key[:64]!r} does not match {_ENV_KEY.pattern}")
         return value
 
 
