@@ -325,9 +325,9 @@ class ErrorBody(BaseModel):
     """Every error answer: a stable code, a human message, and the details of its code.
     Codes: unauthorized, forbidden, lease_not_found, not_found, method_not_allowed,
     lease_conflict, duplicate_header, request_timeout, body_too_large, headers_too_large,
-    invalid_request, quota_exceeded, provision_failed, release_failed,
-    no_provider_available, store_unavailable, shutting_down, not_ready, internal_error
-    (new codes may be added)."""
+    invalid_request, quota_exceeded, budget_exceeded, too_many_guards, provision_failed,
+    release_failed, no_provider_available, store_unavailable, shutting_down, not_ready,
+    internal_error (new codes may be added)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -346,8 +346,8 @@ class ErrorBody(BaseModel):
     )
     limit: int | None = Field(
         None,
-        description="quota_exceeded: leases an owner may hold; body_too_large, "
-        "headers_too_large: bytes",
+        description="quota_exceeded: leases an owner may hold; too_many_guards: guards "
+        "recorded at most (MAX_GUARDS); body_too_large, headers_too_large: bytes",
     )
     header: str | None = Field(None, description="duplicate_header: the repeated header")
     lease_id: str | None = Field(None, description="release_failed: the lease")
