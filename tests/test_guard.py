@@ -6,12 +6,14 @@ emulator on both transports."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.guardproc import FAST, CutProxy, GuardProcess
@@ -282,6 +284,92 @@ def test_runpod_pod_terminated_within_the_bound_when_the_scheduler_is_dead(
         assert KEY not in guard.log()
     finally:
         guard.kill()
+
+
+# --- what a scheduler records of its guards ----------------------------------------------
+
+STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://w:8080"}
+
+
+def poll(sched: Scheduler, guard_id: str, providers: str) -> httpx.Response:
+    """A guard's poll, as `openalice-scheduler guard` sends it."""
+    return sched.http.get("/v1/guard", params={"guard_id": guard_id, "providers": providers})
+
+
+def listed(sched: Scheduler) -> list[str]:
+    """The guards `GET /v1/providers` shows under the static provider, in its order."""
+    [view] = sched.http.get("/v1/providers").json()
+    return [seen["guard_id"] for seen in view["guards"]]
+
+
+def series(sched: Scheduler) -> set[str]:
+    """The guards with a series on /metrics."""
+    text = httpx.get(f"{sched.url}/metrics", timeout=10).text
+    name = "scheduler_guard_last_contact_timestamp_seconds"
+    return set(re.findall(rf'^{name}\{{guard="([^"]*)"\}} ', text, re.MULTILINE))
+
+
+def test_only_guards_of_this_schedulers_providers_are_recorded_and_so_many(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    """Regression: any guard_id with any providers was answered 200 and recorded, with
+    a series on the ungated /metrics (a fuzz run left 568 rows, each one a future
+    SchedulerGuardSilent alert), and `static,static,…` listed one guard once per
+    repetition. Now a provider this scheduler does not run is a 422 naming it and the
+    valid ones, the list is taken once, and past MAX_GUARDS a new guard is a 429 while
+    the known ones go on polling."""
+    sched = make_scheduler(**STATIC, MAX_GUARDS="3")
+    for providers in ("runpod", "static,nope", "local-docker,static"):
+        refused = poll(sched, f"stray-{uuid.uuid4().hex[:8]}", providers)
+        assert refused.status_code == 422, (providers, refused.text)
+        body = refused.json()
+        assert (body["error"], body["field"]) == ("invalid_request", "providers"), body
+        unknown = next(p for p in providers.split(",") if p != "static")
+        assert f"'{unknown}'" in body["message"] and "static" in body["message"], body
+    assert listed(sched) == [] and series(sched) == set()
+
+    assert poll(sched, "g1", ",".join(["static"] * 36)).status_code == 200
+    assert listed(sched) == ["g1"]
+    for guard_id in ("g2", "g3"):
+        assert poll(sched, guard_id, "static").status_code == 200
+    full = poll(sched, "g4", "static")
+    assert full.status_code == 429, full.text
+    assert full.json()["error"] == "too_many_guards" and "MAX_GUARDS" in full.json()["message"]
+    assert full.headers["Retry-After"].isdigit()
+    assert poll(sched, "g1", "static").status_code == 200  # a known guard polls on
+    assert listed(sched) == ["g1", "g2", "g3"]
+    assert series(sched) == {"g1", "g2", "g3"}
+    # A guard deployed for a provider this scheduler does not run says why, each poll.
+    guard = GuardProcess(sched, PROVIDERS="local-docker").start()
+    try:
+        wait_for(
+            lambda: "refused it: 422 providers: 'local-docker' is not a provider" in guard.log(),
+            timeout=60,
+            what="the guard logging its refusal",
+        )
+    finally:
+        guard.kill()
+    assert SECRET not in guard.log()
+
+
+def test_a_silent_guard_is_forgotten_on_a_timer_with_its_series(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    """A guard silent for GUARD_FORGET_SECONDS is forgotten by the scheduler's own
+    timer, with no other guard polling meanwhile: gone from `GET /v1/providers` and from
+    /metrics, and its room is free for a new guard."""
+    sched = make_scheduler(**STATIC, MAX_GUARDS="1", GUARD_FORGET_SECONDS="2")
+    assert poll(sched, "old", "static").status_code == 200
+    assert listed(sched) == ["old"] and series(sched) == {"old"}
+    assert poll(sched, "new", "static").status_code == 429
+    wait_for(
+        lambda: listed(sched) == [] and series(sched) == set(),
+        timeout=30,
+        interval=0.2,
+        what="the silent guard forgotten",
+    )
+    assert poll(sched, "new", "static").status_code == 200
+    assert listed(sched) == ["new"] and series(sched) == {"new"}
 
 
 # --- start-up ----------------------------------------------------------------------------

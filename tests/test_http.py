@@ -402,3 +402,50 @@ def test_a_body_that_is_not_json_text_is_a_422(sched: Scheduler) -> None:
     )
     assert response.status_code == 422, response.text
     assert (response.json()["error"], response.json()["field"]) == ("invalid_request", "body")
+
+
+def test_a_422_names_the_real_cause_and_never_repeats_a_value(make_scheduler: Make) -> None:
+    """Regression: a body nested 10,000 levels deep and a number of 5,000 digits were
+    answered "not valid JSON (not UTF-8 JSON)", and an env value holding a lone surrogate
+    (`\\ud800`, a JSON escape of no character) was partly echoed in the message. Each is
+    now named for what it is, the value never repeated (env values are secrets)."""
+    sched = make_scheduler(**ONE)
+    secret = "s3cret-" + uuid.uuid4().hex
+    digits = "7" * 5000
+    cases = {
+        "deep array": (b'{"kind":"renderer","x":' + b"[" * 10_000 + b"]" * 10_000 + b"}", "body"),
+        "deep object": (b'{"kind":"renderer","x":' + b'{"a":' * 10_000 + b"}" * 10_001, "body"),
+        "long number": (b'{"kind":"renderer","ttl_seconds":' + digits.encode() + b"}", "body"),
+        "lone surrogate": (
+            b'{"kind":"renderer","env":{"API_KEY":"' + secret.encode() + b'\\ud800tail"}}',
+            "env.API_KEY",
+        ),
+    }
+    causes = {
+        "deep array": "nested too deeply",
+        "deep object": "nested too deeply",
+        "long number": "a number too long",
+        "lone surrogate": "not valid Unicode",
+    }
+    for name, (body, field) in cases.items():
+        response = sched.http.post(
+            "/v1/lease", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 422, (name, response.text)
+        answer = response.json()
+        assert (answer["error"], answer["field"]) == ("invalid_request", field), (name, answer)
+        assert causes[name] in answer["message"], (name, answer)
+        assert "UTF-8" not in answer["message"], (name, answer)
+        for value in (secret, "ud800", "tail", digits[:20]):
+            assert value not in response.text, (name, value, answer)
+    assert secret not in sched.log()
+    # Still answered as before: a body that is not UTF-8, and plain bad JSON.
+    not_utf8 = sched.http.post(
+        "/v1/lease", content=b'{"kind": "\xff"}', headers={"Content-Type": "application/json"}
+    )
+    assert "not UTF-8" in not_utf8.json()["message"], not_utf8.text
+    cut = sched.http.post(
+        "/v1/lease", content=b'{"kind":', headers={"Content-Type": "application/json"}
+    )
+    assert "not valid JSON" in cut.json()["message"], cut.text
+    assert sched.acquire(kind="renderer").status_code == 200  # and it serves on

@@ -364,6 +364,43 @@ def test_text_log_has_the_access_lines_too(make_scheduler: Make) -> None:
     ), line
 
 
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_callers_long_string_is_cut_in_the_log(make_scheduler: Make, log_format: str) -> None:
+    """Regression: `GET /v1/lease/<60,000 × a>` without the secret was answered 401 and
+    logged as a 180 KB access line (the path in `message`, `path` and `lease_id`). Every
+    value put in a line is cut at 256 characters, saying how many more there were."""
+    sched = make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS="renderer=http://w:8080", LOG_FORMAT=log_format
+    )
+    rid = f"long-{uuid.uuid4().hex}"
+    lease_id = "a" * 60_000
+    path = f"/v1/lease/{lease_id}"
+    response = httpx.get(f"{sched.url}{path}", headers={"X-Request-ID": rid}, timeout=30)
+    assert response.status_code == 401
+    [line] = wait_for(
+        lambda: [x for x in sched.log().splitlines() if rid in x], 10, what="the access line"
+    )
+    assert len(line.encode()) < 2048, len(line)
+    path_cut = f"{path[:256]}\N{HORIZONTAL ELLIPSIS}(+{len(path) - 256} chars)"
+    id_cut = f"{lease_id[:256]}\N{HORIZONTAL ELLIPSIS}(+{len(lease_id) - 256} chars)"
+    if log_format == "text":
+        assert f"GET {path_cut} 401 " in line, line
+    else:
+        record = json.loads(line)
+        assert (record["path"], record["lease_id"]) == (path_cut, id_cut)
+        assert record["message"].startswith(f"GET {path_cut} 401 "), record["message"]
+
+    # A secret across the cut is blanked before the cut: none of it is left.
+    rid = f"across-{uuid.uuid4().hex}"
+    path = f"/v1/lease/{'a' * 220}{SECRET}{'b' * 100}"
+    response = httpx.get(f"{sched.url}{path}", headers={"X-Request-ID": rid}, timeout=30)
+    assert response.status_code == 401
+    [line] = wait_for(
+        lambda: [x for x in sched.log().splitlines() if rid in x], 10, what="the access line"
+    )
+    assert "[redacted]" in line and SECRET[:16] not in line, line
+
+
 def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
     receiver = OtlpReceiver()
     endpoint = receiver.start()

@@ -5,6 +5,7 @@ generated from the document (openapi-python-client) that drives every route."""
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -258,3 +259,81 @@ def test_the_document_describes_the_errors_as_answered(service: Scheduler) -> No
     } <= set(details)
     request = spec["components"]["schemas"]["LeaseRequest"]["properties"]
     assert request["ttl_seconds"]["type"] == request["wait_seconds"]["type"] == "integer"
+
+
+def test_the_document_states_the_rules_the_server_applies(service: Scheduler) -> None:
+    """Regression: the rules of LeaseRequest's `env` (64 entries, keys like shell
+    variables, values of at most 4,096 bytes) and the RFC 3339 form of /v1/usage's
+    `since` and `until` were not in the document, so a client or a fuzzer built from it
+    sent requests the server refused. Now a request at the document's limits is
+    accepted and one just past them is refused."""
+    spec = httpx.get(f"{service.url}/openapi.json").json()
+    env = spec["components"]["schemas"]["LeaseRequest"]["properties"]["env"]
+    entries, key = env["maxProperties"], env["propertyNames"]["pattern"]
+    value = env["additionalProperties"]
+    chars = value["maxLength"]
+    assert (entries, chars) == (64, 1024)
+    # The server counts bytes (UTF-8): the document's characters are what always fits,
+    # and its description says how many bytes.
+    assert "4096 bytes" in value["description"], value
+
+    keys = ["_", "Z", "a_1", *(f"K{i}" for i in range(entries - 3))]
+    assert all(re.fullmatch(key, k) for k in keys)
+    widest = "\N{GRINNING FACE}" * chars  # 4 bytes each: 4096 bytes
+    ascii_widest = "x" * 4096
+    for fits in ({k: widest for k in keys}, {"ASCII": ascii_widest}):
+        accepted = _acquire(service, fits)
+        assert accepted.status_code == 200, accepted.text[:300]
+        released = service.http.delete(f"/v1/lease/{accepted.json()['lease']['lease_id']}")
+        assert released.status_code == 204
+    too_many = {**{k: "v" for k in keys}, "ONE_MORE": "v"}
+    for bad_key in ("1BAD", "BAD-KEY", "", "K\N{LATIN SMALL LETTER E WITH ACUTE}"):
+        assert not re.fullmatch(key, bad_key), bad_key
+    for past, field in (
+        (too_many, "env"),
+        *(({bad_key: "v"}, "env") for bad_key in ("1BAD", "BAD-KEY", "")),
+        ({"K": widest + "\N{GRINNING FACE}"}, "env.K"),
+        ({"K": ascii_widest + "x"}, "env.K"),
+    ):
+        refused = _acquire(service, past)
+        assert refused.status_code == 422, (list(past)[:3], refused.text[:300])
+        assert refused.json()["field"] == field, refused.json()
+
+    usage = {p["name"]: p for p in spec["paths"]["/v1/usage"]["get"]["parameters"]}
+    accepted_as = {
+        "since": [
+            "0001-01-01",
+            "2020-02-29",
+            "2020-11-30T12:00:00Z",
+            "2020-11-30t23:59:59.123456789z",
+            "2020-11-30T00:00:00+23:59",
+            "2020-11-30T12:00:00-00:00",
+        ],
+        "until": ["9999-12-31", "9999-12-31T23:59:59.999999Z", "2020-01-02T00:00:00.5-23:59"],
+    }
+    just_past = [
+        "0000-12-31",
+        "2020-13-01",
+        "2020-11-32",
+        "2020-11-30T24:00:00Z",
+        "2020-11-30T12:60:00Z",
+        "2020-11-30T12:00:60Z",
+        "2020-11-30T12:00:00",
+        "2020-11-30T12:00:00+24:00",
+    ]
+    for name, fits in accepted_as.items():
+        schema = next(s for s in usage[name]["schema"]["anyOf"] if s.get("type") == "string")
+        pattern = schema["pattern"]
+        for text in fits:
+            assert re.fullmatch(pattern, text), (name, text)
+            answer = service.http.get("/v1/usage", params={name: text})
+            assert answer.status_code == 200, (name, text, answer.text)
+        for text in just_past:
+            assert not re.fullmatch(pattern, text), (name, text)
+            answer = service.http.get("/v1/usage", params={name: text})
+            assert answer.status_code == 422, (name, text, answer.text)
+            assert answer.json()["field"] == name
+
+
+def _acquire(service: Scheduler, env: dict[str, str]) -> httpx.Response:
+    return service.http.post("/v1/lease", json={"kind": "renderer", "env": env})

@@ -86,6 +86,8 @@ def test_usage_period_before_the_leases_is_empty_and_beyond_retention_incomplete
         ({"since": "2026-11-30T12:00:00"}, "since"),  # no UTC offset
         ({"since": "2026-12-01", "until": "2026-11-30"}, "since"),
         ({"until": "9999-12-31T23:59:59-01:00"}, "until"),
+        # Regression: a 500, as the default since (24 h before) is before year 1.
+        ({"until": "0001-01-01T12:00:00Z"}, "until"),
         ({"group_by": "colour"}, "group_by"),
     ],
 )

@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import REPO, WORKER_IMAGE_ENV, Scheduler, docker_client, wait_for
+from openalice_scheduler.lease_access import LeaseAccess
+from tests.harness import REPO, SECRET, WORKER_IMAGE_ENV, Scheduler, docker_client, wait_for
 from tests.test_warm_pool import POOL_ENV, wait_idle, worker_page
 
 Make = Callable[..., Scheduler]
@@ -120,6 +121,31 @@ def test_the_self_endpoint_answers_one_lease_to_its_own_token(
         assert token not in dump
         assert token not in metrics
     assert "/self" in sched.log()  # the access lines are there, without the token
+
+
+def test_a_repeated_authorization_header_is_refused_as_a_repeated_secret_is(
+    make_scheduler: Make,
+) -> None:
+    """Regression: two `Authorization` headers on a worker's own view were taken, the
+    last one winning, where a repeated X-Internal-Secret is a 400: a proxy in front may
+    have checked the other one. Now either order, and the same token twice, is a 400
+    `duplicate_header` that repeats neither value, in its body or the log. (A static
+    endpoint is told no token: the test derives it as the scheduler does.)"""
+    sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS="renderer=http://w:8080")
+    lease = sched.lease(kind="renderer")
+    token = LeaseAccess(SECRET, None).token(lease["lease_id"])
+    url = f"{sched.url}/v1/lease/{lease['lease_id']}/self"
+    alone = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert alone.status_code == 200, alone.text
+    made_up = "made-up-" + uuid.uuid4().hex
+    for first, last in ((made_up, token), (token, made_up), (token, token)):
+        sent = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {last}")]
+        refused = httpx.get(url, headers=sent, timeout=10)
+        assert refused.status_code == 400, (first == token, refused.text)
+        body = refused.json()
+        assert (body["error"], body["header"]) == ("duplicate_header", "authorization")
+        assert token not in refused.text and made_up not in refused.text
+    assert token not in sched.log() and made_up not in sched.log()
 
 
 def test_the_demo_worker_stops_itself_when_the_scheduler_dies_and_its_deadline_passes(

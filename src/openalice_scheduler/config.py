@@ -218,6 +218,21 @@ class Settings(BaseSettings):
         "scheduler_owner_spend_dollars_total{owner}: owner ids on the ungated /metrics.",
     )
 
+    # What the scheduler keeps of the guards that poll it (README, The guard).
+    max_guards: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="Most guards the scheduler records; a new one past it is a 429 "
+        "too_many_guards, the known ones poll on.",
+    )
+    guard_forget_seconds: float = Field(
+        86_400.0,
+        ge=1,
+        description="A guard silent this long is forgotten (its row and its metric "
+        "series); keep it well above the SchedulerGuardSilent alert's 5 minutes.",
+    )
+
     # The guard (`openalice-scheduler guard`; README, The guard). The scheduler ignores them.
     guard_scheduler_url: str | None = Field(
         None,

@@ -77,6 +77,15 @@ class QuotaExceeded(SchedulerError):
     status = 429
 
 
+class TooManyGuards(SchedulerError):
+    """A guard this scheduler has not recorded polled while it records as many as it may
+    (MAX_GUARDS); `limit` says how many. Room comes back as silent guards are forgotten
+    (GUARD_FORGET_SECONDS): `Retry-After` says when at the earliest."""
+
+    code = "too_many_guards"
+    status = 429
+
+
 class BudgetExceeded(SchedulerError):
     """Every provider that could serve would break one of the owner's caps in money
     (README, Prices and caps); the body names the cap, the owner's figures and the

@@ -24,7 +24,7 @@ from openalice_scheduler.pool import WarmPool
 from openalice_scheduler.providers import Provider
 from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.readiness import ReadinessCheck
-from openalice_scheduler.retention import Purger
+from openalice_scheduler.retention import GuardForgetter, Purger
 from openalice_scheduler.service import Clock, LeaseService
 from openalice_scheduler.store import LeaseStore, to_us
 from openalice_scheduler.tracing import Tracing, service_version
@@ -86,7 +86,13 @@ def lifespan(
                 max_idle_seconds=settings.warm_pool_max_idle_seconds,
                 idle_gauge=metrics.pool_idle,
             )
-            service.guards = GuardDesk(store, instance=settings.scheduler_instance)
+            service.guards = guards = GuardDesk(
+                store,
+                instance=settings.scheduler_instance,
+                providers=[p.name for p in providers],
+                most=settings.max_guards,
+                forget_seconds=settings.guard_forget_seconds,
+            )
             reconciler = Reconciler(
                 service,
                 tracing.tracer,
@@ -114,6 +120,8 @@ def lifespan(
             purger = Purger(service, settings.lease_retention_days)
             if settings.lease_retention_days:
                 purger.start()
+            forgetter = GuardForgetter(service, guards, settings.guard_forget_seconds)
+            forgetter.start()
             # Waiters here hear of capacity freed on other replicas too.
             listener = asyncio.create_task(store.listen_capacity(service.capacity_freed))
             log.info(
@@ -126,7 +134,7 @@ def lifespan(
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
-            for loop in (purger, pool, sweeper, reconciler, heartbeat):
+            for loop in (forgetter, purger, pool, sweeper, reconciler, heartbeat):
                 await loop.stop()
         finally:
             for provider in providers:

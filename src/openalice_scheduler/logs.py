@@ -12,7 +12,7 @@ import logging
 import math
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from types import TracebackType
@@ -35,6 +35,13 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 REDACTED = "[redacted]"
 # Shorter values are not blanked: every "abc" in the log would go with them.
 MIN_REDACTED_LENGTH = 4
+# Every value put in a line (an argument of its message, a JSON field) is cut to this
+# many characters, followed by how many more there were: a caller's string (a path of
+# 60,000 characters, say, and the lease id in it) cannot make a line of any size.
+MAX_VALUE_CHARS = 256
+# JSON fields that are the line itself, not a value in it: the message (made of cut
+# arguments) and a traceback (lines by nature, kept whole).
+_WHOLE_FIELDS = frozenset({"message", "exc_info", "stack_info"})
 # C0 and C1 controls, DEL, and the Unicode line and paragraph separators: each can end a
 # line for a terminal or a log shipper.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -85,7 +92,8 @@ class SafeFormatter(logging.Formatter):
     line unchecked, and this makes sure of it. Control characters in the line (a newline
     in a message or its args) are escaped, so no record can forge another; a traceback or
     stack, lines by nature, follows indented. Secrets are blanked in the whole output,
-    traceback included: an exception's message may carry one."""
+    traceback included: an exception's message may carry one. Each string argument is
+    cut to MAX_VALUE_CHARS (`bounded`), so no value makes the line long."""
 
     def __init__(self, fmt: str = FORMAT, secrets: Iterable[str] = ()) -> None:
         super().__init__(fmt)
@@ -95,6 +103,7 @@ class SafeFormatter(logging.Formatter):
         self.secrets = sorted(kept, key=len, reverse=True)
 
     def format(self, record: logging.LogRecord) -> str:
+        _bound_args(record, self.secrets)
         return _redacted(super().format(record), self.secrets)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
@@ -116,7 +125,8 @@ class SafeJsonFormatter(JsonFormatter):
     line (every control character, and with `ensure_ascii` U+2028/U+2029 too, is
     escaped), and secrets are blanked in every value before it is encoded, so a
     secret can neither survive as its escaped form nor be cut from the record's
-    structure."""
+    structure. Every value, the message's arguments and each field, is cut to
+    MAX_VALUE_CHARS (`bounded`), after its secrets are blanked."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__(
@@ -129,6 +139,10 @@ class SafeJsonFormatter(JsonFormatter):
         kept = {s for s in secrets if len(s) >= MIN_REDACTED_LENGTH}
         self.secrets = sorted(kept, key=len, reverse=True)
 
+    def format(self, record: logging.LogRecord) -> str:
+        _bound_args(record, self.secrets)
+        return super().format(record)
+
     def add_fields(
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
     ) -> None:
@@ -140,22 +154,26 @@ class SafeJsonFormatter(JsonFormatter):
         super().add_fields(log_data, record, message_dict)
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
-        return {key: self._clean(value) for key, value in log_data.items()}
+        return {
+            key: self._clean(value, cut=key not in _WHOLE_FIELDS) for key, value in log_data.items()
+        }
 
-    def _clean(self, value: Any) -> Any:
-        """`value` with every secret blanked; what JSON cannot hold as it is becomes its
-        str() first, so nothing reaches the encoder unchecked."""
-        if isinstance(value, str):
-            return _redacted(value, self.secrets)
+    def _clean(self, value: Any, *, cut: bool) -> Any:
+        """`value` with every secret blanked, then cut (`cut`: see `bounded`); what JSON
+        cannot hold as it is becomes its str() first, so nothing reaches the encoder
+        unchecked."""
         if isinstance(value, float) and not math.isfinite(value):
             return str(value)  # NaN is no JSON: jq would refuse the line
         if value is None or isinstance(value, bool | int | float):
             return value
         if isinstance(value, dict):
-            return {_redacted(str(k), self.secrets): self._clean(v) for k, v in value.items()}
+            return {
+                _redacted(str(k), self.secrets): self._clean(v, cut=cut) for k, v in value.items()
+            }
         if isinstance(value, list | tuple | set | frozenset):
-            return [self._clean(item) for item in value]
-        return _redacted(str(value), self.secrets)
+            return [self._clean(item, cut=cut) for item in value]
+        text = _redacted(value if isinstance(value, str) else str(value), self.secrets)
+        return bounded(text) if cut else text
 
 
 class ContextFields(logging.Filter):
@@ -219,6 +237,33 @@ def configure_logging(
         logging.getLogger(name).setLevel(max(default, logging.WARNING))
     for target, level in per_logger.items():
         logging.getLogger(target).setLevel(level)
+
+
+def bounded(value: str) -> str:
+    """`value`, or its first MAX_VALUE_CHARS characters followed by how many more there
+    were: `aaaa…(+59744 chars)`."""
+    extra = len(value) - MAX_VALUE_CHARS
+    return (
+        value if extra <= 0 else f"{value[:MAX_VALUE_CHARS]}\N{HORIZONTAL ELLIPSIS}(+{extra} chars)"
+    )
+
+
+def _bound_args(record: logging.LogRecord, secrets: Iterable[str]) -> None:
+    """Cut the record's long string arguments before its message is made of them. Their
+    secrets are blanked first: a cut through a secret would leave a part of it that the
+    blanking of the whole line no longer finds."""
+    args = record.args
+    if isinstance(args, tuple):
+        if any(isinstance(arg, str) and len(arg) > MAX_VALUE_CHARS for arg in args):
+            record.args = tuple(_bounded_arg(arg, secrets) for arg in args)
+    elif isinstance(args, Mapping):  # log.info("%(path)s", {"path": ...})
+        record.args = {key: _bounded_arg(arg, secrets) for key, arg in args.items()}
+
+
+def _bounded_arg(arg: object, secrets: Iterable[str]) -> object:
+    if isinstance(arg, str) and len(arg) > MAX_VALUE_CHARS:
+        return bounded(_redacted(arg, secrets))
+    return arg
 
 
 def _redacted(text: str, secrets: Iterable[str]) -> str:

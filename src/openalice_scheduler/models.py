@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -19,7 +20,11 @@ MAX_TTL_SECONDS = 8 * 3600
 MAX_WAIT_SECONDS = 300
 MAX_ENV_ENTRIES = 64
 MAX_ENV_VALUE_BYTES = 4096
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What JSON Schema can say of a value's size is characters; UTF-8 takes at most 4 bytes
+# for one, so this many always fit in MAX_ENV_VALUE_BYTES (the document says so).
+MAX_ENV_VALUE_SAFE_CHARS = MAX_ENV_VALUE_BYTES // 4
+ENV_KEY_PATTERN = "^[A-Za-z_][A-Za-z0-9_]*$"
+_ENV_KEY = re.compile(ENV_KEY_PATTERN.strip("^$"))
 
 
 def _whole_number(value: object) -> object:
@@ -37,6 +42,36 @@ TtlSeconds = Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS), WHOLE_NUMBER]
 WaitSeconds = Annotated[int, Field(ge=0, le=MAX_WAIT_SECONDS), WHOLE_NUMBER]
 # `2026-06-16T01:44:17.123456Z` on the wire (store.records.format_us), a date-time.
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
+def _env_value(value: str) -> str:
+    # An error here is named `env.KEY` (its place in the body); the value itself is never
+    # repeated, not even in part: env values may be secrets.
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        # A lone surrogate (`"\ud800"` as a JSON escape) is no character: no worker's
+        # environment can hold it.
+        raise ValueError("not valid Unicode text (a lone UTF-16 surrogate escape)") from None
+    if size > MAX_ENV_VALUE_BYTES:
+        raise ValueError(f"value is {size} bytes in UTF-8; at most {MAX_ENV_VALUE_BYTES} allowed")
+    return value
+
+
+EnvValue = Annotated[
+    str,
+    AfterValidator(_env_value),
+    # Schema only: the server's rule is the bytes, checked above.
+    Field(
+        json_schema_extra={
+            "maxLength": MAX_ENV_VALUE_SAFE_CHARS,
+            "description": f"At most {MAX_ENV_VALUE_BYTES} bytes in UTF-8, which "
+            f"maxLength cannot say: {MAX_ENV_VALUE_SAFE_CHARS} characters always fit (4 "
+            f"bytes each at most); up to {MAX_ENV_VALUE_BYTES} ASCII characters do too. "
+            "Valid Unicode text (no lone surrogate). Never logged, stored or echoed.",
+        }
+    ),
+]
 
 
 class WorkerKind(StrEnum):
@@ -102,7 +137,17 @@ class LeaseRequest(BaseModel):
     owner_id: Token | None = None
     region: Annotated[Token, StringConstraints(max_length=64)] | None = None
     ttl_seconds: TtlSeconds = 3600
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(
+        default_factory=dict,
+        description="Environment variables for the worker: at most "
+        f"{MAX_ENV_ENTRIES}, named like shell variables.",
+        # The rules the validators below apply, for clients and fuzzers built from the
+        # document (a key's pattern, the number of entries).
+        json_schema_extra={
+            "maxProperties": MAX_ENV_ENTRIES,
+            "propertyNames": {"pattern": ENV_KEY_PATTERN},
+        },
+    )
     wait_seconds: Annotated[
         WaitSeconds,
         Field(description="How long to wait in line when no provider has capacity now."),
@@ -119,16 +164,10 @@ class LeaseRequest(BaseModel):
 
     @field_validator("env")
     @classmethod
-    def _env_entries(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
+    def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
             if not _ENV_KEY.fullmatch(key):
-                raise ValueError(f"key {key[:64]!r} does not match [A-Za-z_][A-Za-z0-9_]*")
-            size = len(item.encode())
-            if size > MAX_ENV_VALUE_BYTES:
-                # Name the key, never the value: env values may be secrets.
-                raise ValueError(
-                    f"value of {key!r} is {size} bytes; at most {MAX_ENV_VALUE_BYTES} allowed"
-                )
+                raise ValueError(f"key {key[:64]!r} does not match {_ENV_KEY.pattern}")
         return value
 
 
@@ -286,9 +325,9 @@ class ErrorBody(BaseModel):
     """Every error answer: a stable code, a human message, and the details of its code.
     Codes: unauthorized, forbidden, lease_not_found, not_found, method_not_allowed,
     lease_conflict, duplicate_header, request_timeout, body_too_large, headers_too_large,
-    invalid_request, quota_exceeded, provision_failed, release_failed,
-    no_provider_available, store_unavailable, shutting_down, not_ready, internal_error
-    (new codes may be added)."""
+    invalid_request, quota_exceeded, budget_exceeded, too_many_guards, provision_failed,
+    release_failed, no_provider_available, store_unavailable, shutting_down, not_ready,
+    internal_error (new codes may be added)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -307,8 +346,8 @@ class ErrorBody(BaseModel):
     )
     limit: int | None = Field(
         None,
-        description="quota_exceeded: leases an owner may hold; body_too_large, "
-        "headers_too_large: bytes",
+        description="quota_exceeded: leases an owner may hold; too_many_guards: guards "
+        "recorded at most (MAX_GUARDS); body_too_large, headers_too_large: bytes",
     )
     header: str | None = Field(None, description="duplicate_header: the repeated header")
     lease_id: str | None = Field(None, description="release_failed: the lease")

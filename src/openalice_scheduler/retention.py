@@ -1,10 +1,14 @@
-"""The purge of ended leases past LEASE_RETENTION_DAYS (README, Usage and retention), a
-loop of its own: without it the leases table grows with every lease ever made."""
+"""What the store does not keep for ever, each a loop of its own: ended leases past
+LEASE_RETENTION_DAYS (README, Usage and retention), without which the leases table grows
+with every lease ever made; and guards silent past GUARD_FORGET_SECONDS (README, The
+guard), without which each guard ever seen stays listed, a series on /metrics and an
+alert."""
 
 from __future__ import annotations
 
 import logging
 
+from openalice_scheduler.guards import GuardDesk
 from openalice_scheduler.loops import LoopService
 from openalice_scheduler.service import LeaseService
 from openalice_scheduler.store.spending import DAY_US
@@ -37,3 +41,28 @@ class Purger(LoopService):
                 self.days,
             )
         return purged
+
+
+class GuardForgetter(LoopService):
+    """Forgets the guards silent for GUARD_FORGET_SECONDS, looking a few times within
+    that time (at least once a minute), whether or not any guard polls meanwhile. Every
+    replica runs one: deleting the same rows twice is harmless. Their metric series go
+    with the rows: /metrics sets the guards' series anew from the store at each scrape."""
+
+    name = "guard-forgetter"
+
+    def __init__(self, service: LeaseService, desk: GuardDesk, forget_seconds: float) -> None:
+        super().__init__(min(60.0, forget_seconds / 4))
+        self.service = service
+        self.desk = desk
+        self.forget_seconds = forget_seconds
+
+    async def run_once(self) -> int:
+        forgotten = await self.desk.forget(self.service.now_us())
+        if forgotten:
+            log.info(
+                "forgot %d guard(s) silent for more than %g s (GUARD_FORGET_SECONDS)",
+                forgotten,
+                self.forget_seconds,
+            )
+        return forgotten

@@ -63,7 +63,11 @@ class Scrape:
             for provider in service.providers:
                 metrics.live_cost.labels(provider.name).set(live_price.get(provider.name, 0.0))
             if service.guards is not None:
-                for contact in await service.guards.contacts():
+                contacts = await service.guards.contacts()
+                # Set anew (no await in between): a guard forgotten, on any replica, loses
+                # its series at the next scrape.
+                metrics.guard_last_contact.clear()
+                for contact in contacts:
                     metrics.guard_last_contact.labels(contact.guard_id).set(
                         contact.last_contact_at / 1e6
                     )

@@ -4,6 +4,7 @@ handlers below and by the middleware in middleware.py alike."""
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,11 +55,12 @@ def _http_error(
     request: Request, exc: StarletteHTTPException, routes: Sequence[BaseRoute]
 ) -> JSONResponse:
     if exc.status_code == 400:
-        # FastAPI's only 400: a JSON body it could not even decode (not UTF-8, say). The
-        # contract answers every unreadable body as 422 invalid_request.
+        # FastAPI's only 400: a JSON body it could not decode for another reason than its
+        # syntax (that one is a 422 already), raised from the decoder's own error. The
+        # contract answers every unreadable body as 422 invalid_request, naming why.
         return JSONResponse(
             validation_body(
-                [{"type": "json_invalid", "loc": ("body",), "ctx": {"error": "not UTF-8 JSON"}}]
+                [{"type": "body_unreadable", "loc": ("body",), "msg": _unreadable(exc.__cause__)}]
             ),
             status_code=422,
         )
@@ -71,6 +73,22 @@ def _http_error(
         status_code=exc.status_code,
         headers=headers,
     )
+
+
+def _unreadable(cause: BaseException | None) -> str:
+    """Why the JSON decoder gave up on a body, in our words: its own message may quote
+    the body (a number's digits), and the body may hold secrets (env values)."""
+    if isinstance(cause, RecursionError):
+        # The decoder recurses once per array or object: Python's recursion limit is the
+        # bound, a few hundred levels, far beyond any LeaseRequest.
+        return "request body is nested too deeply (arrays or objects within one another)"
+    if isinstance(cause, UnicodeDecodeError):
+        return "request body is not valid JSON (not UTF-8 JSON)"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        # int() refuses to read more digits than this (CVE-2020-10735), whatever the JSON.
+        limit = sys.get_int_max_str_digits()
+        return f"request body holds a number too long (integers have at most {limit} digits)"
+    return "request body could not be read as JSON"
 
 
 def internal_error() -> JSONResponse:
@@ -113,6 +131,8 @@ def validation_body(errors: Sequence[Any]) -> dict[str, Any]:
             message = "request body is required: a JSON LeaseRequest"
         elif kind in ("model_attributes_type", "dict_type") and field == "body":
             message = "request body must be a JSON object (Content-Type: application/json)"
+        elif kind == "string_unicode":
+            message = "not valid Unicode text (a lone UTF-16 surrogate escape)"
         details.append({"field": field, "message": message})
     first = details[0] if details else {"field": "body", "message": "invalid request"}
     return {

@@ -27,8 +27,15 @@ MAX_BODY_BYTES = 1024 * 1024
 MAX_HEADER_BYTES = 16 * 1024
 # A whole body must arrive within this; a caller that stalls is answered 408 and cut off.
 BODY_TIMEOUT_S = 15.0
-# Headers whose repetition would make two parts of the stack read different values.
-ONCE_ONLY = (b"x-internal-secret", b"x-lease-owner", b"content-type", b"content-length")
+# Headers whose repetition would make two parts of the stack read different values (a
+# proxy in front may check the first credential where SecretGate reads the last).
+ONCE_ONLY = (
+    b"x-internal-secret",
+    b"authorization",
+    b"x-lease-owner",
+    b"content-type",
+    b"content-length",
+)
 
 
 def install(app: FastAPI, *, secret: str, cors_origins: list[str], access: LeaseAccess) -> None:

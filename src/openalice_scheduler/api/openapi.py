@@ -22,8 +22,8 @@ _RETRY_AFTER = {
 }
 
 _DESCRIPTIONS = {
-    400: "`duplicate_header`: X-Internal-Secret, X-Lease-Owner, Content-Type or "
-    "Content-Length sent more than once (`header` names it)",
+    400: "`duplicate_header`: X-Internal-Secret, Authorization, X-Lease-Owner, "
+    "Content-Type or Content-Length sent more than once (`header` names it)",
     401: "`unauthorized`: X-Internal-Secret missing or wrong",
     403: "`forbidden`: the lease has an owner_id and X-Lease-Owner is missing or different",
     404: "`lease_not_found`: unknown lease, released, or (renew) no longer active; "

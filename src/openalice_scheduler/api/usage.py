@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Security
+from pydantic import StringConstraints, WithJsonSchema
 
 from openalice_scheduler.api.deps import SECRET_HEADER, ServiceDep
 from openalice_scheduler.api.openapi import errors
@@ -20,7 +21,34 @@ from openalice_scheduler.store.spending import DAY_US
 router = APIRouter(prefix="/v1", tags=["usage"], dependencies=[Security(SECRET_HEADER)])
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_TIME_HELP = "RFC 3339 time (`2026-11-30T12:00:00Z`) or a date (`2026-11-30`: its UTC midnight)"
+# What `_instant` always reads, as the document states it (the parameters' `pattern`, for
+# clients and fuzzers built from it): an RFC 3339 date-time with its UTC offset, or a
+# full date, every field in range. `[0-9]`, not `\d`, which in Python's expressions (and
+# a fuzzer's) takes the digits of every script. What a pattern cannot say (a day that
+# exists, the UTC range, since before until) the description does. Python's
+# fromisoformat reads a few more ISO 8601 forms; they stay accepted, undocumented.
+_TIME = (
+    "[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]([.][0-9]+)?"
+    "([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+INSTANT_PATTERN = (
+    "^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
+    f"-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])({_TIME})?$"
+)
+_MAX_LENGTH = 64
+Instant = Annotated[
+    str,
+    StringConstraints(max_length=_MAX_LENGTH),
+    WithJsonSchema({"type": "string", "maxLength": _MAX_LENGTH, "pattern": INSTANT_PATTERN}),
+]
+# The earliest time a report can show (format_us): 0001-01-01T00:00:00Z.
+_FIRST_US = to_us(datetime(1, 1, 1, tzinfo=UTC))
+_TIME_HELP = (
+    "RFC 3339 time with its UTC offset (`2026-11-30T12:00:00Z`, `…+05:30`) or a date "
+    "(`2026-11-30`: its UTC midnight), as `pattern` says; the day must exist in its "
+    "month, the time fall within 0001-01-01 and 9999-12-31 in UTC, and `since` come "
+    "before `until`"
+)
 
 
 @router.get(
@@ -33,17 +61,25 @@ async def usage(
     request: Request,
     service: ServiceDep,
     since: Annotated[
-        str | None,
-        Query(max_length=64, description=(f"{_TIME_HELP}; default: 24 h before `until`.")),
+        Instant | None, Query(description=f"{_TIME_HELP}. Default: 24 h before `until`.")
     ] = None,
     until: Annotated[
-        str | None, Query(max_length=64, description=(f"{_TIME_HELP}; default: now."))
+        Instant | None,
+        Query(
+            description=f"{_TIME_HELP}. Default: now (without `since`: at least "
+            "0001-01-02T00:00:00Z, as since is then 24 h before)."
+        ),
     ] = None,
     group_by: GroupBy = "owner",
 ) -> UsageReport:
     now = service.now_us()
     end = _instant(until, "until") if until is not None else now
     start = _instant(since, "since") if since is not None else end - DAY_US
+    if start < _FIRST_US:  # only the default can be: a given since is checked above
+        raise InvalidRequest(
+            "until: the default since, 24 h before it, is before 0001-01-01; give since",
+            field="until",
+        )
     if start >= end:
         raise InvalidRequest(f"since: must be before until ({format_us(end)})", field="since")
     found = await counting.usage(service.store.backend, group_by, since=start, until=end, now=now)

@@ -133,10 +133,13 @@ class Guard:
                     )
                     continue
                 return answer
-            # 401: a wrong secret, said each time (the guard is then blind); others: a
-            # replica without its store, or a gateway without a replica.
-            level = logging.ERROR if response.status_code in (401, 403) else logging.DEBUG
-            log.log(level, "guard: %s answered %d", url, response.status_code)
+            # Said each time, as the guard is then blind: 401 a wrong secret, 422 a
+            # provider that scheduler does not run, 429 no room for another guard there
+            # (MAX_GUARDS). Others: a replica without its store, or a gateway without one.
+            if response.status_code in (401, 403, 422, 429):
+                log.error("guard: %s refused it: %s", url, _why(response))
+            else:
+                log.debug("guard: %s answered %d", url, response.status_code)
         return None
 
     async def _workers(self) -> tuple[dict[str, list[tuple[Provider, WorkerInfo]]], bool]:
@@ -187,3 +190,17 @@ class Guard:
             )
             destroyed += 1
         return destroyed
+
+
+def _why(response: httpx.Response) -> str:
+    """A refusal's status and the scheduler's message (which never holds a secret)."""
+    try:
+        body = response.json()
+    except ValueError:  # a proxy's page, say
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    return (
+        f"{response.status_code} {message}"
+        if isinstance(message, str)
+        else str(response.status_code)
+    )

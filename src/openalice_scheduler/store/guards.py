@@ -1,21 +1,26 @@
 """What the guards (`openalice-scheduler guard`, guard/) read and leave in the store:
-each poll records the guard's contact, and reads the deadline of every live worker."""
+each poll records the guard's contact, and reads the deadline of every live worker. The
+rows are bounded: a new guard is recorded only while there is room (MAX_GUARDS), and
+guards silent too long are forgotten (GUARD_FORGET_SECONDS, retention.py's loop)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from openalice_scheduler.models import LIVE_STATES
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.schema import guards, leases
 
-_DAY_US = 86_400_000_000
 _LIVE = select(
     leases.c.lease_id, leases.c.provider, leases.c.state, leases.c.expires_at, leases.c.released_at
 ).where(leases.c.state.in_([s.value for s in LIVE_STATES]))
+_ROOM = select(func.count(), func.min(guards.c.last_contact_at)).select_from(guards)
+# Taken by a new guard's transaction only: on PostgreSQL two replicas recording two new
+# guards at once could otherwise both take the last room (SQLite has one writer anyway).
+_NEW_GUARD_LOCK = "guards:new"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,32 +41,73 @@ class LiveWorker:
     released_at: int | None
 
 
+class GuardsFull(Exception):
+    """A new guard polled, and `known` guards are recorded already: no room left.
+    `oldest_contact_at`: the longest silent one's last contact (µs)."""
+
+    def __init__(self, known: int, oldest_contact_at: int) -> None:
+        super().__init__(f"{known} guards recorded")
+        self.known = known
+        self.oldest_contact_at = oldest_contact_at
+
+
 class GuardStore:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
-    async def contact(self, guard_id: str, providers: tuple[str, ...], *, now: int) -> None:
-        """Record a guard's poll; forget guards silent for a day (a guard taken down)."""
+    async def contact(
+        self,
+        guard_id: str,
+        providers: tuple[str, ...],
+        *,
+        now: int,
+        most: int,
+        forget_before: int,
+    ) -> None:
+        """Record a guard's poll. A guard not recorded yet is recorded only while fewer
+        than `most` are (those silent since before `forget_before` forgotten first);
+        else GuardsFull, and nothing is written."""
         watched = ",".join(providers)
+        seen = (
+            update(guards)
+            .where(guards.c.guard_id == guard_id)
+            .values(providers=watched, last_contact_at=now)
+        )
 
         def _tx(conn: Connection) -> None:
-            seen = update(guards).where(guards.c.guard_id == guard_id)
-            if conn.execute(seen.values(providers=watched, last_contact_at=now)).rowcount == 0:
-                conn.execute(
-                    guards.insert().values(
-                        guard_id=guard_id, providers=watched, last_contact_at=now
-                    )
-                )
-            conn.execute(guards.delete().where(guards.c.last_contact_at < now - _DAY_US))
+            if conn.execute(seen).rowcount:
+                return  # a known guard: every poll but its first
+            self.backend.lock(conn, _NEW_GUARD_LOCK)
+            if conn.execute(seen).rowcount:
+                return  # recorded by another replica meanwhile
+            conn.execute(guards.delete().where(guards.c.last_contact_at < forget_before))
+            known, oldest = conn.execute(_ROOM).one()
+            if known >= most:
+                raise GuardsFull(known, oldest)
+            conn.execute(
+                guards.insert().values(guard_id=guard_id, providers=watched, last_contact_at=now)
+            )
 
         await self.backend.write(_tx)
+
+    async def forget(self, *, before: int) -> int:
+        """Forget the guards whose last contact is older than `before`; how many."""
+
+        def _tx(conn: Connection) -> int:
+            gone = conn.execute(guards.delete().where(guards.c.last_contact_at < before))
+            return int(gone.rowcount)
+
+        return await self.backend.write(_tx)
 
     async def contacts(self) -> list[GuardContact]:
         def _tx(conn: Connection) -> list[GuardContact]:
             rows = conn.execute(select(guards).order_by(guards.c.guard_id))
             return [
+                # Each provider once: rows written before polls were checked may repeat one.
                 GuardContact(
-                    r.guard_id, tuple(p for p in r.providers.split(",") if p), r.last_contact_at
+                    r.guard_id,
+                    tuple(dict.fromkeys(p for p in r.providers.split(",") if p)),
+                    r.last_contact_at,
                 )
                 for r in rows
             ]
