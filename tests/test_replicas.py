@@ -29,6 +29,7 @@ import contextlib
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -42,6 +43,7 @@ from typing import Any
 import httpx
 import pytest
 
+from openalice_scheduler.store.postgres import advisory_key
 from tests.dockerproxy import DockerProxy
 from tests.engines import PrivateEngine
 from tests.harness import SECRET, Scheduler, database_url, wait_for
@@ -377,6 +379,58 @@ def test_expired_leases_are_released_exactly_once_across_replicas(replicas: Repl
     )
     assert claims == dict.fromkeys(ids, 1)
     assert group[0].containers() == []
+
+
+@pytest.mark.timeout(180)
+def test_a_replica_whose_every_connection_waits_still_heartbeats(replicas: Replicas) -> None:
+    """A burst that holds every connection of a replica's pool (each acquire waiting on
+    the provider's lock in its transaction, held here from outside) must not silence its
+    heartbeat: the other replicas would take it for dead and fail its provisions (seen
+    under a loaded burst: a lease answered 502 "resolved by reconciliation")."""
+    (busy,) = replicas(
+        n=1,
+        PROVIDERS="static",
+        STATIC_WORKERS="renderer=http://a:8080",
+        RECONCILE_INTERVAL_SECONDS="2",  # a heartbeat every second
+    )
+    database = busy.env["DATABASE_URL"]
+
+    def sql(query: str) -> str:
+        done = subprocess.run(
+            ["psql", database, "-tAc", query], capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    holder = subprocess.Popen(
+        ["psql", database, "-q"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
+    assert holder.stdin is not None
+    holder.stdin.write(f"SELECT pg_advisory_lock({advisory_key('provider:static')});\n")
+    holder.stdin.flush()
+    answers: list[httpx.Response] = []
+    calls = threading.Thread(
+        target=lambda: answers.extend(burst(split(45, [busy], {"kind": "renderer"})))
+    )
+    try:
+        calls.start()
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        wait_for(lambda: int(sql(waiting)) >= 30, 60, interval=0.2, what="30 acquires waiting")
+        first = int(sql("SELECT max(heartbeat_at) FROM replicas"))
+        wait_for(
+            lambda: int(sql("SELECT max(heartbeat_at) FROM replicas")) > first + 2_000_000,
+            10,
+            interval=0.2,
+            what="two more heartbeats while every pooled connection waits",
+        )
+    finally:
+        holder.stdin.write("SELECT pg_advisory_unlock_all();\n\\q\n")
+        holder.stdin.close()
+        holder.wait(30)
+        calls.join(120)
+    expect(answers, {200: 1, 503: 44})
 
 
 # --- kill -9 a replica mid-provision ------------------------------------------------------

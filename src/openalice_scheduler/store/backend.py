@@ -40,6 +40,13 @@ class Backend(Protocol):
         Its exceptions propagate and undo only its own work."""
         ...
 
+    async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
+        """`write`, on a connection kept apart from the traffic's, for the small writes
+        that must not queue behind a burst of it: the replica's heartbeat. A replica whose
+        every connection waits (on a lock, say) is alive all the same, and must not look
+        dead to the others, who would then fail its provisions."""
+        ...
+
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)` in a read-only transaction (one consistent snapshot)."""
         ...

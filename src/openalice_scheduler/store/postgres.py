@@ -71,9 +71,15 @@ class PostgresBackend:
         # that died unseen fails its transaction (503) and is replaced then.
         self._pool: asyncpg.Pool | None = None
         self._pool_made = asyncio.Lock()
+        # `write_apart`'s own connection, made when first needed and again after it broke.
+        self._apart: asyncpg.Connection | None = None
+        self._apart_lock = asyncio.Lock()
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         return await guarded(self._run(fn, args, readonly=False), also=DRIVER_ERRORS)
+
+    async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
+        return await guarded(self._run_apart(fn, args), also=DRIVER_ERRORS)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         return await guarded(self._run(fn, args, readonly=True), also=DRIVER_ERRORS)
@@ -88,7 +94,7 @@ class PostgresBackend:
             await engine.dispose()
 
     def lock(self, conn: Connection, key: str) -> None:
-        conn.execute(_LOCK, {"key": _lock_id(key)})
+        conn.execute(_LOCK, {"key": advisory_key(key)})
 
     def next_fence(self, conn: Connection) -> int:
         """From the SEQUENCE `lease_fence` (migration 0008): no row lock held until
@@ -123,6 +129,8 @@ class PostgresBackend:
             await asyncio.sleep(0.5)
 
     async def close(self) -> None:
+        if self._apart is not None and not self._apart.is_closed():
+            await self._apart.close(timeout=2)
         if self._pool is not None:
             await self._pool.close()
 
@@ -135,6 +143,13 @@ class PostgresBackend:
             isolation = "repeatable_read" if readonly else None
             async with conn.transaction(isolation=isolation, readonly=readonly):
                 return await run_in_greenlet(fn, PgTx(conn), *args)
+
+    async def _run_apart(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        async with self._apart_lock:
+            if self._apart is None or self._apart.is_closed():
+                self._apart = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_S)
+            async with self._apart.transaction():
+                return await run_in_greenlet(fn, PgTx(self._apart), *args)
 
     async def _make_pool(self) -> asyncpg.Pool:
         async with self._pool_made:
@@ -261,5 +276,7 @@ def url_for_sqlalchemy(url: URL) -> URL:
     return url.set(drivername="postgresql+asyncpg")
 
 
-def _lock_id(key: str) -> int:
+def advisory_key(key: str) -> int:
+    """The number of the advisory lock `lock(conn, key)` takes (another session may take
+    it too: a test holding it from outside)."""
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)

@@ -19,7 +19,9 @@ class Replicas:
         self.replica_id = replica_id
 
     async def heartbeat(self, *, now: int) -> None:
-        """Record that this replica is alive; forget replicas silent for a day."""
+        """Record that this replica is alive; forget replicas silent for a day. On a
+        connection of its own (`write_apart`): a burst holding every other connection
+        must not make this replica look dead."""
 
         def _tx(conn: Connection) -> None:
             beat = update(replicas).where(replicas.c.replica_id == self.replica_id)
@@ -31,7 +33,7 @@ class Replicas:
                 )
             conn.execute(replicas.delete().where(replicas.c.heartbeat_at < now - _DAY_US))
 
-        await self.backend.write(_tx)
+        await self.backend.write_apart(_tx)
 
     async def alive(self, *, since: int) -> set[str]:
         """Replicas with a heartbeat at or after `since`; this one always counts. In a

@@ -91,6 +91,10 @@ class SqliteBackend:
             self._flushing = loop.create_task(self._flush())
         return await guarded(write.future)
 
+    async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
+        # One process, one writer: there is no traffic of other replicas to stay apart from.
+        return await self.write(fn, *args)
+
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await guarded(loop.run_in_executor(self._readers, self._read, fn, args))
