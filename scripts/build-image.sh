@@ -11,7 +11,10 @@
 #                                              # packages (debootstrap), kept as
 #                                              # openalice-base:bookworm for next time
 #   ... [--repository NAME]                    # tag NAME:<version>, NAME:latest instead
+#   ... [--rebuild]                            # build even when nothing it is made of changed
 #
+# An image already built from the same inputs (the base image, the package's files, the
+# lock, the Dockerfile: label org.openalice.scheduler.inputs) is kept as it is.
 # PYTHON is the interpreter that builds the wheels (default: .venv/bin/python, else
 # python3); it must be the base image's Python version (checked), as some dependencies
 # are compiled per version.
@@ -29,7 +32,8 @@ while [ $# -gt 0 ]; do
     --base) base="${2:?--base needs an image}"; shift 2 ;;
     --debian-base) base="$debian_base"; make_debian_base=1; shift ;;
     --repository) repository="${2:?--repository needs a name}"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --rebuild) rebuild=1; shift ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -89,6 +93,22 @@ host_python=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$base_python" = "$host_python" ] \
   || die "$base has Python $base_python but $PYTHON is $host_python: set PYTHON=python$base_python"
 
+# What the image is made of, as one hash: the base image, then every file the wheel and
+# the build read (not caches, not the git metadata).
+inputs=$( { docker image inspect -f '{{.Id}}' "$base"
+            find src pyproject.toml requirements.lock README.md Dockerfile .dockerignore \
+              scripts/build-image.sh \
+              -type f ! -path '*/__pycache__/*' ! -path '*.egg-info/*' 2>/dev/null \
+              | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -c1-16)
+built_from=$(docker image inspect -f '{{ index .Config.Labels "org.openalice.scheduler.inputs" }}' \
+               "$repository:$version" 2>/dev/null || true)
+if [ "${rebuild:-0}" != 1 ] && [ "$built_from" = "$inputs" ] \
+   && [ "$(docker image inspect -f '{{.Id}}' "$repository:latest" 2>/dev/null)" \
+        = "$(docker image inspect -f '{{.Id}}' "$repository:$version")" ]; then
+  say "$repository:$version is already built from these inputs ($inputs); --rebuild builds it again"
+  exit 0
+fi
+
 wheelhouse=build/wheelhouse
 # The dependencies' wheels are built again only when what they come from changes.
 stamp=$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)-py$host_python
@@ -109,6 +129,7 @@ rm -rf "$wheelhouse/app" build/lib build/bdist.*
 previous=$(docker image inspect --format '{{.Id}}' "$repository:latest" 2>/dev/null || true)
 say "building $repository:$version FROM $base"
 docker build --build-arg BASE="$base" --build-arg VERSION="$version" \
+  --label "org.openalice.scheduler.inputs=$inputs" \
   -t "$repository:$version" -t "$repository:latest" . >&2
 current=$(docker image inspect --format '{{.Id}}' "$repository:latest")
 # The image this one replaces, unless a container still uses it (then it stays).
