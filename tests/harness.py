@@ -20,6 +20,12 @@ import docker
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+# One TLS context for every HTTP client of the tests: httpx makes a new one, loading the
+# CA bundle (about 30 ms of CPU), for each client and each top-level `httpx.get`, and
+# waiting loops that poll every 50 ms spent most of a core on it. `HTTP` is for the
+# plain calls (no secret): a new connection each time, as `httpx.get` makes.
+TLS = httpx.create_ssl_context()
+HTTP = httpx.Client(verify=TLS, limits=httpx.Limits(max_keepalive_connections=0))
 SECRET = "test-secret-" + uuid.uuid4().hex
 INSTANCE_LABEL = "openalice.scheduler.instance"
 # The demo worker image (conftest builds it from this checkout). TEST_WORKER_IMAGE names
@@ -96,7 +102,7 @@ class Scheduler:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"scheduler-{self.instance}.log"
         self.http = httpx.Client(
-            base_url=self.url, headers={"X-Internal-Secret": SECRET}, timeout=60
+            verify=TLS, base_url=self.url, headers={"X-Internal-Secret": SECRET}, timeout=60
         )
 
     # --- process ---------------------------------------------------------------------
@@ -124,7 +130,7 @@ class Scheduler:
             if self.proc.poll() is not None:
                 raise AssertionError(f"scheduler exited {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                if HTTP.get(f"{self.url}/health", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -170,7 +176,7 @@ class Scheduler:
 
     def metric(self, name: str, **labels: str) -> float:
         """Value of one sample of /metrics (0 when absent)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        text = HTTP.get(f"{self.url}/metrics", timeout=10).text
         want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         for line in text.splitlines():
             if line.startswith("#"):

@@ -8,13 +8,13 @@ import uuid
 
 import httpx
 
-from tests.harness import SECRET, Scheduler
+from tests.harness import HTTP, SECRET, Scheduler
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 
 def test_health_is_open_and_names_the_service(sched: Scheduler) -> None:
-    response = httpx.get(f"{sched.url}/health")
+    response = HTTP.get(f"{sched.url}/health")
     assert response.status_code == 200
     assert response.json() == {"status": "ok", "service": "openalice-scheduler"}
 
@@ -59,14 +59,14 @@ def test_gated_routes_need_the_secret(sched: Scheduler) -> None:
         ("DELETE", f"/v1/lease/{uuid.uuid4()}"),
     ]:
         for headers in ({}, {"X-Internal-Secret": SECRET + "x"}, {"X-Internal-Secret": ""}):
-            response = httpx.request(
+            response = HTTP.request(
                 method, f"{sched.url}{path}", headers=headers, json={"kind": "renderer"}
             )
             assert response.status_code == 401, (method, path, headers)
             assert response.json()["error"] == "unauthorized"
             assert response.content == rendered_as_every_error(response.json())
     # Even a malformed body is refused for the secret first: nothing is parsed unauthenticated.
-    response = httpx.post(f"{sched.url}/v1/lease", content=b"{nope")
+    response = HTTP.post(f"{sched.url}/v1/lease", content=b"{nope")
     assert response.status_code == 401
     assert sched.containers() == []
 
@@ -168,7 +168,7 @@ def test_bad_bodies_get_clear_4xx_and_the_service_keeps_serving(sched: Scheduler
     assert no_body.status_code == 422
 
     assert sched.containers() == []
-    assert httpx.get(f"{sched.url}/health").status_code == 200
+    assert HTTP.get(f"{sched.url}/health").status_code == 200
     assert sched.acquire(kind="renderer").status_code == 200
 
 
@@ -185,7 +185,7 @@ def test_error_bodies_never_echo_env_values(sched: Scheduler) -> None:
 def test_metrics_use_the_contract_names(sched: Scheduler) -> None:
     lease = sched.lease(kind="anim")
     sched.acquire(kind="renderer", region="mars")
-    text = httpx.get(f"{sched.url}/metrics").text
+    text = HTTP.get(f"{sched.url}/metrics").text
     for name in (
         "scheduler_up",
         "scheduler_active_leases",
@@ -219,7 +219,7 @@ def test_metrics_name_owners_only_when_the_operator_turns_it_on(make_scheduler) 
     # /metrics is ungated: by default it tells nobody who the callers are.
     default = make_scheduler(PROVIDERS="static", STATIC_WORKERS=workers)
     default.lease(owner_id="anim-service")
-    text = httpx.get(f"{default.url}/metrics").text
+    text = HTTP.get(f"{default.url}/metrics").text
     assert default.metric("scheduler_active_leases") == 1  # the page is really there
     assert "anim-service" not in text and "scheduler_owner_leases" not in text
 
@@ -232,7 +232,7 @@ def test_metrics_name_owners_only_when_the_operator_turns_it_on(make_scheduler) 
 
 
 def test_openapi_describes_what_the_service_does(sched: Scheduler) -> None:
-    spec = httpx.get(f"{sched.url}/openapi.json").json()
+    spec = HTTP.get(f"{sched.url}/openapi.json").json()
     paths = spec["paths"]
     assert set(paths) >= {"/v1/lease", "/v1/lease/{lease_id}", "/v1/leases", "/health", "/metrics"}
     acquire = paths["/v1/lease"]["post"]

@@ -17,6 +17,7 @@ import httpx
 from tests.engines import PrivateEngine
 from tests.harness import (
     SECRET,
+    TLS,
     Scheduler,
     docker_client,
     fetch_in_network,
@@ -33,7 +34,7 @@ def acquire_concurrently(sched: Scheduler, n: int, **body: Any) -> list[httpx.Re
 
     def one(_: int) -> httpx.Response:
         with httpx.Client(
-            base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=120
+            verify=TLS, base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=120
         ) as client:
             barrier.wait(timeout=60)
             return client.post("/v1/lease", json=body)

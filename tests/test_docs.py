@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
-import httpx
 import pytest
 
-from tests.harness import Scheduler
+from tests.harness import HTTP, Scheduler
 from tests.pages import page_references
 
 STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://a:80"}
@@ -51,7 +50,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
 def test_a_browser_renders_every_operation_with_nothing_beyond_loopback(
     service: Scheduler, tmp_path: Path
 ) -> None:
-    spec = httpx.get(f"{service.url}/openapi.json").json()
+    spec = HTTP.get(f"{service.url}/openapi.json").json()
     dom, requested = _render(f"{service.url}/docs", tmp_path)
     shown = re.findall(r'class="opblock-summary-operation-id">([^<]*)<', dom)
     listed = [
@@ -76,29 +75,29 @@ def test_a_browser_renders_every_operation_with_nothing_beyond_loopback(
 def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
     service: Scheduler,
 ) -> None:
-    page = httpx.get(f"{service.url}/docs")  # no X-Internal-Secret: ungated, as /openapi.json
+    page = HTTP.get(f"{service.url}/docs")  # no X-Internal-Secret: ungated, as /openapi.json
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     references = page_references(page.text)
     assert len(references) >= 3, page.text  # the script, the stylesheet, the icon
     for reference in references:
         url = urljoin(f"{service.url}/docs", reference)
         assert url.startswith(f"{service.url}/docs/assets/"), reference
-        asset = httpx.get(url)
+        asset = HTTP.get(url)
         assert asset.status_code == 200, (url, asset.status_code)
         expected = CONTENT_TYPES[Path(url).suffix]
         assert asset.headers["content-type"].split(";")[0] == expected, (url, asset.headers)
         assert len(asset.content) > 1000, url
     # ReDoc is not served: its page loads a logo from Redocly's CDN.
-    redoc = httpx.get(f"{service.url}/redoc")
+    redoc = HTTP.get(f"{service.url}/redoc")
     assert (redoc.status_code, redoc.json()["error"]) == (404, "not_found")
-    wrong = httpx.put(f"{service.url}/docs")
+    wrong = HTTP.put(f"{service.url}/docs")
     assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET"), wrong.headers
-    missing = httpx.get(f"{service.url}/docs/assets/no-such-file.js")
+    missing = HTTP.get(f"{service.url}/docs/assets/no-such-file.js")
     assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
 
 
 def test_operation_ids_are_stable_unique_names(service: Scheduler) -> None:
-    spec = httpx.get(f"{service.url}/openapi.json").json()
+    spec = HTTP.get(f"{service.url}/openapi.json").json()
     found = {
         (method, path): operation["operationId"]
         for path, operations in spec["paths"].items()

@@ -41,7 +41,7 @@ from openalice_scheduler.readiness import ReadinessCheck
 from openalice_scheduler.service import LeaseService
 from openalice_scheduler.store import open_store
 from tests.dockerproxy import DockerProxy
-from tests.harness import SECRET, Scheduler, wait_for
+from tests.harness import HTTP, SECRET, TLS, Scheduler, wait_for
 from tests.postgres import PrivatePostgres
 from tests.runpod_emulator import RunPodEmulator
 
@@ -70,7 +70,7 @@ class Call:
     def _run(self, s: Scheduler, method: str, path: str, kwargs: dict[str, Any]) -> None:
         try:
             with httpx.Client(
-                base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=180
+                verify=TLS, base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=180
             ) as client:
                 self.response = client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -96,7 +96,7 @@ def stored_states(s: Scheduler) -> dict[str, str]:
 
 
 def readyz(s: Scheduler) -> httpx.Response:
-    return httpx.get(f"{s.url}/readyz", timeout=30)
+    return HTTP.get(f"{s.url}/readyz", timeout=30)
 
 
 def exit_code(s: Scheduler, timeout: float) -> int:
@@ -199,7 +199,7 @@ def test_sigterm_lets_a_provision_under_way_finish_and_be_answered(
     assert body["ready"] is False and body["reasons"] == ["shutting down"], body
     assert body["error"] == "shutting_down"
     assert_shutting_down(acquire(s).result())
-    assert httpx.get(f"{s.url}/health", timeout=30).status_code == 200
+    assert HTTP.get(f"{s.url}/health", timeout=30).status_code == 200
 
     answer = call.result()
     assert answer.status_code == 200, answer.text
@@ -295,7 +295,7 @@ def test_readyz_names_an_unreachable_store_and_recovers(
         for secretish in (private_pg.url, str(private_pg.root), "postgresql", "host="):
             assert secretish not in down.text
         # Liveness is another question: the balancer must not kill the process.
-        assert httpx.get(f"{s.url}/health", timeout=30).status_code == 200
+        assert HTTP.get(f"{s.url}/health", timeout=30).status_code == 200
     finally:
         private_pg.start()
     wait_for(

@@ -20,7 +20,7 @@ import pytest
 
 from tests.dockerproxy import DockerProxy
 from tests.engines import Engine, PrivateEngine
-from tests.harness import SECRET, Scheduler, wait_for
+from tests.harness import HTTP, SECRET, TLS, Scheduler, wait_for
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
 START = r"^POST /v[\d.]+/containers/[^/?]+/start(\?|$)"
@@ -89,7 +89,9 @@ def in_thread(fn: Callable[[], httpx.Response]) -> tuple[threading.Thread, dict[
 
 def own_client(s: Scheduler) -> httpx.Client:
     """A client of its own, for calls made from a second thread."""
-    return httpx.Client(base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=120)
+    return httpx.Client(
+        verify=TLS, base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=120
+    )
 
 
 def assert_names_docker(response: httpx.Response, statuses: tuple[int, ...]) -> dict[str, Any]:
@@ -263,7 +265,7 @@ def test_docker_engine_stopped_and_restarted(
         engine.stop()
         assert not engine.answers()
 
-        health = httpx.get(f"{s.url}/health", timeout=30)
+        health = HTTP.get(f"{s.url}/health", timeout=30)
         assert health.status_code == 200
         assert health.json() == {"status": "ok", "service": "openalice-scheduler"}
 
@@ -322,7 +324,7 @@ def test_docker_unreachable_then_back(
     lease = s.lease(kind="renderer")
     proxy.stop()
     try:
-        assert httpx.get(f"{s.url}/health", timeout=30).status_code == 200
+        assert HTTP.get(f"{s.url}/health", timeout=30).status_code == 200
         failed = assert_names_docker(s.acquire(kind="renderer"), (502, 503))
         assert failed["error"] in ("no_provider_available", "provision_failed")
         body = assert_names_docker(s.release(lease["lease_id"]), (502,))

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.guardproc import FAST, CutProxy, GuardProcess
-from tests.harness import SECRET, Scheduler, wait_for
+from tests.harness import HTTP, SECRET, Scheduler, wait_for
 from tests.runpod_emulator import RunPodEmulator
 
 KEY = "rpk-guard-" + uuid.uuid4().hex
@@ -304,7 +304,7 @@ def listed(sched: Scheduler) -> list[str]:
 
 def series(sched: Scheduler) -> set[str]:
     """The guards with a series on /metrics."""
-    text = httpx.get(f"{sched.url}/metrics", timeout=10).text
+    text = HTTP.get(f"{sched.url}/metrics", timeout=10).text
     name = "scheduler_guard_last_contact_timestamp_seconds"
     return set(re.findall(rf'^{name}\{{guard="([^"]*)"\}} ', text, re.MULTILINE))
 

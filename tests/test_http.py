@@ -12,10 +12,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-import httpx
 import pytest
 
-from tests.harness import SECRET, Scheduler
+from tests.harness import HTTP, SECRET, Scheduler
 
 Make = Callable[..., Scheduler]
 ONE = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://a:80"}
@@ -308,10 +307,10 @@ def test_headers_are_capped(sched: Scheduler) -> None:
     assert wire.closed_by_server(10)
     sender.join(30)
     # Headers that arrive whole but are over 16 KiB: the service's 431.
-    response = httpx.get(f"{sched.url}/health", headers={"X-Big": "a" * (20 << 10)})
+    response = HTTP.get(f"{sched.url}/health", headers={"X-Big": "a" * (20 << 10)})
     assert response.status_code == 431
     assert response.json()["error"] == "headers_too_large"
-    assert httpx.get(f"{sched.url}/health").status_code == 200
+    assert HTTP.get(f"{sched.url}/health").status_code == 200
 
 
 def test_the_faster_parser_keeps_the_apps_header_cap(
@@ -322,7 +321,7 @@ def test_the_faster_parser_keeps_the_apps_header_cap(
     sched = make_scheduler(
         HTTP_PARSER="httptools", PROVIDERS="static", STATIC_WORKERS="renderer=http://a:8080"
     )
-    response = httpx.get(f"{sched.url}/health", headers={"X-Big": "a" * (20 << 10)})
+    response = HTTP.get(f"{sched.url}/health", headers={"X-Big": "a" * (20 << 10)})
     assert response.status_code == 431 and response.json()["error"] == "headers_too_large"
     lease = sched.lease(ttl_seconds=60)
     assert sched.release(lease["lease_id"]).status_code == 204

@@ -37,6 +37,7 @@ from tests.harness import (
     PG_HOST,
     REPO,
     SECRET,
+    TLS,
     WORKER_IMAGE,
     docker_client,
     fetch_in_network,
@@ -262,7 +263,9 @@ class Replica:
     host_network: bool
     port: int = 8080
     http: httpx.Client = field(
-        default_factory=lambda: httpx.Client(timeout=60, headers={"X-Internal-Secret": SECRET})
+        default_factory=lambda: httpx.Client(
+            verify=TLS, timeout=60, headers={"X-Internal-Secret": SECRET}
+        )
     )
 
     def wait_serving(self) -> None:

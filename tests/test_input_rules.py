@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
-
-from tests.harness import Scheduler
+from tests.harness import HTTP, Scheduler
 
 Make = Callable[..., Scheduler]
 FIELDS = ("owner_id", "correlation_id", "region")
@@ -81,4 +79,4 @@ def test_empty_strings_are_refused_everywhere(make_scheduler: Make) -> None:
     over = sched.acquire(owner_id="alice", correlation_id="job-3")
     assert over.status_code == 429 and over.json()["error"] == "quota_exceeded"
     assert len(sched.leases()) == 3
-    assert httpx.get(f"{sched.url}/health").status_code == 200
+    assert HTTP.get(f"{sched.url}/health").status_code == 200

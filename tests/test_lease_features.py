@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.engines import PrivateEngine
-from tests.harness import SECRET, Scheduler, docker_client, wait_for
+from tests.harness import HTTP, SECRET, TLS, Scheduler, docker_client, wait_for
 from tests.runpod_emulator import RunPodEmulator
 
 Make = Callable[..., Scheduler]
@@ -109,7 +109,7 @@ def acquire_in_thread(sched: Scheduler, timeout: float = 120, **body: Any) -> Ca
     body.setdefault("kind", "renderer")
 
     def post() -> httpx.Response:
-        return httpx.post(
+        return HTTP.post(
             f"{sched.url}/v1/lease",
             json=body,
             timeout=timeout,
@@ -126,7 +126,7 @@ def acquire_at_once(sched: Scheduler, n: int, **body: Any) -> list[httpx.Respons
 
     def post() -> httpx.Response:
         with httpx.Client(
-            base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=120
+            verify=TLS, base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=120
         ) as client:
             barrier.wait(30)
             return client.post("/v1/lease", json=body)
@@ -332,7 +332,7 @@ def test_lookup_shows_a_lease_in_every_state(make_scheduler: Make) -> None:
     for lease_id in (str(uuid.uuid4()), "nope"):
         response = sched.http.get(f"/v1/lease/{lease_id}")
         assert response.status_code == 404 and response.json()["error"] == "lease_not_found"
-    assert httpx.get(f"{sched.url}/v1/lease/{lease['lease_id']}").status_code == 401
+    assert HTTP.get(f"{sched.url}/v1/lease/{lease['lease_id']}").status_code == 401
 
 
 def test_list_filters_by_state_owner_kind_and_provider(make_scheduler: Make) -> None:
@@ -372,7 +372,7 @@ def test_list_filters_by_state_owner_kind_and_provider(make_scheduler: Make) -> 
     for bad in ({"state": "sleeping"}, {"kind": "painter"}):
         response = sched.http.get("/v1/leases", params=bad)
         assert response.status_code == 422, (bad, response.text)
-    assert httpx.get(f"{sched.url}/v1/leases", params={"state": "active"}).status_code == 401
+    assert HTTP.get(f"{sched.url}/v1/leases", params={"state": "active"}).status_code == 401
 
 
 # --- 3. idempotent acquire -------------------------------------------------------------
@@ -532,7 +532,7 @@ def test_callers_who_hang_up_leave_the_line_and_get_no_worker(make_scheduler: Ma
 
     # One caller times out on its own side...
     impatient = Call(
-        lambda: httpx.post(
+        lambda: HTTP.post(
             f"{sched.url}/v1/lease",
             headers={"X-Internal-Secret": SECRET},
             json={"kind": "renderer", "wait_seconds": 120, "owner_id": "impatient"},
@@ -579,7 +579,7 @@ def test_a_caller_who_hangs_up_does_not_keep_the_freed_slot(make_scheduler: Make
     sched = make_scheduler(LOCAL_DOCKER_MAX_WORKERS="1")
     holder = sched.lease(ttl_seconds=600)
     gone = Call(
-        lambda: httpx.post(
+        lambda: HTTP.post(
             f"{sched.url}/v1/lease",
             headers={"X-Internal-Secret": SECRET},
             json={"kind": "renderer", "wait_seconds": 120, "owner_id": "gone"},
@@ -721,7 +721,7 @@ def test_ordered_first_available_takes_the_first_listed_provider(
 def test_providers_view_is_gated(make_scheduler: Make) -> None:
     sched = static(make_scheduler)
     for headers in ({}, {"X-Internal-Secret": SECRET + "x"}):
-        response = httpx.get(f"{sched.url}/v1/providers", headers=headers)
+        response = HTTP.get(f"{sched.url}/v1/providers", headers=headers)
         assert response.status_code == 401, headers
         assert response.json()["error"] == "unauthorized"
 

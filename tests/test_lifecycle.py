@@ -20,6 +20,7 @@ import docker
 import httpx
 
 from tests.harness import (
+    HTTP,
     INSTANCE_LABEL,
     WORKER_IMAGE,
     Scheduler,
@@ -335,7 +336,7 @@ def test_second_process_on_the_same_sqlite_file_refuses_to_start(
     assert "Traceback" not in result.stderr
 
     # The first one never noticed.
-    assert httpx.get(f"{first.url}/health").status_code == 200
+    assert HTTP.get(f"{first.url}/health").status_code == 200
     assert listed_ids(first) == {lease["lease_id"]}
     assert [c.id for c in first.containers()] == [lease["provider_token"]]
 
@@ -390,7 +391,7 @@ def test_another_process_holding_the_sqlite_write_lock_stalls_no_one(
     answers: list[httpx.Response] = []
     caller = threading.Thread(
         target=lambda: answers.append(
-            httpx.post(
+            HTTP.post(
                 f"{sched.url}/v1/lease",
                 headers=sched.http.headers,
                 timeout=60,
@@ -403,7 +404,7 @@ def test_another_process_holding_the_sqlite_write_lock_stalls_no_one(
         time.sleep(0.5)  # the acquire is waiting for the lock by now
         assert not answers
         for path_ in ("/health", "/metrics", "/v1/leases"):
-            response = httpx.get(f"{sched.url}{path_}", headers=sched.http.headers, timeout=5)
+            response = HTTP.get(f"{sched.url}{path_}", headers=sched.http.headers, timeout=5)
             assert response.status_code == 200, (path_, response.text)
         assert [lease["lease_id"] for lease in sched.leases()] == [kept["lease_id"]]
         assert caller.is_alive() and not answers

@@ -26,7 +26,7 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.logs import configure_logging, lease_ref
 from openalice_scheduler.providers.base import Availability, WorkerSpec
 from openalice_scheduler.providers.static import StaticProvider
-from tests.harness import SECRET, Scheduler, free_port, wait_for
+from tests.harness import HTTP, SECRET, Scheduler, free_port, wait_for
 from tests.otlp_receiver import OtlpReceiver
 
 Make = Callable[..., Scheduler]
@@ -161,7 +161,7 @@ def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) ->
         sent = [("X-Request-ID", rid), *headers]
         if secret is not None:
             sent.append(("X-Internal-Secret", secret))
-        response = httpx.request(method, sched.url + path, headers=sent, timeout=30, **kwargs)
+        response = HTTP.request(method, sched.url + path, headers=sent, timeout=30, **kwargs)
         assert response.headers["x-request-id"] == rid  # echoed, on every answer
         responses[rid] = response
         return f"{response.status_code} {rid}"
@@ -252,8 +252,8 @@ def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) ->
         == 1
     )
     # Unknown paths and methods are one series each, whatever the caller sends.
-    httpx.request("BREW", f"{sched.url}/nothing/{uuid.uuid4()}")
-    metrics = httpx.get(f"{sched.url}/metrics").text
+    HTTP.request("BREW", f"{sched.url}/nothing/{uuid.uuid4()}")
+    metrics = HTTP.get(f"{sched.url}/metrics").text
     assert (
         sched.metric(
             "scheduler_http_request_duration_seconds_count",
@@ -277,11 +277,11 @@ def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) ->
 
 def test_request_id_is_generated_when_absent_or_unfit(make_scheduler: Make) -> None:
     sched = static(make_scheduler, workers=1)
-    response = httpx.get(f"{sched.url}/health")
+    response = HTTP.get(f"{sched.url}/health")
     generated = response.headers["x-request-id"]
     assert len(generated) == 32 and int(generated, 16) >= 0  # a uuid4, in hex
     assert access_line(sched, generated)["status"] == 200
-    assert httpx.get(f"{sched.url}/health").headers["x-request-id"] != generated
+    assert HTTP.get(f"{sched.url}/health").headers["x-request-id"] != generated
 
     # What a caller cannot make the scheduler say back or log as an id: a line folded
     # onto the next (obs-fold, the header continues after CRLF + space), a control
@@ -307,7 +307,7 @@ def test_request_id_is_generated_when_absent_or_unfit(make_scheduler: Make) -> N
     # A caller's own id of the longest kind kept, as it was.
     kept = "t" * 128
     assert (
-        httpx.get(f"{sched.url}/health", headers={"X-Request-ID": kept}).headers["x-request-id"]
+        HTTP.get(f"{sched.url}/health", headers={"X-Request-ID": kept}).headers["x-request-id"]
         == kept
     )
     sched.stop()
@@ -329,7 +329,7 @@ def test_a_page_on_an_allowed_origin_can_send_and_read_the_request_id(make_sched
     assert preflight.status_code == 200, preflight.text
     allowed = preflight.headers["access-control-allow-headers"].lower()
     assert "x-request-id" in allowed and "traceparent" in allowed
-    answer = httpx.get(
+    answer = HTTP.get(
         f"{sched.url}/v1/leases",
         headers={**origin, "X-Internal-Secret": SECRET, "X-Request-ID": "page-1"},
     )
@@ -340,7 +340,7 @@ def test_a_page_on_an_allowed_origin_can_send_and_read_the_request_id(make_sched
 def test_no_request_can_forge_a_json_log_line(make_scheduler: Make) -> None:
     sched = static(make_scheduler, workers=1)
     forged = '{"level": "INFO", "logger": "openalice_scheduler.service", "message": "forged"}'
-    response = httpx.get(
+    response = HTTP.get(
         f"{sched.url}/v1/lease/x%0A{forged}%E2%80%A8", headers={"X-Internal-Secret": SECRET}
     )
     assert response.status_code == 404
@@ -353,7 +353,7 @@ def test_no_request_can_forge_a_json_log_line(make_scheduler: Make) -> None:
 def test_text_log_has_the_access_lines_too(make_scheduler: Make) -> None:
     sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS="renderer=http://w:8080")
     rid = f"text-{uuid.uuid4().hex}"
-    assert httpx.get(f"{sched.url}/health", headers={"X-Request-ID": rid}).status_code == 200
+    assert HTTP.get(f"{sched.url}/health", headers={"X-Request-ID": rid}).status_code == 200
     line = wait_for(
         lambda: [x for x in sched.log().splitlines() if rid in x], 10, what="the access line"
     )
@@ -375,7 +375,7 @@ def test_a_callers_long_string_is_cut_in_the_log(make_scheduler: Make, log_forma
     rid = f"long-{uuid.uuid4().hex}"
     lease_id = "a" * 60_000
     path = f"/v1/lease/{lease_id}"
-    response = httpx.get(f"{sched.url}{path}", headers={"X-Request-ID": rid}, timeout=30)
+    response = HTTP.get(f"{sched.url}{path}", headers={"X-Request-ID": rid}, timeout=30)
     assert response.status_code == 401
     [line] = wait_for(
         lambda: [x for x in sched.log().splitlines() if rid in x], 10, what="the access line"
@@ -393,7 +393,7 @@ def test_a_callers_long_string_is_cut_in_the_log(make_scheduler: Make, log_forma
     # A secret across the cut is blanked before the cut: none of it is left.
     rid = f"across-{uuid.uuid4().hex}"
     path = f"/v1/lease/{'a' * 220}{SECRET}{'b' * 100}"
-    response = httpx.get(f"{sched.url}{path}", headers={"X-Request-ID": rid}, timeout=30)
+    response = HTTP.get(f"{sched.url}{path}", headers={"X-Request-ID": rid}, timeout=30)
     assert response.status_code == 401
     [line] = wait_for(
         lambda: [x for x in sched.log().splitlines() if rid in x], 10, what="the access line"
@@ -429,7 +429,7 @@ def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
         assert (line["trace_id"], line["span_id"]) == (CALLER_TRACE, span.span_id)
 
         # Without a traceparent the request starts a trace of its own, logged too.
-        alone = httpx.get(f"{sched.url}/health")
+        alone = HTTP.get(f"{sched.url}/health")
         own = wait_for(
             lambda: [
                 s
@@ -443,7 +443,7 @@ def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
         assert access_line(sched, alone.headers["x-request-id"])["trace_id"] == own.trace_id
 
         # Spans are named by route template, a request refused before routing too.
-        refused = httpx.get(f"{sched.url}/v1/lease/{uuid.uuid4()}")
+        refused = HTTP.get(f"{sched.url}/v1/lease/{uuid.uuid4()}")
         assert refused.status_code == 401
         named = wait_for(
             lambda: [
@@ -459,7 +459,7 @@ def test_traceparent_joins_the_callers_trace(make_scheduler: Make) -> None:
         assert named.attributes["http.response.status_code"] == 401
 
         # A malformed traceparent is ignored: a trace of its own, no error.
-        bad = httpx.get(f"{sched.url}/health", headers={"traceparent": "00-zz-yy-01"})
+        bad = HTTP.get(f"{sched.url}/health", headers={"traceparent": "00-zz-yy-01"})
         assert bad.status_code == 200
         assert access_line(sched, bad.headers["x-request-id"])["trace_id"] != CALLER_TRACE
     finally:
@@ -477,7 +477,7 @@ def test_callers_trace_is_logged_with_tracing_off(make_scheduler: Make) -> None:
     acquired = [r for r in records(sched) if r.get("lease_id") == lease_id]
     assert acquired and acquired[0]["trace_id"] == CALLER_TRACE
     # A request without one has no trace: no trace_id rather than a made-up one.
-    plain = httpx.get(f"{sched.url}/health")
+    plain = HTTP.get(f"{sched.url}/health")
     assert "trace_id" not in access_line(sched, plain.headers["x-request-id"])
 
 
@@ -486,9 +486,9 @@ def test_secrets_never_reach_the_json_log(make_scheduler: Make) -> None:
     sched = static(make_scheduler, workers=1, RUST_LOG="trace")
     lease = sched.lease(kind="renderer", correlation_id="corr-json", env={"PASSWORD": env_secret})
     sched.http.post("/v1/lease", json={"kind": "renderer", "env": {"BAD-KEY": env_secret}})
-    httpx.get(f"{sched.url}/v1/leases", headers={"X-Internal-Secret": "wrong-" + SECRET})
+    HTTP.get(f"{sched.url}/v1/leases", headers={"X-Internal-Secret": "wrong-" + SECRET})
     # A caller that sends the secret as its request id gets it back; the log does not.
-    echoed = httpx.get(f"{sched.url}/health", headers={"X-Request-ID": SECRET})
+    echoed = HTTP.get(f"{sched.url}/health", headers={"X-Request-ID": SECRET})
     assert echoed.headers["x-request-id"] == SECRET
     sched.release(lease["lease_id"])
     sched.stop()
@@ -634,7 +634,7 @@ def test_an_unexpected_error_is_answered_with_its_request_id(
     try:
         wait_for(lambda: server.started, 30, what="the server to start")
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        response = httpx.post(
+        response = HTTP.post(
             f"{url}/v1/lease",
             json={"kind": "renderer"},
             timeout=30,

@@ -22,7 +22,7 @@ import yaml
 
 from openalice_scheduler import package_version
 from tests.dockerproxy import DockerProxy
-from tests.harness import REPO, SECRET, Scheduler, wait_for
+from tests.harness import HTTP, REPO, SECRET, Scheduler, wait_for
 from tests.postgres import PrivatePostgres
 
 DEPLOY = REPO / "deploy"
@@ -53,7 +53,7 @@ PENDING = {
 
 
 def scrape(s: Scheduler) -> str:
-    response = httpx.get(f"{s.url}/metrics", timeout=10)
+    response = HTTP.get(f"{s.url}/metrics", timeout=10)
     assert response.status_code == 200, response.text
     return response.text
 
@@ -175,7 +175,7 @@ def test_waiting_callers_and_their_wait_time(make_scheduler: Callable[..., Sched
 
     # A caller who hangs up while in line.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
+        HTTP.post(
             f"{s.url}/v1/lease",
             headers={"X-Internal-Secret": SECRET},
             json={"kind": "renderer", "wait_seconds": 60},
@@ -245,7 +245,7 @@ def test_a_scrape_does_not_wait_for_a_hung_docker_engine(
         s = make_scheduler(DOCKER_HOST=proxy.url, LOCAL_DOCKER_MAX_WORKERS="3")
         proxy.delay(r"GET \S*/_ping", 600)  # the engine stops answering its health check
         # Within Prometheus's default scrape timeout (10 s), else the replica looks down.
-        text = httpx.get(f"{s.url}/metrics", timeout=10).text
+        text = HTTP.get(f"{s.url}/metrics", timeout=10).text
         proxy.wait_held(1, 30)
         names = sample_names(text)
         assert {"scheduler_up", "scheduler_store_up", "scheduler_active_leases"} <= names

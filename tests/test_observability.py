@@ -12,12 +12,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.logs import configure_logging
-from tests.harness import SECRET, free_port, wait_for
+from tests.harness import HTTP, SECRET, free_port, wait_for
 from tests.otlp_receiver import OtlpReceiver
 
 RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
@@ -81,7 +80,7 @@ def test_unreachable_collector_never_breaks_a_request(make_scheduler) -> None:  
     for _ in range(3):
         lease = sched.lease(kind="renderer")
         assert sched.release(lease["lease_id"]).status_code == 204
-    assert httpx.get(f"{sched.url}/health").status_code == 200
+    assert HTTP.get(f"{sched.url}/health").status_code == 200
 
 
 def test_logs_never_show_secrets_or_env_values(make_scheduler) -> None:  # type: ignore[no-untyped-def]
@@ -89,7 +88,7 @@ def test_logs_never_show_secrets_or_env_values(make_scheduler) -> None:  # type:
     sched = make_scheduler(RUST_LOG="trace")
     lease = sched.lease(kind="renderer", correlation_id="corr-log", env={"PASSWORD": env_secret})
     sched.http.post("/v1/lease", json={"kind": "renderer", "env": {"BAD-KEY": env_secret}})
-    httpx.get(f"{sched.url}/v1/leases", headers={"X-Internal-Secret": "wrong-" + SECRET})
+    HTTP.get(f"{sched.url}/v1/leases", headers={"X-Internal-Secret": "wrong-" + SECRET})
     sched.release(lease["lease_id"])
     sched.stop()
     log = sched.log()

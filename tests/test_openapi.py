@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.harness import SECRET, Scheduler
+from tests.harness import HTTP, SECRET, Scheduler
 
 CHECKS = [
     not_a_server_error,
@@ -109,7 +109,7 @@ def _fuzz(api_schema: Any, url: str, *, secret: bool) -> None:
                     assert response.status_code in refused, response.text
                 if response.status_code == 200 and case.path == "/v1/lease":
                     lease_id = response.json()["lease"]["lease_id"]
-                    released = httpx.delete(
+                    released = HTTP.delete(
                         f"{url}/v1/lease/{lease_id}", headers={"X-Internal-Secret": SECRET}
                     )
                     assert released.status_code == 204, released.text
@@ -124,7 +124,7 @@ def _fuzz(api_schema: Any, url: str, *, secret: bool) -> None:
 def test_a_generated_client_drives_every_route(make_scheduler: Any, tmp_path: Path) -> None:
     service = make_scheduler(**STATIC)  # its own: the fuzz may hold every endpoint
     spec = tmp_path / "openapi.json"
-    spec.write_bytes(httpx.get(f"{service.url}/openapi.json").content)
+    spec.write_bytes(HTTP.get(f"{service.url}/openapi.json").content)
     config = tmp_path / "codegen.yaml"
     config.write_text("post_hooks: []\n")  # no ruff run over the generated code
     subprocess.run(
@@ -220,7 +220,7 @@ def test_the_document_describes_the_errors_as_answered(service: Scheduler) -> No
     """Regression: 422 was documented as FastAPI's {"detail": ...}, 503, Retry-After and
     the codes were missing, 413 was on one route, timestamps had no format, the renew
     body was anyOf [RenewRequest, null]."""
-    spec = httpx.get(f"{service.url}/openapi.json").json()
+    spec = HTTP.get(f"{service.url}/openapi.json").json()
     error_body = {"$ref": "#/components/schemas/ErrorBody"}
     assert "HTTPValidationError" not in spec["components"]["schemas"]
     for path, operations in spec["paths"].items():
@@ -267,7 +267,7 @@ def test_the_document_states_the_rules_the_server_applies(service: Scheduler) ->
     `since` and `until` were not in the document, so a client or a fuzzer built from it
     sent requests the server refused. Now a request at the document's limits is
     accepted and one just past them is refused."""
-    spec = httpx.get(f"{service.url}/openapi.json").json()
+    spec = HTTP.get(f"{service.url}/openapi.json").json()
     env = spec["components"]["schemas"]["LeaseRequest"]["properties"]["env"]
     entries, key = env["maxProperties"], env["propertyNames"]["pattern"]
     value = env["additionalProperties"]

@@ -20,10 +20,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import docker
-import httpx
 import pytest
 
-from tests.harness import REPO, Scheduler, docker_client, fetch_in_network
+from tests.harness import HTTP, REPO, Scheduler, docker_client, fetch_in_network
 from tests.runpod_emulator import RunPodEmulator
 
 KEY = "rpk-ready-" + uuid.uuid4().hex
@@ -132,7 +131,7 @@ def test_a_runpod_lease_is_held_back_until_its_proxy_url_answers(
 
     [pod] = runpod.list_pods()
     assert lease["endpoint"] == runpod.proxy_url.format(pod_id=pod.id, port=8080)
-    answer = httpx.get(lease["endpoint"] + "/healthz", timeout=10)
+    answer = HTTP.get(lease["endpoint"] + "/healthz", timeout=10)
     assert answer.status_code == 200 and answer.json()["pod_id"] == pod.id
     assert runpod.proxy_hits(pod.id) > 2  # probed, refused, probed again
     assert pod.env["LEASE_EXPIRES_AT"] == lease["expires_at"]

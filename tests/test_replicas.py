@@ -46,7 +46,7 @@ import pytest
 from openalice_scheduler.store.postgres import advisory_key
 from tests.dockerproxy import DockerProxy
 from tests.engines import PrivateEngine
-from tests.harness import SECRET, Scheduler, database_url, wait_for
+from tests.harness import SECRET, TLS, Scheduler, database_url, wait_for
 from tests.pgproxy import PgProxy
 from tests.postgres import PrivatePostgres
 
@@ -112,7 +112,11 @@ def burst(calls: list[tuple[Scheduler, dict[str, Any]]]) -> list[httpx.Response]
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         clients = {
             s.url: httpx.AsyncClient(
-                base_url=s.url, timeout=180, limits=limits, headers={"X-Internal-Secret": SECRET}
+                verify=TLS,
+                base_url=s.url,
+                timeout=180,
+                limits=limits,
+                headers={"X-Internal-Secret": SECRET},
             )
             for s, _ in calls
         }
@@ -492,7 +496,9 @@ def test_replica_killed_mid_provision_is_resolved_by_the_other(
     if holding_lock:
         proxy.delay(LIST, 120)
         held = 2
-    with httpx.Client(base_url=b.url, headers={"X-Internal-Secret": SECRET}, timeout=180) as client:
+    with httpx.Client(
+        verify=TLS, base_url=b.url, headers={"X-Internal-Secret": SECRET}, timeout=180
+    ) as client:
         call = Call(
             lambda: client.post("/v1/lease", json={"kind": "renderer", "correlation_id": "doomed"})
         )
@@ -629,7 +635,7 @@ class Traffic:
         releasing: list[dict[str, Any]] = []  # leases to release; a 503 leaves one here
         retried: set[str] = set()
         with httpx.Client(
-            base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=60
+            verify=TLS, base_url=s.url, headers={"X-Internal-Secret": SECRET}, timeout=60
         ) as http:
             i = 0
             while not self.stopping.is_set():
@@ -844,7 +850,9 @@ def test_store_outage_longer_than_the_replica_timeout_declares_no_replica_dead(
         each=[{}, {"DOCKER_HOST": proxy.url}],
     )
     proxy.delay(START, 14)
-    with httpx.Client(base_url=b.url, headers={"X-Internal-Secret": SECRET}, timeout=180) as client:
+    with httpx.Client(
+        verify=TLS, base_url=b.url, headers={"X-Internal-Secret": SECRET}, timeout=180
+    ) as client:
         call = Call(
             lambda: client.post("/v1/lease", json={"kind": "renderer", "correlation_id": "patient"})
         )

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.dockerproxy import DockerProxy
-from tests.harness import Scheduler, wait_for
+from tests.harness import HTTP, Scheduler, wait_for
 from tests.otlp_receiver import OtlpReceiver
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 
@@ -76,7 +76,7 @@ def pods_of(runpod: RunPodEmulator, sched: Scheduler) -> list[Any]:
 
 def make_pod(runpod: RunPodEmulator, name: str) -> str:
     """A pod made behind the scheduler's back, over the emulator's REST API."""
-    response = httpx.post(
+    response = HTTP.post(
         f"{runpod.base_url}/v2/pods",
         headers=runpod.auth_headers,
         json={
@@ -196,7 +196,7 @@ def test_no_capacity_at_create_though_the_catalog_showed_stock_is_503(
         for c in runpod.calls("create")
     ) == sorted(MID)  # each tried once
     if api == "rest":
-        listed = httpx.get(
+        listed = HTTP.get(
             f"{runpod.base_url}/v2/catalog/gpus",
             headers=runpod.auth_headers,
             params={"include": "AVAILABILITY", "product": "POD"},
@@ -473,8 +473,8 @@ def test_the_key_is_never_in_logs_answers_metrics_or_spans(
         answers.append(sched.acquire(kind="renderer", gpu="mid"))  # now unavailable: 503
         assert answers[-1].status_code == 503
         answers.append(sched.http.get("/v1/leases"))
-        answers.append(httpx.get(f"{sched.url}/metrics"))
-        answers.append(httpx.get(f"{sched.url}/health"))
+        answers.append(HTTP.get(f"{sched.url}/metrics"))
+        answers.append(HTTP.get(f"{sched.url}/health"))
         for answer in answers:
             assert KEY not in answer.text, answer.text
             assert all(KEY not in value for value in answer.headers.values())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.harness import SECRET, Scheduler
+from tests.harness import SECRET, TLS, Scheduler
 
 Make = Callable[..., Scheduler]
 POOL = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
@@ -29,7 +29,7 @@ def acquire_at_once(sched: Scheduler, n: int, **body: object) -> list[httpx.Resp
     def post(i: int) -> None:
         try:
             with httpx.Client(
-                base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=60
+                verify=TLS, base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=60
             ) as client:
                 barrier.wait(30)
                 results[i] = client.post("/v1/lease", json={"kind": "renderer", **body})

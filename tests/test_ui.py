@@ -20,7 +20,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, expect, sync_playwright
 
-from tests.harness import REPO, SECRET, SHARED_ENGINE, Scheduler
+from tests.harness import HTTP, REPO, SECRET, SHARED_ENGINE, Scheduler
 from tests.pages import page_references
 
 # One renderer endpoint: a second renderer acquire waits in line until the first ends.
@@ -58,7 +58,7 @@ def browser() -> Iterator[Browser]:
 def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
     service: Scheduler,
 ) -> None:
-    page = httpx.get(f"{service.url}/ui")
+    page = HTTP.get(f"{service.url}/ui")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page.text
     # Only the page's own script runs and only this service is called.
@@ -70,16 +70,16 @@ def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
     for reference in references:
         url = urljoin(f"{service.url}/ui", reference)
         assert url.startswith(f"{service.url}/ui/assets/"), reference
-        asset = httpx.get(url)
+        asset = HTTP.get(url)
         assert asset.status_code == 200, (url, asset.status_code)
         expected = {".js": "text/javascript", ".css": "text/css"}[Path(url).suffix]
         assert asset.headers["content-type"].split(";")[0] == expected, asset.headers
-    missing = httpx.get(f"{service.url}/ui/assets/no-such-file.js")
+    missing = HTTP.get(f"{service.url}/ui/assets/no-such-file.js")
     assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
-    wrong = httpx.post(f"{service.url}/ui")
+    wrong = HTTP.post(f"{service.url}/ui")
     assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET"), wrong.headers
     # Not an operation of the API: generated clients get no call for it.
-    assert "/ui" not in httpx.get(f"{service.url}/openapi.json").json()["paths"]
+    assert "/ui" not in HTTP.get(f"{service.url}/openapi.json").json()["paths"]
 
 
 def test_every_asset_ships_in_the_package() -> None:

@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from tests.engines import PrivateEngine
-from tests.harness import SECRET, Scheduler, docker_client, wait_for
+from tests.harness import HTTP, SECRET, TLS, Scheduler, docker_client, wait_for
 from tests.test_docker_provider import device_ids
 from tests.test_replicas import Replicas, replicas  # noqa: F401 - the fixture
 
@@ -75,7 +75,7 @@ def burst(sched: Scheduler, bodies: list[dict[str, Any]]) -> list[httpx.Response
 
     def one(body: dict[str, Any]) -> httpx.Response:
         with httpx.Client(
-            base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=180
+            verify=TLS, base_url=sched.url, headers={"X-Internal-Secret": SECRET}, timeout=180
         ) as client:
             barrier.wait(timeout=60)
             return client.post("/v1/lease", json={"kind": "renderer", **body})
@@ -311,7 +311,7 @@ def test_warm_pool_alone_gets_a_working_pool_from_the_demo_worker(
     # The page over HTTP is the same: the worker's front passes other paths to httpd.
     networks = docker_client().api.inspect_container(pool_worker)["NetworkSettings"]
     [address] = [net["IPAddress"] for net in networks["Networks"].values()]
-    assert httpx.get(f"http://{address}:8080/", timeout=10).json() == page
+    assert HTTP.get(f"http://{address}:8080/", timeout=10).json() == page
     assert "switched off" not in sched.log()
     wait_idle(sched, 1, timeout=30)  # and the pool refills
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from openalice_scheduler.lease_access import LeaseAccess
-from tests.harness import REPO, SECRET, WORKER_IMAGE_ENV, Scheduler, docker_client, wait_for
+from tests.harness import HTTP, REPO, SECRET, WORKER_IMAGE_ENV, Scheduler, docker_client, wait_for
 from tests.test_warm_pool import POOL_ENV, wait_idle, worker_page
 
 Make = Callable[..., Scheduler]
@@ -86,16 +86,16 @@ def test_the_self_endpoint_answers_one_lease_to_its_own_token(
         assert refused.json()["error"] == "forbidden"
         assert wrong not in refused.text
     # No credential: 401. The internal secret works too.
-    bare = httpx.get(f"{sched.url}/v1/lease/{a['lease_id']}/self", timeout=10)
+    bare = HTTP.get(f"{sched.url}/v1/lease/{a['lease_id']}/self", timeout=10)
     assert bare.status_code == 401 and bare.json()["error"] == "unauthorized"
     assert sched.http.get(f"/v1/lease/{a['lease_id']}/self").json()["state"] == "active"
     # A lease token opens that one path and nothing else.
     for path in (f"/v1/lease/{a['lease_id']}", "/v1/leases", f"/v1/lease/{a['lease_id']}/self/x"):
-        other = httpx.get(
+        other = HTTP.get(
             f"{sched.url}{path}", timeout=10, headers={"Authorization": f"Bearer {token_a}"}
         )
         assert other.status_code == 401, path
-    deleted = httpx.delete(
+    deleted = HTTP.delete(
         f"{sched.url}/v1/lease/{a['lease_id']}",
         timeout=10,
         headers={"Authorization": f"Bearer {token_a}"},
@@ -115,7 +115,7 @@ def test_the_self_endpoint_answers_one_lease_to_its_own_token(
     database = sched.env["DATABASE_URL"].removeprefix("sqlite:///")
     with sqlite3.connect(database) as db:
         dump = "\n".join(db.iterdump())
-    metrics = httpx.get(f"{sched.url}/metrics", timeout=10).text
+    metrics = HTTP.get(f"{sched.url}/metrics", timeout=10).text
     for token in (token_a, token_b):
         assert token not in sched.log()
         assert token not in dump
@@ -135,12 +135,12 @@ def test_a_repeated_authorization_header_is_refused_as_a_repeated_secret_is(
     lease = sched.lease(kind="renderer")
     token = LeaseAccess(SECRET, None).token(lease["lease_id"])
     url = f"{sched.url}/v1/lease/{lease['lease_id']}/self"
-    alone = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    alone = HTTP.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
     assert alone.status_code == 200, alone.text
     made_up = "made-up-" + uuid.uuid4().hex
     for first, last in ((made_up, token), (token, made_up), (token, token)):
         sent = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {last}")]
-        refused = httpx.get(url, headers=sent, timeout=10)
+        refused = HTTP.get(url, headers=sent, timeout=10)
         assert refused.status_code == 400, (first == token, refused.text)
         body = refused.json()
         assert (body["error"], body["header"]) == ("duplicate_header", "authorization")
@@ -201,16 +201,16 @@ def test_a_warm_worker_refuses_requests_with_the_fence_of_before_its_hand_off(
     assert env["LEASE_TOKEN"] not in sched.log()
 
     work = f"{_address(lease['provider_token'])}/cgi-bin/work"
-    older = httpx.get(work, headers={"X-Lease-Fence": str(idle["fence"])}, timeout=10)
+    older = HTTP.get(work, headers={"X-Lease-Fence": str(idle["fence"])}, timeout=10)
     assert older.status_code == 409
     assert older.json() == {"error": "stale_fence", "fence": lease["fence"], "given": idle["fence"]}
-    current = httpx.get(work, headers={"X-Lease-Fence": str(lease["fence"])}, timeout=10)
+    current = HTTP.get(work, headers={"X-Lease-Fence": str(lease["fence"])}, timeout=10)
     assert current.status_code == 200 and current.json()["fence"] == lease["fence"]
-    assert httpx.get(work, timeout=10).status_code == 400  # no fence at all
+    assert HTTP.get(work, timeout=10).status_code == 400  # no fence at all
 
 
 def _self(sched: Scheduler, lease_id: str, token: str) -> httpx.Response:
-    return httpx.get(
+    return HTTP.get(
         f"{sched.url}/v1/lease/{lease_id}/self",
         timeout=10,
         headers={"Authorization": f"Bearer {token}"},
