@@ -335,7 +335,7 @@ def lease_rows(count: int, provider: str = "local-docker") -> list[dict[str, Any
     """`count` active leases shaped like the ones the service writes (uuid4 ids, the
     container-name endpoint, a 64-hex container id, some with owner and correlation id),
     created just now, expiring 8 h later."""
-    from openalice_scheduler.service import utcnow
+    from openalice_scheduler.lifecycle import utcnow
     from openalice_scheduler.store import to_us
 
     now = to_us(utcnow())

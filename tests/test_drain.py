@@ -33,12 +33,12 @@ import pytest
 from opentelemetry.trace import NoOpTracer
 
 from openalice_scheduler.errors import ShuttingDown
+from openalice_scheduler.lifecycle import LeaseService
+from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
 from openalice_scheduler.loops import Reconciler
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import LeaseRequest, WorkerKind
-from openalice_scheduler.policy import OrderedFirstAvailable
 from openalice_scheduler.readiness import ReadinessCheck
-from openalice_scheduler.service import LeaseService
 from openalice_scheduler.store import open_store
 from tests.dockerproxy import DockerProxy
 from tests.harness import HTTP, SECRET, TLS, Scheduler, wait_for
@@ -313,7 +313,7 @@ async def test_ready_once_a_reconciliation_finished_and_not_while_draining(
     store = open_store(f"sqlite:///{tmp_path / 'ready.db'}")
     await store.migrate()
     service = LeaseService(store, [], OrderedFirstAvailable(), Metrics(), NoOpTracer())
-    reconciler = Reconciler(service, NoOpTracer(), 60, 600, replica_timeout=30)
+    reconciler = Reconciler(service, NoOpTracer(), 60, replica_timeout=30)
     try:
         # The pass before serving did not finish: not ready until the loop's pass does.
         readiness = ReadinessCheck(service, reconciler, reconciled=False)

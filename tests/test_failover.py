@@ -11,11 +11,11 @@ from opentelemetry.trace import NoOpTracer
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProvisionFailed
+from openalice_scheduler.lifecycle import LeaseService
+from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import LeaseRequest, WorkerKind
-from openalice_scheduler.policy import OrderedFirstAvailable
 from openalice_scheduler.providers.docker import LocalDockerProvider
-from openalice_scheduler.service import LeaseService
 from openalice_scheduler.store import open_store
 from tests.harness import SECRET, WORKER_IMAGE, remove_instance
 

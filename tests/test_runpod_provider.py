@@ -25,10 +25,11 @@ from openalice_scheduler.errors import (
     ProvisionFailed,
     ReleaseFailed,
 )
+from openalice_scheduler.lifecycle import LeaseService
+from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
 from openalice_scheduler.loops import Alarm, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
-from openalice_scheduler.policy import OrderedFirstAvailable
 from openalice_scheduler.providers.base import WorkerSpec
 from openalice_scheduler.providers.runpod import RunPodProvider
 from openalice_scheduler.providers.runpod.client import (
@@ -36,7 +37,6 @@ from openalice_scheduler.providers.runpod.client import (
     PodRequest,
     RestClient,
 )
-from openalice_scheduler.service import LeaseService
 from openalice_scheduler.store import LeaseStore, open_store
 from tests.harness import SECRET
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
@@ -825,7 +825,7 @@ async def make_stack(
             NoOpTracer(),
             provision_timeout=20,
         )
-        reconciler = Reconciler(service, NoOpTracer(), 60, 20, replica_timeout=30)
+        reconciler = Reconciler(service, NoOpTracer(), 60, replica_timeout=30)
         sweeper = Sweeper(service, Alarm(service.now_us), NoOpTracer(), 60)
         return Stack(service, provider, reconciler, sweeper)
 

@@ -13,11 +13,11 @@ from openalice_scheduler.api.access import AccessLog
 from openalice_scheduler.api.errors import install_error_handlers
 from openalice_scheduler.config import Settings
 from openalice_scheduler.lease_access import LeaseAccess
+from openalice_scheduler.lifecycle import Clock, utcnow
 from openalice_scheduler.lifespan import lifespan
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import Provider, build_providers
 from openalice_scheduler.scrape import Scrape
-from openalice_scheduler.service import Clock, utcnow
 from openalice_scheduler.store import open_store
 from openalice_scheduler.tracing import RequestSpanMiddleware, Tracing, service_version
 

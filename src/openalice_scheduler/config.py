@@ -345,7 +345,7 @@ class Settings(BaseSettings):
     @field_validator("local_docker_price_per_hour", "static_price_per_hour")
     @classmethod
     def _prices_syntax(cls, value: str) -> str:
-        from openalice_scheduler.budgets import parse_prices
+        from openalice_scheduler.prices import parse_prices
 
         parse_prices(value)
         return value
@@ -353,7 +353,7 @@ class Settings(BaseSettings):
     @field_validator("owner_budgets")
     @classmethod
     def _budgets_syntax(cls, value: str | None) -> str | None:
-        from openalice_scheduler.budgets import parse_owner_budgets
+        from openalice_scheduler.prices import parse_owner_budgets
 
         parse_owner_budgets(value)
         return value

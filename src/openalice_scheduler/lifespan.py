@@ -11,21 +11,26 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from openalice_scheduler.budgets import Budgets
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import SchedulerError
-from openalice_scheduler.guards import GuardDesk
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lease_access import LeaseAccess
-from openalice_scheduler.loops import Alarm, Heartbeat, Reconciler, Sweeper
+from openalice_scheduler.lifecycle import Clock, LeaseService
+from openalice_scheduler.lifecycle.admission import Budgets
+from openalice_scheduler.lifecycle.policy import build_policy
+from openalice_scheduler.loops import (
+    Alarm,
+    GuardForgetter,
+    Heartbeat,
+    Purger,
+    Reconciler,
+    Sweeper,
+    WarmPool,
+)
 from openalice_scheduler.metrics import Metrics
-from openalice_scheduler.policy import build_policy
-from openalice_scheduler.pool import WarmPool
 from openalice_scheduler.providers import Provider
 from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.readiness import ReadinessCheck
-from openalice_scheduler.retention import GuardForgetter, Purger
-from openalice_scheduler.service import Clock, LeaseService
 from openalice_scheduler.store import LeaseStore, to_us
 from openalice_scheduler.tracing import Tracing, service_version
 
@@ -79,17 +84,19 @@ def lifespan(
             beat = min(5.0, settings.reconcile_interval_seconds / 2)
             heartbeat = Heartbeat(service, beat)
             # Always there: with WARM_POOL unset it only recycles what an earlier run left.
-            service.pool = pool = WarmPool(
+            pool = WarmPool(
                 service,
-                settings.warm_pool_targets,
-                HandOff(settings.warm_handoff_path, settings.warm_handoff_timeout_seconds, access),
-                max_idle_seconds=settings.warm_pool_max_idle_seconds,
-                idle_gauge=metrics.pool_idle,
+                service.open_pool(
+                    settings.warm_pool_targets,
+                    HandOff(
+                        settings.warm_handoff_path, settings.warm_handoff_timeout_seconds, access
+                    ),
+                    max_idle_seconds=settings.warm_pool_max_idle_seconds,
+                    idle_gauge=metrics.pool_idle,
+                ),
             )
-            service.guards = guards = GuardDesk(
-                store,
+            guards = service.open_guards(
                 instance=settings.scheduler_instance,
-                providers=[p.name for p in providers],
                 most=settings.max_guards,
                 forget_seconds=settings.guard_forget_seconds,
             )
@@ -97,8 +104,6 @@ def lifespan(
                 service,
                 tracing.tracer,
                 settings.reconcile_interval_seconds,
-                # A provision may go on while its worker is probed.
-                settings.provision_timeout_seconds + probe.longest,
                 replica_timeout=3 * beat + 1,
                 heartbeat=heartbeat,  # a store outage is not the other replicas' death
             )

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from openalice_scheduler.errors import StoreUnavailable
+from openalice_scheduler.lifecycle import LeaseService
 from openalice_scheduler.loops import Reconciler
-from openalice_scheduler.service import LeaseService
 
 # A balancer probes every few seconds: a store slower than this counts as unavailable.
 STORE_TIMEOUT_S = 2.0
@@ -29,7 +29,7 @@ class ReadinessCheck:
 
     @property
     def draining(self) -> bool:
-        return self.service.queue.closed
+        return self.service.line.closed
 
     async def reasons(self) -> list[str]:
         """Why not ready (fixed phrases, never a cause's text: no DSN, no secret); []

@@ -18,12 +18,12 @@ import logging
 import time
 from collections.abc import Sequence
 
-from openalice_scheduler.capacity import provider_view
 from openalice_scheduler.errors import StoreUnavailable
+from openalice_scheduler.lifecycle import LeaseService
+from openalice_scheduler.lifecycle.views import provider_view
 from openalice_scheduler.metrics import ANY_KIND, Metrics
 from openalice_scheduler.models import WorkerKind
 from openalice_scheduler.providers import Provider, ProviderStatus
-from openalice_scheduler.service import LeaseService
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from fastapi.security import APIKeyHeader
 
-from openalice_scheduler.service import LeaseService
+from openalice_scheduler.lifecycle import LeaseService
 
 
 async def _service(request: Request) -> LeaseService:

@@ -82,7 +82,7 @@ async def usage(
         )
     if start >= end:
         raise InvalidRequest(f"since: must be before until ({format_us(end)})", field="since")
-    found = await counting.usage(service.store.backend, group_by, since=start, until=end, now=now)
+    found = await service.usage(group_by, since=start, until=end)
     retention = request.app.state.settings.lease_retention_days
     kept_from = now - retention * DAY_US
     complete = retention == 0 or start >= kept_from

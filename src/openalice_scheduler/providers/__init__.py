@@ -18,7 +18,6 @@ from openalice_scheduler.providers.base import (
     WorkerInfo,
     WorkerSpec,
 )
-from openalice_scheduler.store.records import Budget, Terms
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ def _runpod(settings: Settings) -> Provider:
 
 
 def _static(settings: Settings) -> Provider:
-    from openalice_scheduler.budgets import parse_prices
+    from openalice_scheduler.prices import parse_prices
     from openalice_scheduler.providers.static import StaticProvider
 
     assert settings.static_workers, "configuration_problems checked it"
@@ -82,37 +81,6 @@ def configuration_problems(settings: Settings) -> list[str]:
         why = "; ".join(f"{name} skipped: {reason}" for name, reason in skipped.items())
         problems.append(f"PROVIDERS: no usable provider in {settings.providers!r} ({why})")
     return problems
-
-
-def reservation_terms(
-    provider: Provider,
-    spec: WorkerSpec,
-    *,
-    now: int,
-    owner_quota: int,
-    price: float | None = None,
-    budget: Budget | None = None,
-) -> Terms:
-    """What reserving `spec` on `provider` at `price` (its `price(spec)`) must respect,
-    checked by the store. A placing provider's placer counts its caps itself, per place,
-    and gives the price of the place it picks."""
-    if isinstance(provider, PlacingProvider):
-        return Terms(
-            now=now,
-            owner_quota=owner_quota,
-            place=provider.placer(spec),
-            price_per_hour=price,
-            budget=budget,
-        )
-    return Terms(
-        now=now,
-        max_live=provider.max_workers,
-        resources=provider.exclusive_resources(spec),
-        resource_label=provider.resource_label,
-        owner_quota=owner_quota,
-        price_per_hour=price,
-        budget=budget,
-    )
 
 
 def build_providers(settings: Settings) -> list[Provider]:
@@ -189,5 +157,4 @@ __all__ = [
     "WorkerSpec",
     "build_providers",
     "configuration_problems",
-    "reservation_terms",
 ]

@@ -18,10 +18,10 @@ from typing import Any
 
 from docker.tls import TLSConfig
 
-from openalice_scheduler.budgets import parse_prices
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderUnavailable
 from openalice_scheduler.models import GpuClass
+from openalice_scheduler.prices import parse_prices
 from openalice_scheduler.providers.base import (
     Availability,
     PartialListing,

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import docker
 
-from openalice_scheduler.budgets import parse_prices
 from openalice_scheduler.config import Settings
 from openalice_scheduler.models import GpuClass
+from openalice_scheduler.prices import parse_prices
 from openalice_scheduler.providers.base import (
     Availability,
     ProviderStatus,

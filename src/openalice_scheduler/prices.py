@@ -1,14 +1,10 @@
-"""Money settings (README, Prices and caps): each owner's caps, from
-MAX_COST_PER_HOUR_PER_OWNER, MAX_SPEND_PER_DAY_PER_OWNER and the per-owner overrides of
-OWNER_BUDGETS; and prices per GPU class (LOCAL_DOCKER_PRICE_PER_HOUR,
-STATIC_PRICE_PER_HOUR). The store checks the caps (store/spending.py)."""
+"""Money settings read (README, Prices and caps): the per-owner caps of OWNER_BUDGETS,
+and prices per GPU class (LOCAL_DOCKER_PRICE_PER_HOUR, STATIC_PRICE_PER_HOUR). What the
+caps admit is the core's (lifecycle/admission.py)."""
 
 from __future__ import annotations
 
-import math
 import re
-
-from openalice_scheduler.store.records import Budget
 
 _CAP = re.compile(r"(\d+(?:\.\d+)?)/([hd])")
 
@@ -57,35 +53,3 @@ def parse_prices(value: str) -> dict[str, float]:
             )
         prices[match[1]] = float(match[2])
     return prices
-
-
-class Budgets:
-    """Each owner's caps: its OWNER_BUDGETS entry, else the defaults."""
-
-    def __init__(
-        self, per_hour: float = 0.0, per_day: float = 0.0, owners: str | None = None
-    ) -> None:
-        self.default = Budget(per_hour, per_day)
-        self.owners: dict[str, Budget] = {}
-        for owner, (hour, day) in parse_owner_budgets(owners).items():
-            self.owners[owner] = Budget(
-                per_hour if hour is None else hour,
-                per_day if day is None else day,
-                hour_from=self.default.hour_from
-                if hour is None
-                else f"OWNER_BUDGETS ({owner}={_show(hour)}/h)",
-                day_from=self.default.day_from
-                if day is None
-                else f"OWNER_BUDGETS ({owner}={_show(day)}/d)",
-            )
-
-    def of(self, owner: str | None) -> Budget | None:
-        """The caps of `owner`; None when it has none (or the lease has no owner)."""
-        if owner is None:
-            return None
-        budget = self.owners.get(owner, self.default)
-        return budget if budget.per_hour or budget.per_day else None
-
-
-def _show(amount: float) -> str:
-    return str(int(amount)) if math.isclose(amount, round(amount)) else f"{amount:g}"

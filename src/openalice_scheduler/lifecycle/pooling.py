@@ -1,12 +1,13 @@
 """Warm pools (README, Warm pools): WARM_POOL idle, ready workers per kind and GPU class,
-kept in the store as lease rows with no owner (store/pool.py).
+kept in the store as lease rows with no owner (store/pool.py). The pool is one of the
+supplies an acquire tries (acquiring.py), the first: a faster way to get a provider's
+worker, through the same path as a cold one.
 
-The loop keeps each target filled: woken at start, after each take or recycle, and every
-few seconds, it recycles idle workers past WARM_POOL_MAX_IDLE_SECONDS (or beyond their
-target), then provisions the missing ones on the policy's provider order, probes each
-ready and records it idle. An acquire takes the oldest idle worker of its kind and GPU
-class, hands it the lease (handoff.py), and the lease is active; a worker that fails its
-hand-off is destroyed and the acquire goes on cold."""
+Kept filled by a loop (loops/warm.py) that calls `refill`: it recycles idle workers past
+WARM_POOL_MAX_IDLE_SECONDS (or beyond their target), then makes the missing ones on the
+policy's provider order (making.py) and records each idle. An acquire takes the oldest
+idle worker of its kind and GPU class, hands it the lease (handoff.py), and the lease is
+active; a worker that fails its hand-off is destroyed and the acquire goes on cold."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Gauge
@@ -23,28 +24,21 @@ from prometheus_client import Gauge
 from openalice_scheduler.errors import ProviderError
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.ids import new_lease_id
+from openalice_scheduler.lifecycle.admission import reservation_terms
+from openalice_scheduler.lifecycle.attempt import Attempt
+from openalice_scheduler.lifecycle.core import Core
+from openalice_scheduler.lifecycle.ending import Ending
+from openalice_scheduler.lifecycle.making import destroy_quietly, make_worker
 from openalice_scheduler.logs import lease_ref
-from openalice_scheduler.loops import LoopService
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
-from openalice_scheduler.providers import (
-    InstantProvider,
-    Provider,
-    WorkerSpec,
-    reservation_terms,
-)
-from openalice_scheduler.store import AtCapacity, LeaseRecord, NewLease, to_us
+from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec
+from openalice_scheduler.store import AtCapacity, LeaseRecord, NewLease, OverBudget, to_us
 from openalice_scheduler.store.pool import PoolStore
 from openalice_scheduler.tracing import span_attributes
 
-if TYPE_CHECKING:
-    from openalice_scheduler.service import LeaseService
+# The pool's lines, as ever (operators filter by logger name).
+log = logging.getLogger("openalice_scheduler.pool")
 
-log = logging.getLogger(__name__)
-
-REFILL_INTERVAL_S = 2.0
-# With WARM_POOL unset there is nothing to fill: the first pass recycles what an earlier
-# run left, and later ones only look (a store read) this seldom.
-UNSET_INTERVAL_S = 60.0
 REFILL_AFTER_TAKE_S = 0.1
 # After a pool's provision failed, it is tried again after this long, doubling.
 FIRST_BACKOFF_S = 1.0
@@ -56,26 +50,26 @@ CHECK_EVERY_S = 10.0
 Key = tuple[str, str]  # (kind, gpu)
 
 
-class WarmPool(LoopService):
-    name = "warm-pool"
-
+class Pool:
     def __init__(
         self,
-        service: LeaseService,
+        core: Core,
+        ending: Ending,
         targets: dict[Key, int],
         handoff: HandOff,
         *,
         max_idle_seconds: float,
         idle_gauge: Gauge,
-        interval: float = REFILL_INTERVAL_S,
     ) -> None:
-        super().__init__(interval if any(n > 0 for n in targets.values()) else UNSET_INTERVAL_S)
-        self.service = service
-        self.store = PoolStore(service.store)
+        self.core = core
+        self.ending = ending
+        self.store = PoolStore(core.store)
         self.targets = {key: n for key, n in targets.items() if n > 0}
         self.handoff = handoff
         self.max_idle_us = int(max_idle_seconds * 1e6)
         self.idle_gauge = idle_gauge
+        # Called when a worker was taken or recycled: the loop refills soon (loops/warm.py).
+        self.on_taken: Callable[[], None] = lambda: None
         # Kinds whose workers have no hand-off (404, handoff.NO_HANDOFF): not used warm.
         self.disabled: set[str] = set()
         self._retry_at: dict[Key, float] = {}
@@ -86,9 +80,9 @@ class WarmPool(LoopService):
         if self.targets:
             handoff.open()
 
-    # --- the loop --------------------------------------------------------------------
+    # --- kept filled -----------------------------------------------------------------
 
-    async def run_once(self) -> dict[str, int]:
+    async def refill(self) -> dict[str, int]:
         """Recycle what is stale or surplus, then fill each target."""
         recycled = await self._recycle_stale()
         have: dict[Key, int] = {}
@@ -107,7 +101,7 @@ class WarmPool(LoopService):
         return {"recycled": recycled, "warmed": made}
 
     async def _recycle_stale(self) -> int:
-        now = self.service.now_us()
+        now = self.core.now_us()
         kept: dict[Key, int] = {}
         recycled = 0
         alive: list[LeaseRecord] = []
@@ -122,7 +116,7 @@ class WarmPool(LoopService):
         if time.monotonic() - self._checked_at >= CHECK_EVERY_S:
             self._checked_at = time.monotonic()
             problems = await asyncio.gather(
-                *(self.service.probe.check(r.kind, r.probe_url or r.endpoint) for r in alive)
+                *(self.core.probe.check(r.kind, r.probe_url or r.endpoint) for r in alive)
             )
             for record, problem in zip(alive, problems, strict=True):
                 if problem is not None:
@@ -135,26 +129,26 @@ class WarmPool(LoopService):
         return recycled
 
     async def _recycle(self, lease_id: str) -> int:
-        claimed = await self.store.recycle(lease_id, now=self.service.now_us())
+        claimed = await self.store.recycle(lease_id, now=self.core.now_us())
         if claimed is None:
             return 0  # taken (or resolved) meanwhile
         log.info("pool worker %s recycled", lease_ref(claimed))
-        await self.service.destroy(claimed)
-        self.wake()
+        await self.ending.destroy(claimed)
+        self.on_taken()
         return 1
 
     async def _warm_one(self, key: Key, target: int) -> int:
         """One pool worker made, probed and recorded idle: 1, else 0."""
         kind, gpu = key
         lease_id = new_lease_id()
-        now = self.service.clock()
+        now = self.core.clock()
         expires = now + timedelta(microseconds=self.max_idle_us)
         spec = WorkerSpec(
             lease_id=lease_id,
             kind=WorkerKind(kind),
             gpu=GpuClass(gpu),
             expires_at=expires,
-            store_id=self.service.store.store_id,
+            store_id=self.core.store.store_id,
         )
         new = NewLease(
             lease_id=lease_id,
@@ -167,9 +161,9 @@ class WarmPool(LoopService):
             created_at=to_us(now),
             expires_at=to_us(expires),
         )
-        self.service.in_flight.add(lease_id)
+        self.core.in_flight.add(lease_id)
         try:
-            for provider in await self.service.policy.order(self.service.providers, spec):
+            for provider in await self.core.policy.order(self.core.providers, spec):
                 if isinstance(provider, InstantProvider):
                     continue  # static endpoints are always there: nothing to keep warm
                 if not (await provider.available(spec)).ok:
@@ -177,7 +171,7 @@ class WarmPool(LoopService):
                 terms = reservation_terms(
                     provider,
                     spec,
-                    now=self.service.now_us(),
+                    now=self.core.now_us(),
                     owner_quota=0,
                     price=await provider.price(spec),
                 )
@@ -190,11 +184,11 @@ class WarmPool(LoopService):
                 return await self._make(provider, reserved, spec)
             return 0
         finally:
-            self.service.in_flight.discard(lease_id)
+            self.core.in_flight.discard(lease_id)
 
     async def _make(self, provider: Provider, reserved: LeaseRecord, spec: WorkerSpec) -> int:
         key = (spec.kind.value, spec.gpu.value)
-        service = self.service
+        core = self.core
         # Its idle fence and credential from the start: a worker that serves no lease yet
         # can ask after its own row too (and stops itself when the pool is gone).
         spec = WorkerSpec(
@@ -205,35 +199,33 @@ class WarmPool(LoopService):
             store_id=spec.store_id,
             resource=reserved.resource,
             fence=reserved.fence,
-            **service.access.spec_fields(spec.lease_id),
+            **core.access.spec_fields(spec.lease_id),
         )
-        started = time.perf_counter()
         try:
-            worker = await asyncio.wait_for(
-                provider.provision(spec), timeout=service.provision_timeout
-            )
-            await service.probe.wait(provider.name, spec, worker, since=started)
-        except (ProviderError, TimeoutError) as exc:
-            why = exc.message if isinstance(exc, ProviderError) else "provision timed out"
+            worker = await make_worker(core, provider, spec)
+        except ProviderError as exc:
             log.warning(
-                "pool worker %s (%s/%s) failed on %s: %s", lease_ref(spec), *key, provider.name, why
+                "pool worker %s (%s/%s) failed on %s: %s",
+                lease_ref(spec),
+                *key,
+                provider.name,
+                exc.message,
             )
             self._failed(key)
-            await service.store.fail(spec.lease_id, error=why, now=service.now_us())
-            await _destroy_quietly(provider, spec.lease_id)
-            service.capacity_freed()
+            await core.store.fail(spec.lease_id, error=exc.message, now=core.now_us())
+            core.capacity_freed()
             return 0
         ready = await self.store.ready(
             spec.lease_id,
             endpoint=worker.endpoint,
             provider_token=worker.provider_token,
             probe_url=worker.probe_url,
-            now=service.now_us(),
+            now=core.now_us(),
             gpu_type=worker.gpu_type,
             price_per_hour=worker.price_per_hour,
         )
         if ready is None:  # resolved by reconciliation meanwhile
-            await _destroy_quietly(provider, spec.lease_id, worker.provider_token)
+            await destroy_quietly(provider, spec.lease_id, worker.provider_token)
             return 0
         self._backoff.pop(key, None)
         log.info("pool worker %s (%s/%s) idle on %s", lease_ref(ready), *key, provider.name)
@@ -253,53 +245,64 @@ class WarmPool(LoopService):
         for (kind, gpu), n in idle.items():
             self.idle_gauge.labels(kind, gpu).set(n)
 
-    # --- what the service asks -------------------------------------------------------
+    # --- a supply of the acquire path --------------------------------------------------
 
-    async def take(self, request: LeaseRequest) -> LeaseRecord | None:
-        """An idle worker for `request`, handed off and active; None when the pool has
-        none (or its worker failed the hand-off): the acquire then goes cold. Raises as
-        a cold reserve does for the owner's quota and a duplicate request."""
+    def serves(self, request: LeaseRequest) -> bool:
+        """Whether the pool keeps workers for `request`: its kind and GPU class have a
+        target, their hand-off works, and it asks for no region (the pool's have none)."""
         kind, gpu = request.kind.value, request.gpu.value
-        if request.region is not None or kind in self.disabled or (kind, gpu) not in self.targets:
+        return request.region is None and kind not in self.disabled and (kind, gpu) in self.targets
+
+    async def obtain(self, attempt: Attempt) -> LeaseRecord | None:
+        """An idle worker for the attempt's request, handed off and active; None when the
+        pool has none, when its worker failed the hand-off (the acquire goes on cold), or
+        when it would break the owner's caps in money (noted in the attempt: a cheaper
+        provider may serve cold). Raises as a cold reserve does for the owner's quota
+        and a duplicate request."""
+        request = attempt.request
+        kind, gpu = request.kind.value, request.gpu.value
+        core = self.core
+        now = core.now_us()
+        try:
+            claimed = await self.store.claim(
+                NewLease(
+                    lease_id=new_lease_id(),
+                    kind=kind,
+                    gpu=gpu,
+                    owner_id=request.owner_id,
+                    correlation_id=request.correlation_id,
+                    region=None,
+                    ttl_seconds=request.ttl_seconds,
+                    created_at=now,
+                    expires_at=now + request.ttl_seconds * 1_000_000,
+                ),
+                core.max_leases_per_owner,
+                core.budgets.of(request.owner_id),
+            )
+        except OverBudget as exc:
+            attempt.over_budget.append(exc)
             return None
-        service = self.service
-        now = service.now_us()
-        claimed = await self.store.claim(
-            NewLease(
-                lease_id=new_lease_id(),
-                kind=kind,
-                gpu=gpu,
-                owner_id=request.owner_id,
-                correlation_id=request.correlation_id,
-                region=None,
-                ttl_seconds=request.ttl_seconds,
-                created_at=now,
-                expires_at=now + request.ttl_seconds * 1_000_000,
-            ),
-            service.max_leases_per_owner,
-            service.budgets.of(request.owner_id),
-        )
         if claimed is None:
             return None
         self.idle_gauge.labels(kind, gpu).dec()  # the next pass sets it from the store
         # Refill in the background, just after this burst of takes rather than inside it:
         # the pool's provisions would compete with the hand-offs for this process's CPU.
-        asyncio.get_running_loop().call_later(REFILL_AFTER_TAKE_S, self.wake)
-        service.in_flight.add(claimed.lease_id)
+        asyncio.get_running_loop().call_later(REFILL_AFTER_TAKE_S, self.on_taken)
+        core.in_flight.add(claimed.lease_id)
         try:
             attributes = span_attributes(
                 claimed.lease_id, claimed.provider, claimed.kind, claimed.correlation_id
             )  # never the env
-            with service.tracer.start_as_current_span("handoff", attributes=attributes) as span:
+            with core.tracer.start_as_current_span("handoff", attributes=attributes) as span:
                 outcome = await self.handoff.send(claimed, request.env)
                 if not outcome.ok:
                     span.set_status(Status(StatusCode.ERROR, outcome.problem))
             if outcome.ok:
-                record = await service.store.activate(
+                record = await core.store.activate(
                     claimed.lease_id,
                     endpoint=claimed.endpoint,
                     provider_token=claimed.provider_token,
-                    now=service.now_us(),
+                    now=core.now_us(),
                 )
                 if record is not None:
                     return record
@@ -322,16 +325,16 @@ class WarmPool(LoopService):
                 lease_ref(claimed),
                 why,
             )
-            await service.store.fail(
-                claimed.lease_id, error=f"hand-off failed: {why}", now=service.now_us()
+            await core.store.fail(
+                claimed.lease_id, error=f"hand-off failed: {why}", now=core.now_us()
             )
-            provider = service.by_name.get(claimed.provider)
+            provider = core.by_name.get(claimed.provider)
             if provider is not None:
-                await _destroy_quietly(provider, claimed.lease_id, claimed.provider_token)
-            service.capacity_freed()
+                await destroy_quietly(provider, claimed.lease_id, claimed.provider_token)
+            core.capacity_freed()
             return None
         finally:
-            service.in_flight.discard(claimed.lease_id)
+            core.in_flight.discard(claimed.lease_id)
 
     async def make_room(self, provider: str, gpu: str) -> bool:
         """Destroy one idle pool worker of `provider` (of class `gpu` first): a cold
@@ -352,19 +355,5 @@ class WarmPool(LoopService):
                 outcome.problem,
             )
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        await super().stop(timeout)
+    async def close(self) -> None:
         await self.handoff.close()
-
-
-async def _destroy_quietly(provider: Provider, lease_id: str, token: str = "") -> None:
-    try:
-        await provider.release(token, lease_id)
-    except ProviderError as exc:
-        # The reconciler destroys it later as an orphan: it carries our labels.
-        log.warning(
-            "lease %s: could not clean up on %s yet: %s",
-            lease_ref(lease_id),
-            provider.name,
-            exc.message,
-        )

@@ -1,59 +1,44 @@
-"""The ending half of the lease lifecycle: claim `releasing` → destroy → record
-`released`, or keep `releasing` with a retry time when the provider could not confirm;
-and the ends the reconciler finds (a provision abandoned, an orphan, a worker lost).
-A part of LeaseService (service.py), kept in a module of its own; its rules are the
-service's."""
+"""How a lease ends: claim `releasing` → destroy → record `released`, or keep
+`releasing` with a retry time when the provider could not confirm; and the ends the
+loops find and hand over (an expiry, a release to retry, a provision abandoned, an
+orphan worker, a worker lost)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
 
-from opentelemetry.trace import Status, StatusCode, Tracer
+from opentelemetry.trace import Status, StatusCode
 
 from openalice_scheduler.errors import (
-    Forbidden,
     LeaseConflict,
     LeaseNotFound,
     ProviderError,
     ReleaseFailed,
 )
 from openalice_scheduler.ids import is_lease_id
+from openalice_scheduler.lifecycle.admission import check_owner
+from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.logs import lease_ref
-from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import LeaseState, ReleaseReason
 from openalice_scheduler.providers import Provider
-from openalice_scheduler.store import LeaseRecord, LeaseStore
+from openalice_scheduler.store import LeaseRecord
 from openalice_scheduler.store.leases import Check
 from openalice_scheduler.tracing import span_attributes
-from openalice_scheduler.waiting import CapacityQueue
 
-# A part of LeaseService: its lines are the service's (operators filter by logger name).
+# The service's lines, as ever (operators filter by logger name).
 log = logging.getLogger("openalice_scheduler.service")
+MAX_PARALLEL_RELEASES = 16  # worker destructions the sweeper runs at once
 
 RETRY_BACKOFF_CAP_S = 30.0
 
 
-class Releasing:
-    """Release, expiry and destruction of leases; LeaseService sets what is declared
-    here."""
+class Ending:
+    """Release, expiry and destruction of leases."""
 
-    store: LeaseStore
-    by_name: dict[str, Provider]
-    instant: Sequence[str]
-    metrics: Metrics
-    tracer: Tracer
-    queue: CapacityQueue
-    on_due: Callable[[int], None]
-    _releases: asyncio.Semaphore
-
-    def now_us(self) -> int:
-        raise NotImplementedError
-
-    def capacity_freed(self) -> None:
-        """A lease stopped holding capacity: the first acquire waiting for some tries."""
-        self.queue.freed()
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self._releases = asyncio.Semaphore(MAX_PARALLEL_RELEASES)
 
     # --- release ---------------------------------------------------------------------
 
@@ -75,7 +60,7 @@ class Releasing:
                     f"lease {lease_id} is still provisioning; release it once acquired"
                 )
 
-        error = await self._release(lease_id, check)
+        error = await self.end(lease_id, check)
         if error is not None:
             raise ReleaseFailed(
                 f"{error[0]} could not destroy the worker of lease {lease_id}: {error[1]}; "
@@ -84,12 +69,12 @@ class Releasing:
                 provider=error[0],
             )
 
-    async def _release(
+    async def end(
         self, lease_id: str, check: Check | None, reason: ReleaseReason = ReleaseReason.explicit
     ) -> tuple[str, str] | None:
         """Claim the lease and destroy its worker; (provider, why) when it could not."""
-        claimed = await self.store.claim_release(
-            lease_id, reason, now=self.now_us(), check=check, at_once=self.instant
+        claimed = await self.core.store.claim_release(
+            lease_id, reason, now=self.core.now_us(), check=check, at_once=self.core.instant
         )
         if claimed is None:
             raise LeaseNotFound(f"lease {lease_id} is already released")
@@ -103,9 +88,9 @@ class Releasing:
         """Release every lease whose time has come: expired ones, and releases whose
         retry is due. Returns how many were claimed."""
         await self._settle_unsure()
-        now = self.now_us()
-        claimed = await self.store.claim_expired(now=now, limit=limit)
-        claimed += await self.store.claim_retries(now=now, limit=limit)
+        now = self.core.now_us()
+        claimed = await self.core.store.claim_expired(now=now, limit=limit)
+        claimed += await self.core.store.claim_retries(now=now, limit=limit)
         await asyncio.gather(*(self._destroy_due(record) for record in claimed))
         return len(claimed)
 
@@ -113,9 +98,9 @@ class Releasing:
         """A lease whose acquire answered 503 (the store's answer lost) but was committed
         all the same is released: its caller was told no. One an idempotent retry finds
         again (owner_id and correlation_id) is left to that retry, and to its TTL."""
-        for lease_id in list(self.store.unsure):
-            record = await self.store.get(lease_id)  # store still down: next time
-            self.store.unsure.discard(lease_id)
+        for lease_id in list(self.core.store.unsure):
+            record = await self.core.store.get(lease_id)  # store still down: next time
+            self.core.store.unsure.discard(lease_id)
             if (
                 record is not None
                 and record.state == LeaseState.active
@@ -125,7 +110,7 @@ class Releasing:
                     "lease %s: recorded although its acquire answered 503; releasing it",
                     lease_ref(record),
                 )
-                await self._release(lease_id, None, ReleaseReason.failed)
+                await self.end(lease_id, None, ReleaseReason.failed)
 
     async def _destroy_due(self, record: LeaseRecord) -> None:
         async with self._releases:
@@ -139,8 +124,8 @@ class Releasing:
         attributes = span_attributes(
             record.lease_id, record.provider, record.kind, record.correlation_id
         )
-        with self.tracer.start_as_current_span("release", attributes=attributes) as span:
-            provider = self.by_name.get(record.provider)
+        with self.core.tracer.start_as_current_span("release", attributes=attributes) as span:
+            provider = self.core.by_name.get(record.provider)
             try:
                 if provider is None:
                     raise ProviderError(f"provider {record.provider!r} is not configured")
@@ -148,12 +133,12 @@ class Releasing:
             except ProviderError as exc:
                 span.set_status(Status(StatusCode.ERROR, exc.message))
                 attempts = record.release_attempts + 1
-                retry_at = self.now_us() + int(_backoff(attempts) * 1e6)
-                await self.store.release_attempt_failed(
-                    record.lease_id, error=exc.message, retry_at=retry_at, now=self.now_us()
+                retry_at = self.core.now_us() + int(_backoff(attempts) * 1e6)
+                await self.core.store.release_attempt_failed(
+                    record.lease_id, error=exc.message, retry_at=retry_at, now=self.core.now_us()
                 )
-                self.metrics.release_failures.labels(record.provider).inc()
-                self.on_due(retry_at)
+                self.core.metrics.release_failures.labels(record.provider).inc()
+                self.core.on_due(retry_at)
                 log.warning(
                     "lease %s: release attempt %d on %s failed: %s",
                     lease_ref(record),
@@ -162,18 +147,18 @@ class Releasing:
                     exc.message,
                 )
                 return exc.message
-        done = await self.store.finish_release(record.lease_id, now=self.now_us())
+        done = await self.core.store.finish_release(record.lease_id, now=self.core.now_us())
         if done is None:
-            self.capacity_freed()
+            self.core.capacity_freed()
         else:
             self._released(done)
         return None
 
     def _released(self, record: LeaseRecord) -> None:
-        self.capacity_freed()
+        self.core.capacity_freed()
         reason = record.release_reason or ReleaseReason.explicit.value
-        self.metrics.released.labels(record.provider, reason).inc()
-        self.metrics.spent(record)
+        self.core.metrics.released.labels(record.provider, reason).inc()
+        self.core.metrics.spent(record)
         log.info("lease %s released (%s)", lease_ref(record), reason)
 
     # --- reconciliation: what the reconciler found, resolved ----------------------------
@@ -181,7 +166,7 @@ class Releasing:
     async def recover_after_restart(self) -> None:
         """Before serving, in a store no other process uses: release claims found are
         a stopped process's, and are due now."""
-        await self.store.recover_claims(now=self.now_us())
+        await self.core.store.recover_claims(now=self.core.now_us())
 
     async def fail_abandoned(self, provider: Provider, record: LeaseRecord) -> bool:
         """A provision that will never finish (its scheduler stopped): recorded `failed`
@@ -189,13 +174,13 @@ class Releasing:
         acquire still run after all, its `activate` finds the lease resolved and
         destroys its own worker: never is a worker destroyed under an active lease. A
         worker left here (provider error) is an orphan for the next pass."""
-        failed = await self.store.fail(
-            record.lease_id, error="scheduler stopped while provisioning", now=self.now_us()
+        failed = await self.core.store.fail(
+            record.lease_id, error="scheduler stopped while provisioning", now=self.core.now_us()
         )
         if failed is None:
             return False
-        self.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
-        self.capacity_freed()
+        self.core.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
+        self.core.capacity_freed()
         log.warning(
             "lease %s: provision abandoned on %s; marked failed", lease_ref(record), provider.name
         )
@@ -205,7 +190,7 @@ class Releasing:
     async def destroy_orphan(self, provider: Provider, lease_id: str, token: str) -> None:
         """A worker of this scheduler that no live lease holds."""
         await provider.release(token, lease_id)
-        self.metrics.released.labels(provider.name, ReleaseReason.orphan.value).inc()
+        self.core.metrics.released.labels(provider.name, ReleaseReason.orphan.value).inc()
         log.info(
             "reconcile: destroyed orphan worker %s of lease %s on %s",
             token[:12],
@@ -217,15 +202,15 @@ class Releasing:
         """A lease whose worker vanished: released, reason `lost`; or `expired` when the
         lease had expired already, as its absence then is that expiry enforced (by a
         guard while no scheduler ran, README: The guard): the worker is confirmed gone."""
-        now = self.now_us()
+        now = self.core.now_us()
         expired = record.state == LeaseState.active.value and record.expires_at <= now
         reason = ReleaseReason.expired if expired else ReleaseReason.lost
-        ended = await self.store.mark_lost(record.lease_id, now=now, reason=reason)
+        ended = await self.core.store.mark_lost(record.lease_id, now=now, reason=reason)
         if ended is None:
             return False
-        self.metrics.released.labels(provider.name, reason.value).inc()
-        self.metrics.spent(ended)
-        self.capacity_freed()
+        self.core.metrics.released.labels(provider.name, reason.value).inc()
+        self.core.metrics.spent(ended)
+        self.core.capacity_freed()
         if expired:
             log.info(
                 "lease %s: expired, and its worker already gone from %s; released",
@@ -237,13 +222,6 @@ class Releasing:
                 "lease %s: worker vanished from %s; marked lost", lease_ref(record), provider.name
             )
         return True
-
-
-def check_owner(record: LeaseRecord, owner: str | None) -> None:
-    if record.owner_id is not None and owner != record.owner_id:
-        if owner is None:
-            raise Forbidden(f"lease {record.lease_id} has an owner; send X-Lease-Owner")
-        raise Forbidden(f"X-Lease-Owner does not match the owner of lease {record.lease_id}")
 
 
 def _backoff(attempts: int) -> float:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import logging
 
-from openalice_scheduler.guards import GuardDesk
-from openalice_scheduler.loops import LoopService
-from openalice_scheduler.service import LeaseService
-from openalice_scheduler.store.spending import DAY_US
-from openalice_scheduler.store.usage import purge_ended
+from openalice_scheduler.lifecycle import LeaseService
+from openalice_scheduler.lifecycle.guards import GuardDesk
+from openalice_scheduler.loops.base import LoopService
 
-log = logging.getLogger(__name__)
+# The retention's lines, as ever (operators filter by logger name).
+log = logging.getLogger("openalice_scheduler.retention")
 PURGE_INTERVAL_S = 3600.0
 
 
@@ -32,8 +31,7 @@ class Purger(LoopService):
         self.days = days
 
     async def run_once(self) -> int:
-        before = self.service.now_us() - self.days * DAY_US
-        purged = await purge_ended(self.service.store.backend, before=before)
+        purged = await self.service.purge_ended(days=self.days)
         if purged:
             log.info(
                 "purged %d ended leases older than %d days (LEASE_RETENTION_DAYS)",

@@ -1,0 +1,60 @@
+"""What every part of the lease's life shares: the store, the providers, the waiting
+line, the clock, and the few things each part reports to (metrics, traces, the
+sweeper's alarm). Made once by LeaseService and handed to its parts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from opentelemetry.trace import Tracer
+
+from openalice_scheduler.lease_access import LeaseAccess
+from openalice_scheduler.lifecycle.admission import Budgets
+from openalice_scheduler.lifecycle.line import CapacityQueue
+from openalice_scheduler.lifecycle.policy import Policy
+from openalice_scheduler.metrics import Metrics
+from openalice_scheduler.providers import InstantProvider, Provider
+from openalice_scheduler.providers.probe import ReadyProbe
+from openalice_scheduler.store import LeaseStore, to_us
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(eq=False)
+class Core:
+    store: LeaseStore
+    providers: Sequence[Provider]
+    policy: Policy
+    metrics: Metrics
+    tracer: Tracer
+    probe: ReadyProbe
+    access: LeaseAccess
+    budgets: Budgets
+    line: CapacityQueue
+    # A rule about time takes its time from here (tests move it).
+    clock: Clock = utcnow
+    # Called with the moment (µs) something new becomes due (the sweeper's alarm).
+    on_due: Callable[[int], None] = lambda _at: None
+    provision_timeout: float = 600.0
+    max_leases_per_owner: int = 0
+    # Leases this process is provisioning (or handing off) right now: the reconciler
+    # leaves them be.
+    in_flight: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.by_name = {p.name: p for p in self.providers}
+        # Providers whose workers already exist: nothing to create or destroy.
+        self.instant = tuple(p.name for p in self.providers if isinstance(p, InstantProvider))
+
+    def now_us(self) -> int:
+        return to_us(self.clock())
+
+    def capacity_freed(self) -> None:
+        """A lease stopped holding capacity: the first acquire waiting for some tries."""
+        self.line.freed()

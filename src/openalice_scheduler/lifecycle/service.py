@@ -1,0 +1,243 @@
+"""LeaseService: the one owner of a lease's life, and the one door to it. Routes call it
+for what callers ask (acquire, renew, release, reads); loops find what is due or adrift
+and hand each case to it (an expiry, a release to retry, a provision abandoned, an
+orphan worker, a worker lost, the pool to refill, ended leases to purge).
+
+Its parts, each with one job: acquiring.py (the one acquire path, the warm pool first),
+ending.py (every way a lease ends), pooling.py (the warm pool), reconciling.py (what a
+provider's listing means for its leases), admission.py (who may take capacity), line.py
+(the callers waiting for capacity), guards.py (what guards are told)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.trace import Tracer
+from prometheus_client import Gauge
+
+from openalice_scheduler.errors import LeaseNotFound
+from openalice_scheduler.handoff import HandOff
+from openalice_scheduler.ids import is_lease_id
+from openalice_scheduler.lease_access import LeaseAccess
+from openalice_scheduler.lifecycle.acquiring import Acquiring
+from openalice_scheduler.lifecycle.admission import Budgets, check_owner
+from openalice_scheduler.lifecycle.core import Clock, Core, utcnow
+from openalice_scheduler.lifecycle.ending import Ending
+from openalice_scheduler.lifecycle.guards import GuardDesk
+from openalice_scheduler.lifecycle.line import CapacityQueue
+from openalice_scheduler.lifecycle.policy import Policy
+from openalice_scheduler.lifecycle.pooling import Key, Pool
+from openalice_scheduler.lifecycle.reconciling import Reconciling
+from openalice_scheduler.lifecycle.views import provider_view
+from openalice_scheduler.logs import lease_ref
+from openalice_scheduler.metrics import Metrics
+from openalice_scheduler.models import MAX_TTL_SECONDS, GroupBy, LeaseRequest, LeaseState
+from openalice_scheduler.providers import Provider, WorkerInfo
+from openalice_scheduler.providers.probe import ReadyProbe
+from openalice_scheduler.store import LeaseRecord, LeaseStore
+from openalice_scheduler.store import usage as counting
+from openalice_scheduler.store.spending import DAY_US
+
+# The service's lines, as ever (operators filter by logger name).
+log = logging.getLogger("openalice_scheduler.service")
+
+
+class LeaseService:
+    def __init__(
+        self,
+        store: LeaseStore,
+        providers: Sequence[Provider],
+        policy: Policy,
+        metrics: Metrics,
+        tracer: Tracer,
+        *,
+        provision_timeout: float = 600.0,
+        probe: ReadyProbe | None = None,
+        max_leases_per_owner: int = 0,
+        clock: Clock = utcnow,
+        on_due: Callable[[int], None] = lambda _at: None,
+        access: LeaseAccess | None = None,
+        budgets: Budgets | None = None,
+    ) -> None:
+        self.core = Core(
+            store=store,
+            providers=list(providers),
+            policy=policy,
+            metrics=metrics,
+            tracer=tracer,
+            probe=probe or ReadyProbe({}, {}),  # none given: workers are not probed
+            # A worker's credential for its own lease (none: workers are not told one).
+            access=access or LeaseAccess("", None),
+            # Each owner's caps in money (none given: no caps).
+            budgets=budgets or Budgets(),
+            line=CapacityQueue(metrics),
+            clock=clock,
+            on_due=on_due,
+            provision_timeout=provision_timeout,
+            max_leases_per_owner=max_leases_per_owner,
+        )
+        self.ending = Ending(self.core)
+        self.acquiring = Acquiring(self.core, self.ending)
+        self.reconciling = Reconciling(self.core, self.ending)
+        self.pool: Pool | None = None  # WARM_POOL's idle workers (open_pool)
+        self.guards: GuardDesk | None = None  # what guards poll (open_guards)
+
+    # What the loops and the operator's views read of it.
+    @property
+    def store(self) -> LeaseStore:
+        return self.core.store
+
+    @property
+    def providers(self) -> Sequence[Provider]:
+        return self.core.providers
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.core.metrics
+
+    @property
+    def line(self) -> CapacityQueue:
+        return self.core.line
+
+    @property
+    def in_flight(self) -> set[str]:
+        return self.core.in_flight
+
+    def now_us(self) -> int:
+        return self.core.now_us()
+
+    def capacity_freed(self) -> None:
+        self.core.capacity_freed()
+
+    def open_pool(
+        self,
+        targets: dict[Key, int],
+        handoff: HandOff,
+        *,
+        max_idle_seconds: float,
+        idle_gauge: Gauge,
+    ) -> Pool:
+        """The warm pool (README, Warm pools), kept filled by its loop (loops/warm.py);
+        with no targets it only recycles what an earlier run left."""
+        self.pool = Pool(
+            self.core,
+            self.ending,
+            targets,
+            handoff,
+            max_idle_seconds=max_idle_seconds,
+            idle_gauge=idle_gauge,
+        )
+        self.acquiring.pool = self.pool
+        return self.pool
+
+    def open_guards(self, *, instance: str, most: int, forget_seconds: float) -> GuardDesk:
+        """What the guards poll (README, The guard)."""
+        self.guards = GuardDesk(
+            self.core.store,
+            instance=instance,
+            providers=[p.name for p in self.core.providers],
+            most=most,
+            forget_seconds=forget_seconds,
+        )
+        return self.guards
+
+    def drain(self) -> None:
+        """Shutting down (drain.py): every acquire from now on, and each one waiting in
+        line, is answered 503 shutting_down; provisions under way finish."""
+        self.core.line.close()
+
+    # --- what callers ask ------------------------------------------------------------
+
+    async def acquire(
+        self, request: LeaseRequest, *, gone: asyncio.Event | None = None
+    ) -> LeaseRecord:
+        """A lease for `request` (acquiring.py)."""
+        return await self.acquiring.acquire(request, gone=gone)
+
+    async def release(self, lease_id: str, owner: str | None) -> None:
+        """Release a lease the caller holds (ending.py)."""
+        await self.ending.release(lease_id, owner)
+
+    async def renew(self, lease_id: str, owner: str | None, ttl_seconds: int | None) -> LeaseRecord:
+        """`expires_at = now + ttl` (default: the lease's own TTL), at most 8 h ahead.
+        Only an active, unexpired lease can be renewed: none is ever resurrected."""
+        record = await self.get(lease_id)
+        now = self.now_us()
+        if record.state != LeaseState.active or record.expires_at <= now:
+            state = "expired" if record.state == LeaseState.active else record.state
+            raise LeaseNotFound(f"lease {lease_id} is {state}; only an active lease renews")
+        check_owner(record, owner)
+        ttl = min(ttl_seconds or record.ttl_seconds, MAX_TTL_SECONDS)
+        renewed = await self.store.renew(lease_id, expires_at=now + ttl * 1_000_000, now=now)
+        if renewed is None:
+            raise LeaseNotFound(f"lease {lease_id} ended while renewing")
+        log.info("lease %s renewed until %s", lease_ref(renewed), renewed.wire()["expires_at"])
+        if renewed.probe_url and self.pool is not None:  # a warm lease: its worker learns
+            await self.pool.hand_on(renewed)
+        return renewed
+
+    async def get(self, lease_id: str) -> LeaseRecord:
+        record = await self.store.get(lease_id) if is_lease_id(lease_id) else None
+        if record is None:
+            raise LeaseNotFound(f"no lease {lease_id[:64]!r}")
+        return record
+
+    async def search(self, **filters: Any) -> list[dict[str, Any]]:
+        """The leases matching `filters` (see LeaseStore.search)."""
+        return await self.store.search(**filters)
+
+    async def list_active_json(self) -> bytes:
+        """The active leases as a JSON array of `Lease` (cheap for 10,000 leases)."""
+        return await self.store.list_json((LeaseState.active,))
+
+    async def usage(self, group_by: GroupBy, *, since: int, until: int) -> counting.Usage:
+        """What leases held in [since, until) cost, per group (README, Usage and
+        retention)."""
+        return await counting.usage(
+            self.store.backend, group_by, since=since, until=until, now=self.now_us()
+        )
+
+    async def provider_view(self) -> list[dict[str, Any]]:
+        """Per provider: health, capacity and use (`GET /v1/providers`)."""
+        held = await self.store.count_held()
+        idle = [] if self.pool is None else await self.pool.store.counts()
+        statuses = await asyncio.gather(*(p.status() for p in self.providers))
+        guards = {} if self.guards is None else await self.guards.by_provider()
+        now = self.now_us()
+        return [
+            provider_view(provider, status, held, idle, guards.get(provider.name, []), now)
+            for provider, status in zip(self.providers, statuses, strict=True)
+        ]
+
+    # --- what the loops hand over ----------------------------------------------------
+
+    async def recover_after_restart(self) -> None:
+        """Before serving (ending.py)."""
+        await self.ending.recover_after_restart()
+
+    async def release_due(self, limit: int = 100) -> int:
+        """Expired leases and releases to retry (ending.py): how many were claimed."""
+        return await self.ending.release_due(limit)
+
+    async def reconcile(
+        self,
+        provider: Provider,
+        workers: Mapping[str, list[WorkerInfo]] | None,
+        *,
+        listed_at: int,
+        alive: set[str] | None,
+    ) -> dict[str, int]:
+        """What `provider`'s listing of workers (taken at `listed_at`) means for its
+        leases (reconciling.py); `alive`: the replicas alive now (None: all count)."""
+        return await self.reconciling.settle(provider, workers, listed_at=listed_at, alive=alive)
+
+    async def refill_pool(self) -> dict[str, int]:
+        """The warm pool's pass (pooling.py); nothing without a pool."""
+        return {} if self.pool is None else await self.pool.refill()
+
+    async def purge_ended(self, *, days: int) -> int:
+        """Ended leases released more than `days` ago, deleted: how many."""
+        return await counting.purge_ended(self.store.backend, before=self.now_us() - days * DAY_US)

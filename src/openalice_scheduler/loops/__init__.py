@@ -1,0 +1,21 @@
+"""Background loops (base.py: LoopService). Each finds what is due or adrift and hands
+it to the service: the sweeper (expiries, release retries), the reconciler (what the
+providers' listings say), the heartbeat, the warm pool's refill, the purges."""
+
+from openalice_scheduler.loops.base import LoopService
+from openalice_scheduler.loops.heartbeat import Heartbeat
+from openalice_scheduler.loops.purge import GuardForgetter, Purger
+from openalice_scheduler.loops.reconciler import Reconciler
+from openalice_scheduler.loops.sweeper import Alarm, Sweeper
+from openalice_scheduler.loops.warm import WarmPool
+
+__all__ = [
+    "Alarm",
+    "GuardForgetter",
+    "Heartbeat",
+    "LoopService",
+    "Purger",
+    "Reconciler",
+    "Sweeper",
+    "WarmPool",
+]
