@@ -1,5 +1,5 @@
 """The store's own cost on PostgreSQL, without HTTP: static acquire + release round trips
-(`reserve_active`, then `claim_release`) through one `LeaseStore` on a fresh database,
+(the core's `assign` reservation, then `claim_release`) through one `LeaseStore` on a fresh database,
 with 1, 8 and 32 concurrent callers; the CPU time of this process per round trip.
 
     .venv/bin/python bench/store_cost.py [--seconds 5] [--clients 1,8,32]
@@ -24,6 +24,7 @@ from _common import in_process_rate  # noqa: E402
 from replicas import STATIC_ENDPOINTS, fresh_database  # noqa: E402
 
 from openalice_scheduler.ids import new_lease_id  # noqa: E402
+from openalice_scheduler.lifecycle import admission, states  # noqa: E402
 from openalice_scheduler.models import ReleaseReason  # noqa: E402
 from openalice_scheduler.store import NewLease, Terms, open_store  # noqa: E402
 
@@ -49,9 +50,15 @@ async def run(url: str, clients: int, seconds: float) -> tuple[float, float]:
             expires_at=now + 60_000_000,
         )
         terms = Terms(now=now, resources=ENDPOINTS, resource_label="static endpoints")
-        await store.reserve_active(lease, "static", terms, lambda r: (r, r))
+        await store.reserve(
+            lease, admission.reserve(lease, "static", terms, states.ASSIGN, lambda r: (r, r))
+        )
         done = await store.claim_release(
-            lease.lease_id, ReleaseReason.explicit, now=now, at_once=("static",)
+            lease.lease_id,
+            ReleaseReason.explicit,
+            states.RELEASE,
+            now=now,
+            at_once=(states.RELEASE_AT_ONCE, ("static",)),
         )
         assert done is not None and done.state == "released"
 

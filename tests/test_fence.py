@@ -14,6 +14,7 @@ from alembic.config import Config
 from sqlalchemy import text
 
 from openalice_scheduler.store import NewLease, Terms, open_store
+from tests import storeops
 from tests.harness import Scheduler, database_url, docker_client
 from tests.test_replicas import Replicas, burst, expect, replicas  # noqa: F401 - the fixture
 from tests.test_warm_pool import POOL_ENV, wait_idle, worker_page
@@ -107,7 +108,7 @@ async def test_the_migration_numbers_existing_leases_in_created_order(
             created_at=NOW,
             expires_at=NOW + 60_000_000,
         )
-        assert (await store.reserve_lease(new, "p", Terms(NOW))).fence == 4
+        assert (await storeops.reserve_lease(store, new, "p", Terms(NOW))).fence == 4
         await store.close()
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import update
 from sqlalchemy.engine import Connection
 
 from openalice_scheduler.errors import StoreUnavailable
+from openalice_scheduler.lifecycle import states
 from openalice_scheduler.models import ReleaseReason
 from openalice_scheduler.store import (
     AtCapacity,
@@ -29,6 +30,7 @@ from openalice_scheduler.store import (
     sqlite,
 )
 from openalice_scheduler.store.schema import metadata
+from tests import storeops
 from tests.harness import database_url
 
 NOW = 1_800_000_000_000_000
@@ -67,7 +69,7 @@ async def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
 async def test_reservations_never_exceed_the_cap(store: LeaseStore) -> None:
     results = await asyncio.gather(
         *(
-            store.reserve(new_lease(), "p", Terms(NOW, max_live=10, resources=None))
+            storeops.reserve(store, new_lease(), "p", Terms(NOW, max_live=10, resources=None))
             for _ in range(50)
         ),
         return_exceptions=True,
@@ -81,7 +83,7 @@ async def test_exclusive_resources_are_never_shared(store: LeaseStore) -> None:
     leases = [new_lease() for _ in range(5)]
     results = await asyncio.gather(
         *(
-            store.reserve(lease, "gpu", Terms(NOW, max_live=0, resources=["0", "1"]))
+            storeops.reserve(store, lease, "gpu", Terms(NOW, max_live=0, resources=["0", "1"]))
             for lease in leases
         ),
         return_exceptions=True,
@@ -90,10 +92,14 @@ async def test_exclusive_resources_are_never_shared(store: LeaseStore) -> None:
     assert sorted(taken) == ["0", "1"]
     # Releasing one frees its device for the next lease.
     holder = leases[results.index("0")]
-    await store.activate(holder.lease_id, endpoint="e", provider_token="t", now=NOW)
-    await store.claim_release(holder.lease_id, ReleaseReason.explicit, now=NOW)
-    await store.finish_release(holder.lease_id, now=NOW)
-    assert await store.reserve(new_lease(), "gpu", Terms(NOW, resources=["0", "1"])) == "0"
+    await store.activate(
+        holder.lease_id, states.ACTIVATE, endpoint="e", provider_token="t", now=NOW
+    )
+    await store.claim_release(holder.lease_id, ReleaseReason.explicit, states.RELEASE, now=NOW)
+    await store.finish_release(holder.lease_id, states.FINISH, now=NOW)
+    assert (
+        await storeops.reserve(store, new_lease(), "gpu", Terms(NOW, resources=["0", "1"])) == "0"
+    )
 
 
 async def test_a_lease_moved_to_another_provider_gives_back_what_it_held(
@@ -102,13 +108,13 @@ async def test_a_lease_moved_to_another_provider_gives_back_what_it_held(
     """A provider failed to provision it: the same lease, reserved again elsewhere, is one
     row on the new provider, and the device it held on the old one is free."""
     lease = new_lease()
-    assert await store.reserve(lease, "gpu", Terms(NOW, resources=["0"])) == "0"
+    assert await storeops.reserve(store, lease, "gpu", Terms(NOW, resources=["0"])) == "0"
     with pytest.raises(AtCapacity):
-        await store.reserve(new_lease(), "gpu", Terms(NOW, resources=["0"]))
-    await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None), moving=True)
+        await storeops.reserve(store, new_lease(), "gpu", Terms(NOW, resources=["0"]))
+    await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None), moving=True)
     moved = await store.get(lease.lease_id)
     assert moved is not None and (moved.provider, moved.resource) == ("p", None)
-    assert await store.reserve(new_lease(), "gpu", Terms(NOW, resources=["0"])) == "0"
+    assert await storeops.reserve(store, new_lease(), "gpu", Terms(NOW, resources=["0"])) == "0"
     assert [r.lease_id for r in await store.live("p")] == [lease.lease_id]
 
 
@@ -125,7 +131,9 @@ async def test_resources_are_exclusive_across_stores_without_a_cap(
             resources = [f"http://w{i}:8080" for i in range(8)]
             results = await asyncio.gather(
                 *(
-                    stores[i % 2].reserve(new_lease(), "static", Terms(NOW, resources=resources))
+                    storeops.reserve(
+                        stores[i % 2], new_lease(), "static", Terms(NOW, resources=resources)
+                    )
                     for i in range(40)
                 ),
                 return_exceptions=True,
@@ -141,48 +149,60 @@ async def test_resources_are_exclusive_across_stores_without_a_cap(
 
 async def test_an_expired_lease_is_claimed_exactly_once(store: LeaseStore) -> None:
     lease = new_lease(expires_in_s=1)
-    await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
-    await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
+    await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
+    await store.activate(lease.lease_id, states.ACTIVATE, endpoint="e", provider_token="t", now=NOW)
     later = NOW + 2_000_000
-    claims = await asyncio.gather(*(store.claim_expired(now=later) for _ in range(5)))
+    claims = await asyncio.gather(
+        *(store.claim_expired(states.EXPIRE, now=later) for _ in range(5))
+    )
     assert sum(len(c) for c in claims) == 1
     claimed = [c for c in claims if c][0][0]
     assert claimed.state == "releasing" and claimed.release_reason == "expired"
     # Until the claim lapses, nobody retries it.
-    assert await store.claim_retries(now=later + 1) == []
+    assert await store.claim_retries(states.RETRY, now=later + 1) == []
 
 
 async def test_failed_release_is_kept_and_retried(store: LeaseStore) -> None:
     lease = new_lease()
-    await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
-    await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
-    await store.claim_release(lease.lease_id, ReleaseReason.explicit, now=NOW)
+    await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
+    await store.activate(lease.lease_id, states.ACTIVATE, endpoint="e", provider_token="t", now=NOW)
+    await store.claim_release(lease.lease_id, ReleaseReason.explicit, states.RELEASE, now=NOW)
     failed = await store.release_attempt_failed(
-        lease.lease_id, error="engine down", retry_at=NOW + 5, now=NOW
+        lease.lease_id, states.ATTEMPT_FAILED, error="engine down", retry_at=NOW + 5, now=NOW
     )
     assert failed is not None and failed.release_attempts == 1
     assert await store.next_due() == NOW + 5
-    retried = await store.claim_retries(now=NOW + 5)
+    retried = await store.claim_retries(states.RETRY, now=NOW + 5)
     assert [r.lease_id for r in retried] == [lease.lease_id]
-    done = await store.finish_release(lease.lease_id, now=NOW + 6)
+    done = await store.finish_release(lease.lease_id, states.FINISH, now=NOW + 6)
     assert done is not None and done.state == "released" and done.release_reason == "explicit"
 
 
 async def test_transitions_are_guarded(store: LeaseStore) -> None:
     lease = new_lease()
-    await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
-    assert await store.claim_release(lease.lease_id, ReleaseReason.explicit, now=NOW) is None
-    assert await store.mark_lost(lease.lease_id, now=NOW) is None
-    failed = await store.fail(lease.lease_id, error="boom", now=NOW)
+    await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
+    assert (
+        await store.claim_release(lease.lease_id, ReleaseReason.explicit, states.RELEASE, now=NOW)
+        is None
+    )
+    assert await store.mark_lost(lease.lease_id, states.LOSE, now=NOW) is None
+    failed = await store.fail(lease.lease_id, states.FAIL, error="boom", now=NOW)
     assert failed is not None and failed.state == "failed"
     # A provision that finishes after its lease was resolved cannot revive it.
-    assert await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW) is None
+    assert (
+        await store.activate(
+            lease.lease_id, states.ACTIVATE, endpoint="e", provider_token="t", now=NOW
+        )
+        is None
+    )
 
 
 async def test_times_round_trip_exactly(store: LeaseStore) -> None:
     lease = new_lease()
-    await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
-    record = await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
+    await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
+    record = await store.activate(
+        lease.lease_id, states.ACTIVATE, endpoint="e", provider_token="t", now=NOW
+    )
     assert record is not None
     wire = record.wire()
     assert wire["created_at"] == "2027-01-15T08:00:00.000000Z"
@@ -196,8 +216,10 @@ async def test_a_listing_always_shows_the_leases_as_they_are_now(store: LeaseSto
     import json
 
     async def active(lease: NewLease) -> None:
-        await store.reserve(lease, "p", Terms(NOW))
-        await store.activate(lease.lease_id, endpoint="e", provider_token="t", now=NOW)
+        await storeops.reserve(store, lease, "p", Terms(NOW))
+        await store.activate(
+            lease.lease_id, states.ACTIVATE, endpoint="e", provider_token="t", now=NOW
+        )
 
     def listed_ids(body: bytes) -> list[str]:
         return [x["lease_id"] for x in json.loads(body)]
@@ -219,9 +241,9 @@ async def test_a_listing_always_shows_the_leases_as_they_are_now(store: LeaseSto
     listed = json.loads(await store.list_json())
     assert [x["endpoint"] for x in listed] == ["e", "http://moved:1"]
     assert listed[1] == (await store.get(second.lease_id)).wire()  # type: ignore[union-attr]
-    await store.claim_release(first.lease_id, ReleaseReason.explicit, now=NOW + 1)
+    await store.claim_release(first.lease_id, ReleaseReason.explicit, states.RELEASE, now=NOW + 1)
     assert listed_ids(await store.list_json()) == [second.lease_id]
-    await store.claim_release(second.lease_id, ReleaseReason.explicit, now=NOW + 1)
+    await store.claim_release(second.lease_id, ReleaseReason.explicit, states.RELEASE, now=NOW + 1)
     assert await store.list_json() == b"[]"
 
 
@@ -230,8 +252,8 @@ async def test_a_static_lease_is_active_at_once_and_released_in_the_claim(
 ) -> None:
     owned = replace(new_lease(), owner_id="alice")
     terms = Terms(NOW, resources=("a:1", "b:1"), resource_label="static endpoints")
-    record = await store.reserve_active(
-        owned, "static", terms, lambda r: (f"http://{r}", f"token-{r}")
+    record = await storeops.reserve_active(
+        storeops, store, owned, "static", terms, lambda r: (f"http://{r}", f"token-{r}")
     )
     assert (record.state, record.endpoint, record.provider_token, record.resource) == (
         "active",
@@ -241,7 +263,11 @@ async def test_a_static_lease_is_active_at_once_and_released_in_the_claim(
     )
     assert (await store.get(owned.lease_id)) == record
     done = await store.claim_release(
-        owned.lease_id, ReleaseReason.explicit, now=NOW + 1, at_once=("static",)
+        owned.lease_id,
+        ReleaseReason.explicit,
+        states.RELEASE,
+        now=NOW + 1,
+        at_once=(states.RELEASE_AT_ONCE, ("static",)),
     )
     assert done is not None and (done.state, done.release_reason, done.released_at) == (
         "released",
@@ -250,11 +276,15 @@ async def test_a_static_lease_is_active_at_once_and_released_in_the_claim(
     )
     assert (
         await store.claim_release(
-            owned.lease_id, ReleaseReason.explicit, now=NOW + 2, at_once=("static",)
+            owned.lease_id,
+            ReleaseReason.explicit,
+            states.RELEASE,
+            now=NOW + 2,
+            at_once=(states.RELEASE_AT_ONCE, ("static",)),
         )
         is None
     )  # never twice
-    again = await store.reserve_active(new_lease(), "static", terms, lambda r: (r, r))
+    again = await storeops.reserve_active(store, new_lease(), "static", terms, lambda r: (r, r))
     assert again.resource == "a:1"  # its endpoint is free again
 
 
@@ -269,15 +299,24 @@ async def test_free_resources_are_judged_by_the_file_not_by_what_the_process_rem
     resources = ("a", "b", "c")
 
     def take() -> Any:
-        return store.reserve_active(
-            new_lease(), "static", Terms(NOW, resources=resources), lambda r: (r, r)
+        return storeops.reserve_active(
+            storeops,
+            store,
+            new_lease(),
+            "static",
+            Terms(NOW, resources=resources),
+            lambda r: (r, r),
         )
 
     try:
         first = await take()
         assert first.resource == "a"
         assert await store.claim_release(
-            first.lease_id, ReleaseReason.explicit, now=NOW + 1, at_once=("static",)
+            first.lease_id,
+            ReleaseReason.explicit,
+            states.RELEASE,
+            now=NOW + 1,
+            at_once=(states.RELEASE_AT_ONCE, ("static",)),
         )
         second = await take()
         assert second.resource == "a"  # free again at once
@@ -295,8 +334,10 @@ async def test_free_resources_are_judged_by_the_file_not_by_what_the_process_rem
         assert third.resource == "c"
 
         # "a" freed by claim_release + finish_release: the next lease gets it.
-        await store.claim_release(second.lease_id, ReleaseReason.explicit, now=NOW + 2)
-        await store.finish_release(second.lease_id, now=NOW + 2)
+        await store.claim_release(
+            second.lease_id, ReleaseReason.explicit, states.RELEASE, now=NOW + 2
+        )
+        await store.finish_release(second.lease_id, states.FINISH, now=NOW + 2)
         assert (await take()).resource == "a"
         with pytest.raises(AtCapacity):
             await take()
@@ -310,7 +351,7 @@ async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> Non
     others nothing; the rest commit."""
     leases = [new_lease() for _ in range(6)]
     for lease in leases:
-        await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
+        await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
 
     def renew_then_fail(conn: Connection, lease_id: str) -> None:
         conn.execute(
@@ -324,11 +365,17 @@ async def test_a_failed_write_undoes_only_its_own_work(store: LeaseStore) -> Non
         raise LookupError("before writing")
 
     outcomes = await asyncio.gather(
-        store.activate(leases[0].lease_id, endpoint="e0", provider_token="t", now=NOW),
+        store.activate(
+            leases[0].lease_id, states.ACTIVATE, endpoint="e0", provider_token="t", now=NOW
+        ),
         store.backend.write(renew_then_fail, leases[1].lease_id),
-        store.activate(leases[2].lease_id, endpoint="e2", provider_token="t", now=NOW),
+        store.activate(
+            leases[2].lease_id, states.ACTIVATE, endpoint="e2", provider_token="t", now=NOW
+        ),
         store.backend.write(refuse),
-        store.activate(leases[3].lease_id, endpoint="e3", provider_token="t", now=NOW),
+        store.activate(
+            leases[3].lease_id, states.ACTIVATE, endpoint="e3", provider_token="t", now=NOW
+        ),
         return_exceptions=True,
     )
     assert isinstance(outcomes[1], RuntimeError) and isinstance(outcomes[3], LookupError)
@@ -369,7 +416,7 @@ async def test_a_write_lock_held_by_another_process_is_waited_for_off_the_loop(
     ticker = asyncio.create_task(tick())
     try:
         with pytest.raises(StoreUnavailable, match="write lock"):
-            await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
+            await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
         assert await store.get(lease.lease_id) is None  # reads answer meanwhile
     finally:
         ticker.cancel()
@@ -378,7 +425,7 @@ async def test_a_write_lock_held_by_another_process_is_waited_for_off_the_loop(
     # The loop ran on while the write waited (a wait inside SQLite would have stopped
     # it for the whole half second: no tick at all).
     assert ticks >= 10, ticks
-    await store.reserve(lease, "p", Terms(NOW, max_live=0, resources=None))
+    await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
     stored = await store.get(lease.lease_id)
     assert stored is not None and stored.state == "provisioning"
     await store.close()
@@ -398,11 +445,11 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
     tool.execute("BEGIN IMMEDIATE")
     try:
         waiting = asyncio.create_task(
-            store.reserve(first, "p", Terms(NOW, max_live=0, resources=None))
+            storeops.reserve(store, first, "p", Terms(NOW, max_live=0, resources=None))
         )
         await asyncio.sleep(1.0)
         behind = asyncio.create_task(
-            store.reserve(second, "p", Terms(NOW, max_live=0, resources=None))
+            storeops.reserve(store, second, "p", Terms(NOW, max_live=0, resources=None))
         )
         # Let go at 3.5 s: past the second write's own limit (3.0 s), before the limit it
         # had when its wait only began once the first gave up (2.0 + 2.0 s).
@@ -425,7 +472,7 @@ async def test_sqlite_commits_are_full_synchronous_by_default(tmp_path: Path) ->
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
     await store.migrate()
     try:
-        await store.reserve(new_lease(), "p", Terms(NOW))
+        await storeops.reserve(store, new_lease(), "p", Terms(NOW))
         level = await store.backend.write(
             lambda conn: conn.exec_driver_sql("PRAGMA synchronous").scalar()
         )
@@ -468,7 +515,7 @@ async def test_a_failed_commit_fails_every_write_of_its_batch_and_keeps_none(
         deny["on"] = True
         leases = [new_lease() for _ in range(4)]
         outcomes = await asyncio.gather(
-            *(store.reserve(lease, "p", Terms(NOW)) for lease in leases),
+            *(storeops.reserve(store, lease, "p", Terms(NOW)) for lease in leases),
             return_exceptions=True,
         )
         assert all(isinstance(o, StoreUnavailable) for o in outcomes), outcomes
@@ -477,7 +524,7 @@ async def test_a_failed_commit_fails_every_write_of_its_batch_and_keeps_none(
         for lease in leases:
             assert await store.get(lease.lease_id) is None
         deny["on"] = False
-        await store.reserve(leases[0], "p", Terms(NOW))
+        await storeops.reserve(store, leases[0], "p", Terms(NOW))
         assert (await store.get(leases[0].lease_id)) is not None
     finally:
         await store.close()

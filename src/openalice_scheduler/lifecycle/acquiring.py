@@ -25,6 +25,7 @@ from openalice_scheduler.errors import (
     no_lease,
 )
 from openalice_scheduler.ids import new_lease_id
+from openalice_scheduler.lifecycle import admission, states
 from openalice_scheduler.lifecycle.admission import reservation_terms
 from openalice_scheduler.lifecycle.attempt import Attempt, Supply
 from openalice_scheduler.lifecycle.core import Core
@@ -106,7 +107,7 @@ class Acquiring:
         if attempt.written:
             # Failed, or out of capacity everywhere it was tried: the row ends failed.
             error = "; ".join((attempt.failures or attempt.reasons).values())
-            await core.store.fail(lease_id, error=error, now=core.now_us())
+            await core.store.fail(lease_id, states.FAIL, error=error, now=core.now_us())
             core.capacity_freed()
         if attempt.over_budget and not (attempt.failures or attempt.at_capacity):
             raise await self._over_budget(request, attempt)
@@ -303,6 +304,7 @@ class Cold:
         # LEASE_EXPIRES_AT before it started, and lease and worker must agree on it.
         record = await core.store.activate(
             spec.lease_id,
+            states.ACTIVATE,
             endpoint=worker.endpoint,
             provider_token=worker.provider_token,
             now=core.now_us(),
@@ -321,16 +323,16 @@ class Cold:
         """The reservation; at capacity where idle pool workers hold the room, one of
         them is destroyed and the reservation tried once more (pools never cost a caller)."""
         store, name = self.core.store, self.provider.name
+        move = states.MOVE_ON if moving else states.RESERVE
         try:
-            return await store.reserve_lease(new, name, terms, moving=moving)
+            return await store.reserve(new, admission.reserve(new, name, terms, move))
         except OverQuota:
             raise
         except AtCapacity:
             if self.pool is None or not await self.pool.make_room(name, new.gpu):
                 raise
-        return await store.reserve_lease(
-            new, name, replace(terms, now=self.core.now_us()), moving=moving
-        )
+        terms = replace(terms, now=self.core.now_us())
+        return await store.reserve(new, admission.reserve(new, name, terms, move))
 
 
 class Instant:
@@ -350,8 +352,10 @@ class Instant:
         try:
             with core.tracer.start_as_current_span("provision", attributes=attributes):
                 started = time.perf_counter()
-                record = await core.store.reserve_active(
-                    attempt.new, provider.name, terms, provider.assign, moving=attempt.written
+                move = states.ASSIGN_MOVED if attempt.written else states.ASSIGN
+                record = await core.store.reserve(
+                    attempt.new,
+                    admission.reserve(attempt.new, provider.name, terms, move, provider.assign),
                 )
                 core.metrics.provision_seconds.labels(provider.name).observe(
                     time.perf_counter() - started

@@ -1,18 +1,35 @@
-"""Who may take capacity, and on what terms: the rules a reservation must meet, written
-once here. Its transaction (the store runs it, under the owner's and the provider's
-locks) checks them: a second lease for the same request, the owner's quota of live
-leases, the provider's cap and exclusive devices (or a fleet's placement), the owner's
-caps in money. The terms of one reservation are `Terms`; an owner's caps `Budgets`."""
+"""Who may take capacity, and on what terms: the rules a lease's reservation must meet,
+written once here. Each reservation is one transaction, composed here and run by the
+store (`LeaseStore.reserve`, `PoolStore.claim`) over the facts it reads (store/
+reserving.py): under the owner's lock, no second lease for the same request and the
+owner's quota of live leases; under the provider's lock, its cap on live workers and
+its exclusive devices (or a fleet's placement); then the owner's caps in money at the
+price of the place given. Every replica takes the same locks, so the checks hold across
+replicas. The terms of one reservation are `Terms`; an owner's caps `Budgets`."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from openalice_scheduler.errors import Forbidden
 from openalice_scheduler.prices import parse_owner_budgets
 from openalice_scheduler.providers import PlacingProvider, Provider, WorkerSpec
-from openalice_scheduler.store import LeaseRecord
+from openalice_scheduler.store import (
+    AtCapacity,
+    DuplicateRequest,
+    LeaseRecord,
+    Move,
+    NewLease,
+    OverBudget,
+    OverQuota,
+)
 from openalice_scheduler.store.records import Budget, Terms
+from openalice_scheduler.store.reserving import Grant, Reserving
+from openalice_scheduler.store.spending import DAY_US
+
+# A worker that already runs: its (endpoint, provider token) behind a reserved resource.
+Assign = Callable[[str | None], tuple[str, str]]
 
 
 def reservation_terms(
@@ -44,6 +61,135 @@ def reservation_terms(
         price_per_hour=price,
         budget=budget,
     )
+
+
+def reserve(
+    lease: NewLease, provider: str, terms: Terms, move: Move, assign: Assign | None = None
+) -> Callable[[Reserving], LeaseRecord]:
+    """A lease's reservation on `provider`, recorded by `move`: the owner's checks, the
+    provider's, the owner's caps in money, then the row. With `assign` (a provider whose
+    workers already run), the lease is granted its worker in the same transaction."""
+
+    def tx(r: Reserving) -> LeaseRecord:
+        admit_owner(r, lease, terms.owner_quota)
+        r.lock(f"provider:{provider}")
+        grant = admit_provider(r, lease, provider, terms)
+        if terms.budget is not None:  # still under the owner's lock
+            admit_price(r, lease, grant.price, terms.budget, terms.now)
+        worker = None if assign is None else assign(grant.resource)
+        return r.write(lease, provider, move, grant, terms.now, worker)
+
+    return tx
+
+
+def reserve_warm(
+    lease: NewLease, provider: str, terms: Terms, target: int, move: Move
+) -> Callable[[Reserving], LeaseRecord | None]:
+    """A warm-pool worker's reservation (no owner): when its kind and GPU class have
+    fewer than `target` pool workers, checked under a lock of that pool (exact across
+    replicas), then as any lease's; None when the pool is full."""
+
+    def tx(r: Reserving) -> LeaseRecord | None:
+        r.lock(f"pool:{lease.kind}/{lease.gpu}")
+        if r.pooled(lease.kind, lease.gpu) >= target:
+            return None
+        return reserve(lease, provider, terms, move)(r)
+
+    return tx
+
+
+def claim_idle(
+    lease: NewLease, quota: int, budget: Budget | None, move: Move
+) -> Callable[[Reserving], LeaseRecord | None]:
+    """The oldest idle pool worker of `lease.kind`/`lease.gpu`, claimed by `move` for
+    the request `lease` describes, under the owner's lock with the checks of a cold
+    reservation: no second lease for the request, the owner's quota, its caps in money
+    at that worker's price. None when no idle worker is left."""
+
+    def tx(r: Reserving) -> LeaseRecord | None:
+        admit_owner(r, lease, quota)
+        oldest = r.oldest_idle(lease.kind, lease.gpu)
+        if oldest is None:
+            return None
+        worker_id, price = oldest
+        if budget is not None:
+            admit_price(r, lease, price, budget, lease.created_at)
+        return r.claim(worker_id, lease, move)
+
+    return tx
+
+
+def admit_owner(r: Reserving, lease: NewLease, quota: int) -> None:
+    """Takes the owner's lock, then refuses a second lease for the same request
+    (DuplicateRequest) and an owner holding `quota` live leases (OverQuota)."""
+    if not lease.owner_id:
+        return
+    r.lock(f"owner:{lease.owner_id}")
+    twin = r.twin(lease)
+    if twin is not None:
+        raise DuplicateRequest(twin)
+    if quota:
+        held = r.held(lease)
+        if held >= quota:
+            raise OverQuota(
+                f"owner {lease.owner_id!r} holds {held} leases; MAX_LEASES_PER_OWNER is {quota}"
+            )
+
+
+def admit_provider(r: Reserving, lease: NewLease, provider: str, terms: Terms) -> Grant:
+    """Under the provider's lock: its cap on live workers, then one free exclusive
+    resource (or a fleet's placement, which counts its caps itself, per place, and
+    gives the price of the place it picks). AtCapacity says why none fits."""
+    if terms.max_live:
+        count = r.live_on(lease, provider)
+        if count >= terms.max_live:
+            raise AtCapacity(f"at capacity ({count}/{terms.max_live} live workers)")
+    price = terms.price_per_hour
+    if terms.place is not None:
+        placed = terms.place(r.taken_on(lease, provider))
+        return Grant(placed.resource, placed.host, price if placed.price is None else placed.price)
+    if terms.resources is not None:
+        taken = r.taken_on(lease, provider)
+        resource = next((res for res in terms.resources if res not in taken), None)
+        if resource is None:
+            raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} are leased")
+        return Grant(resource, None, price)
+    return Grant(None, None, price)
+
+
+def admit_price(
+    r: Reserving, lease: NewLease, price: float | None, budget: Budget, now: int
+) -> None:
+    """Under the owner's lock: refuses with OverBudget when a lease at `price` would
+    break `budget`. A free (or unpriced) lease breaks none: the owner is placed where it
+    costs nothing."""
+    owner = lease.owner_id
+    if not price or not owner:
+        return
+    if budget.per_hour:
+        held = r.owner_price(lease)
+        if held + price > budget.per_hour + 1e-9:
+            raise OverBudget(
+                f"owner {owner!r}: its live leases cost {held:.4g} $/h; one more at "
+                f"{price:.4g} $/h would make {held + price:.4g} $/h, over "
+                f"{budget.hour_from} = {budget.per_hour:g} $/h",
+                cap=budget.hour_from,
+                limit=budget.per_hour,
+                figure=held,
+                price=price,
+            )
+    if budget.per_day:
+        spent = r.owner_spent(lease, now - DAY_US, now)
+        if spent >= budget.per_day:
+            raise OverBudget(
+                f"owner {owner!r} has spent {spent:.4g} $ in the last 24 h, "
+                f"{budget.day_from} = {budget.per_day:g} $: no lease at {price:.4g} $/h "
+                "until that falls below it",
+                cap=budget.day_from,
+                limit=budget.per_day,
+                figure=spent,
+                price=price,
+            )
 
 
 def check_owner(record: LeaseRecord, owner: str | None) -> None:

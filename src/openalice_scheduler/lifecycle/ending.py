@@ -17,6 +17,7 @@ from openalice_scheduler.errors import (
     ReleaseFailed,
 )
 from openalice_scheduler.ids import is_lease_id
+from openalice_scheduler.lifecycle import states
 from openalice_scheduler.lifecycle.admission import check_owner
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.logs import lease_ref
@@ -74,7 +75,12 @@ class Ending:
     ) -> tuple[str, str] | None:
         """Claim the lease and destroy its worker; (provider, why) when it could not."""
         claimed = await self.core.store.claim_release(
-            lease_id, reason, now=self.core.now_us(), check=check, at_once=self.core.instant
+            lease_id,
+            reason,
+            states.RELEASE,
+            now=self.core.now_us(),
+            check=check,
+            at_once=(states.RELEASE_AT_ONCE, self.core.instant),
         )
         if claimed is None:
             raise LeaseNotFound(f"lease {lease_id} is already released")
@@ -89,8 +95,8 @@ class Ending:
         retry is due. Returns how many were claimed."""
         await self._settle_unsure()
         now = self.core.now_us()
-        claimed = await self.core.store.claim_expired(now=now, limit=limit)
-        claimed += await self.core.store.claim_retries(now=now, limit=limit)
+        claimed = await self.core.store.claim_expired(states.EXPIRE, now=now, limit=limit)
+        claimed += await self.core.store.claim_retries(states.RETRY, now=now, limit=limit)
         await asyncio.gather(*(self._destroy_due(record) for record in claimed))
         return len(claimed)
 
@@ -135,7 +141,11 @@ class Ending:
                 attempts = record.release_attempts + 1
                 retry_at = self.core.now_us() + int(_backoff(attempts) * 1e6)
                 await self.core.store.release_attempt_failed(
-                    record.lease_id, error=exc.message, retry_at=retry_at, now=self.core.now_us()
+                    record.lease_id,
+                    states.ATTEMPT_FAILED,
+                    error=exc.message,
+                    retry_at=retry_at,
+                    now=self.core.now_us(),
                 )
                 self.core.metrics.release_failures.labels(record.provider).inc()
                 self.core.on_due(retry_at)
@@ -147,7 +157,9 @@ class Ending:
                     exc.message,
                 )
                 return exc.message
-        done = await self.core.store.finish_release(record.lease_id, now=self.core.now_us())
+        done = await self.core.store.finish_release(
+            record.lease_id, states.FINISH, now=self.core.now_us()
+        )
         if done is None:
             self.core.capacity_freed()
         else:
@@ -175,7 +187,10 @@ class Ending:
         destroys its own worker: never is a worker destroyed under an active lease. A
         worker left here (provider error) is an orphan for the next pass."""
         failed = await self.core.store.fail(
-            record.lease_id, error="scheduler stopped while provisioning", now=self.core.now_us()
+            record.lease_id,
+            states.FAIL,
+            error="scheduler stopped while provisioning",
+            now=self.core.now_us(),
         )
         if failed is None:
             return False
@@ -205,7 +220,9 @@ class Ending:
         now = self.core.now_us()
         expired = record.state == LeaseState.active.value and record.expires_at <= now
         reason = ReleaseReason.expired if expired else ReleaseReason.lost
-        ended = await self.core.store.mark_lost(record.lease_id, now=now, reason=reason)
+        ended = await self.core.store.mark_lost(
+            record.lease_id, states.LOSE, now=now, reason=reason
+        )
         if ended is None:
             return False
         self.core.metrics.released.labels(provider.name, reason.value).inc()

@@ -24,6 +24,7 @@ from prometheus_client import Gauge
 from openalice_scheduler.errors import ProviderError
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.ids import new_lease_id
+from openalice_scheduler.lifecycle import admission, states
 from openalice_scheduler.lifecycle.admission import reservation_terms
 from openalice_scheduler.lifecycle.attempt import Attempt
 from openalice_scheduler.lifecycle.core import Core
@@ -129,7 +130,7 @@ class Pool:
         return recycled
 
     async def _recycle(self, lease_id: str) -> int:
-        claimed = await self.store.recycle(lease_id, now=self.core.now_us())
+        claimed = await self.store.recycle(lease_id, states.RECYCLE, now=self.core.now_us())
         if claimed is None:
             return 0  # taken (or resolved) meanwhile
         log.info("pool worker %s recycled", lease_ref(claimed))
@@ -176,7 +177,9 @@ class Pool:
                     price=await provider.price(spec),
                 )
                 try:
-                    reserved = await self.store.reserve(new, provider.name, terms, target)
+                    reserved = await self.core.store.reserve(
+                        new, admission.reserve_warm(new, provider.name, terms, target, states.WARM)
+                    )
                 except AtCapacity:
                     continue  # pool workers never take what the cap does not allow
                 if reserved is None:
@@ -212,11 +215,12 @@ class Pool:
                 exc.message,
             )
             self._failed(key)
-            await core.store.fail(spec.lease_id, error=exc.message, now=core.now_us())
+            await core.store.fail(spec.lease_id, states.FAIL, error=exc.message, now=core.now_us())
             core.capacity_freed()
             return 0
         ready = await self.store.ready(
             spec.lease_id,
+            states.READY,
             endpoint=worker.endpoint,
             provider_token=worker.provider_token,
             probe_url=worker.probe_url,
@@ -264,20 +268,25 @@ class Pool:
         core = self.core
         now = core.now_us()
         try:
+            lease = NewLease(
+                lease_id=new_lease_id(),
+                kind=kind,
+                gpu=gpu,
+                owner_id=request.owner_id,
+                correlation_id=request.correlation_id,
+                region=None,
+                ttl_seconds=request.ttl_seconds,
+                created_at=now,
+                expires_at=now + request.ttl_seconds * 1_000_000,
+            )
             claimed = await self.store.claim(
-                NewLease(
-                    lease_id=new_lease_id(),
-                    kind=kind,
-                    gpu=gpu,
-                    owner_id=request.owner_id,
-                    correlation_id=request.correlation_id,
-                    region=None,
-                    ttl_seconds=request.ttl_seconds,
-                    created_at=now,
-                    expires_at=now + request.ttl_seconds * 1_000_000,
+                lease,
+                admission.claim_idle(
+                    lease,
+                    core.max_leases_per_owner,
+                    core.budgets.of(request.owner_id),
+                    states.CLAIM,
                 ),
-                core.max_leases_per_owner,
-                core.budgets.of(request.owner_id),
             )
         except OverBudget as exc:
             attempt.over_budget.append(exc)
@@ -300,6 +309,7 @@ class Pool:
             if outcome.ok:
                 record = await core.store.activate(
                     claimed.lease_id,
+                    states.ACTIVATE,
                     endpoint=claimed.endpoint,
                     provider_token=claimed.provider_token,
                     now=core.now_us(),
@@ -326,7 +336,7 @@ class Pool:
                 why,
             )
             await core.store.fail(
-                claimed.lease_id, error=f"hand-off failed: {why}", now=core.now_us()
+                claimed.lease_id, states.FAIL, error=f"hand-off failed: {why}", now=core.now_us()
             )
             provider = core.by_name.get(claimed.provider)
             if provider is not None:

@@ -22,6 +22,7 @@ from openalice_scheduler.errors import LeaseNotFound
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.ids import is_lease_id
 from openalice_scheduler.lease_access import LeaseAccess
+from openalice_scheduler.lifecycle import states
 from openalice_scheduler.lifecycle.acquiring import Acquiring
 from openalice_scheduler.lifecycle.admission import Budgets, check_owner
 from openalice_scheduler.lifecycle.core import Clock, Core, utcnow
@@ -171,7 +172,9 @@ class LeaseService:
             raise LeaseNotFound(f"lease {lease_id} is {state}; only an active lease renews")
         check_owner(record, owner)
         ttl = min(ttl_seconds or record.ttl_seconds, MAX_TTL_SECONDS)
-        renewed = await self.store.renew(lease_id, expires_at=now + ttl * 1_000_000, now=now)
+        renewed = await self.store.renew(
+            lease_id, states.RENEW, expires_at=now + ttl * 1_000_000, now=now
+        )
         if renewed is None:
             raise LeaseNotFound(f"lease {lease_id} ended while renewing")
         log.info("lease %s renewed until %s", lease_ref(renewed), renewed.wire()["expires_at"])

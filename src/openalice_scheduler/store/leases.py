@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -27,20 +27,19 @@ from openalice_scheduler.store.records import (
     WIRE_COLUMNS,
     DuplicateRequest,
     LeaseRecord,
+    Move,
     NewLease,
-    Terms,
     record_of,
     wire_of,
 )
 from openalice_scheduler.store.replicas import Replicas
-from openalice_scheduler.store.reserving import reserve_tx
+from openalice_scheduler.store.reserving import Reserving
 from openalice_scheduler.store.schema import leases, store_identity
 from openalice_scheduler.store.spending import DAY_US, live_price, spent_since
 from openalice_scheduler.store.statements import (
     GET,
     LIVE,
     PAID,
-    RELEASABLE,
     REQUEST,
     released,
     state_in,
@@ -49,6 +48,7 @@ from openalice_scheduler.store.statements import (
 
 # A worker's release is being attempted by someone: nobody else retries it before then.
 RELEASE_CLAIM_US = 60_000_000
+T = TypeVar("T")
 # Check of a lease in a release's transaction; raises to refuse (None: unknown lease).
 Check = Callable[[LeaseRecord | None], None]
 
@@ -87,56 +87,19 @@ class LeaseStore:
 
     # --- acquire ---------------------------------------------------------------------
 
-    async def reserve(
-        self, lease: NewLease, provider: str, terms: Terms, *, moving: bool = False
-    ) -> str | None:
-        """Record `lease` as `provisioning` on `provider`, atomically checking `terms`
-        (the provider's cap, one free exclusive resource, the owner's quota). Returns
-        the resource taken. Called again for the same lease after a failed provider
-        (`moving`: its row exists), it moves the lease and its reservation to `provider`.
-
-        Raises AtCapacity, OverQuota, or DuplicateRequest when another live lease has
-        the same owner_id and correlation_id."""
-        record = await self.reserve_lease(lease, provider, terms, moving=moving)
-        return record.resource
-
-    async def reserve_lease(
-        self, lease: NewLease, provider: str, terms: Terms, *, moving: bool = False
-    ) -> LeaseRecord:
-        """`reserve`, answering the lease's record: its resource and its `fence`."""
-        return await self._reserve(lease, provider, terms, None, moving)
-
-    async def reserve_active(
-        self,
-        lease: NewLease,
-        provider: str,
-        terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]],
-        *,
-        moving: bool = False,
-    ) -> LeaseRecord:
-        """`reserve` for a worker that already exists (static endpoints): `assign(resource)`
-        names its (endpoint, provider_token), and the lease is recorded `active` in the
-        same transaction."""
-        return await self._reserve(lease, provider, terms, assign, moving)
-
-    async def _reserve(
-        self,
-        lease: NewLease,
-        provider: str,
-        terms: Terms,
-        assign: Callable[[str | None], tuple[str, str]] | None,
-        moving: bool,
-    ) -> LeaseRecord:
+    async def reserve(self, lease: NewLease, tx: Callable[[Reserving], T]) -> T:
+        """Run a reserving transaction of the core's (lifecycle/admission.py: its checks,
+        then `Reserving.write`) for `lease`. Raises what its checks raise (AtCapacity,
+        OverQuota, OverBudget), or DuplicateRequest when another live lease has the same
+        owner_id and correlation_id (another replica won the race for it)."""
         try:
             return await self.backend.write(
-                reserve_tx, self.backend, self.replica_id, lease, provider, terms, assign, moving
+                lambda conn: tx(Reserving(conn, self.backend, self.replica_id))
             )
         except StoreUnavailable:
             self.unsure.add(lease.lease_id)
             raise
         except IntegrityError as exc:
-            # Another replica won the race for this (owner_id, correlation_id).
             existing = await self.find_request(lease.owner_id, lease.correlation_id)
             if existing is None:
                 raise
@@ -145,6 +108,7 @@ class LeaseStore:
     async def activate(
         self,
         lease_id: str,
+        move: Move,
         *,
         endpoint: str,
         provider_token: str,
@@ -152,17 +116,16 @@ class LeaseStore:
         gpu_type: str | None = None,
         price_per_hour: float | None = None,
     ) -> LeaseRecord | None:
-        """provisioning → active, granted now: its cost counts from here. `gpu_type` and
-        `price_per_hour`, when given, are what the provider says the worker is and costs
-        (the price reserved with the lease stays otherwise). None when the lease is no
-        longer provisioning (a reconciler resolved it meanwhile): the caller must destroy
-        its worker."""
+        """The lease by `move` (to `active`), granted now: its cost counts from here.
+        `gpu_type` and `price_per_hour`, when given, are what the provider says the
+        worker is and costs (the price reserved with the lease stays otherwise). None
+        when the lease is in no source state (a reconciler resolved it meanwhile): the
+        caller must destroy its worker."""
         found: dict[str, Any] = {"gpu_type": gpu_type, "price_per_hour": price_per_hour}
         try:
             return await self._transition(
                 lease_id,
-                (LeaseState.provisioning,),
-                state=LeaseState.active.value,
+                move,
                 endpoint=endpoint,
                 provider_token=provider_token,
                 updated_at=now,
@@ -173,51 +136,54 @@ class LeaseStore:
             self.unsure.add(lease_id)
             raise
 
-    async def fail(self, lease_id: str, *, error: str, now: int) -> LeaseRecord | None:
-        """provisioning|warming → failed (its worker, if any, is destroyed by the caller)."""
+    async def fail(self, lease_id: str, move: Move, *, error: str, now: int) -> LeaseRecord | None:
+        """The lease by `move` (to `failed`); its worker, if any, is destroyed by the
+        caller."""
         return await self._transition(
             lease_id,
-            (LeaseState.provisioning, LeaseState.warming),
+            move,
             frees=True,
-            state=LeaseState.failed.value,
             release_reason=ReleaseReason.failed.value,
             released_at=now,
             last_error=error[:2000],
             updated_at=now,
         )
 
-    # --- release ---------------------------------------------------------------------
-
     async def claim_release(
         self,
         lease_id: str,
         reason: ReleaseReason,
+        move: Move,
         *,
         now: int,
         check: Check | None = None,
-        at_once: Sequence[str] = (),
+        at_once: tuple[Move, Sequence[str]] | None = None,
     ) -> LeaseRecord | None:
-        """active|releasing → releasing, claimed for one attempt (an explicit release of
-        a lease already `releasing` claims it again: the caller wants it gone now). A
-        lease on one of the providers `at_once` (nothing to destroy) goes straight to
-        `released`. In the same transaction, `check` first sees the lease as it is and
-        may refuse by raising. None when the lease was in neither state."""
+        """The lease by `move` (to `releasing`), claimed for one attempt to destroy its
+        worker. A lease on one of the providers of `at_once` (nothing to destroy) goes by
+        its move instead (to `released`). In the same transaction, `check` first sees
+        the lease as it is and may refuse by raising. None when the lease was in no
+        source state."""
 
         def _tx(conn: Connection) -> LeaseRecord | None:
             row = conn.execute(GET, {"b_id": lease_id}).first()
             current = record_of(row) if row else None
             if check is not None:
                 check(current)
-            if current is not None and current.provider in at_once:
+            if at_once is not None and current is not None and current.provider in at_once[1]:
                 return transition_tx(
-                    conn, lease_id, RELEASABLE, released(now, reason), self.backend
+                    conn,
+                    lease_id,
+                    at_once[0].sources,
+                    released(at_once[0], now, reason),
+                    self.backend,
                 )
             return transition_tx(
                 conn,
                 lease_id,
-                RELEASABLE,
+                move.sources,
                 {
-                    "state": LeaseState.releasing.value,
+                    "state": move.target.value,
                     "release_reason": reason.value,
                     "next_attempt_at": now + RELEASE_CLAIM_US,
                     "updated_at": now,
@@ -226,33 +192,27 @@ class LeaseStore:
 
         return await self.backend.write(_tx)
 
-    async def claim_expired(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
-        """Active leases past `expires_at`, moved to `releasing` (reason `expired`)."""
+    async def claim_expired(self, move: Move, *, now: int, limit: int = 100) -> list[LeaseRecord]:
+        """Leases past `expires_at`, by `move` (to `releasing`, reason `expired`)."""
         return await self._claim_due(
-            LeaseState.active,
-            leases.c.expires_at,
-            now,
-            limit,
-            release_reason=ReleaseReason.expired.value,
+            move, leases.c.expires_at, now, limit, release_reason=ReleaseReason.expired.value
         )
 
-    async def claim_retries(self, *, now: int, limit: int = 100) -> list[LeaseRecord]:
-        """`releasing` leases whose next attempt is due, claimed for one attempt."""
-        return await self._claim_due(LeaseState.releasing, leases.c.next_attempt_at, now, limit)
+    async def claim_retries(self, move: Move, *, now: int, limit: int = 100) -> list[LeaseRecord]:
+        """Leases whose next release attempt is due, by `move`, claimed for one attempt."""
+        return await self._claim_due(move, leases.c.next_attempt_at, now, limit)
 
     async def _claim_due(
-        self, state: LeaseState, due: Any, now: int, limit: int, **values: Any
+        self, move: Move, due: Any, now: int, limit: int, **values: Any
     ) -> list[LeaseRecord]:
-        """Leases in `state` whose `due` column has come, each claimed for one release
-        attempt by a guarded update (a racing claimer may win some)."""
+        """Leases in a source state of `move` whose `due` column has come, each claimed
+        for one release attempt by a guarded update (a racing claimer may win some)."""
+        sources = state_in([s.value for s in move.sources])
 
         def _tx(conn: Connection) -> list[LeaseRecord]:
             ids = (
                 conn.execute(
-                    select(leases.c.lease_id)
-                    .where(leases.c.state == state.value, due <= now)
-                    .order_by(due)
-                    .limit(limit)
+                    select(leases.c.lease_id).where(sources, due <= now).order_by(due).limit(limit)
                 )
                 .scalars()
                 .all()
@@ -261,9 +221,9 @@ class LeaseStore:
             for lease_id in ids:
                 row = conn.execute(
                     update(leases)
-                    .where(leases.c.lease_id == lease_id, leases.c.state == state.value, due <= now)
+                    .where(leases.c.lease_id == lease_id, sources, due <= now)
                     .values(
-                        state=LeaseState.releasing.value,
+                        state=move.target.value,
                         updated_at=now,
                         next_attempt_at=now + RELEASE_CLAIM_US,
                         **values,
@@ -292,21 +252,23 @@ class LeaseStore:
         return await self.backend.write(_tx)
 
     async def finish_release(
-        self, lease_id: str, *, now: int, reason: ReleaseReason | None = None
+        self, lease_id: str, move: Move, *, now: int, reason: ReleaseReason | None = None
     ) -> LeaseRecord | None:
-        """releasing → released, its worker destroyed."""
-        return await self._transition(
-            lease_id, (LeaseState.releasing,), frees=True, **released(now, reason)
-        )
+        """The lease by `move` (to `released`), its worker destroyed."""
+        return await self._transition(lease_id, move, frees=True, **released(move, now, reason))
 
     async def release_attempt_failed(
-        self, lease_id: str, *, error: str, retry_at: int, now: int
+        self, lease_id: str, move: Move, *, error: str, retry_at: int, now: int
     ) -> LeaseRecord | None:
+        """The lease by `move` (still `releasing`), one more attempt counted, the next
+        due at `retry_at`."""
+
         def _tx(conn: Connection) -> LeaseRecord | None:
             row = conn.execute(
                 update(leases)
-                .where(leases.c.lease_id == lease_id, leases.c.state == LeaseState.releasing.value)
+                .where(leases.c.lease_id == lease_id, state_in([s.value for s in move.sources]))
                 .values(
+                    state=move.target.value,
                     release_attempts=leases.c.release_attempts + 1,
                     next_attempt_at=retry_at,
                     last_error=error[:2000],
@@ -319,26 +281,27 @@ class LeaseStore:
         return await self.backend.write(_tx)
 
     async def mark_lost(
-        self, lease_id: str, *, now: int, reason: ReleaseReason = ReleaseReason.lost
+        self, lease_id: str, move: Move, *, now: int, reason: ReleaseReason = ReleaseReason.lost
     ) -> LeaseRecord | None:
-        """active|idle → released (`reason`, `lost` by default): its worker vanished."""
-        return await self._transition(
-            lease_id, (LeaseState.active, LeaseState.idle), frees=True, **released(now, reason)
-        )
+        """The lease by `move` (to `released`, reason `lost` by default): its worker
+        vanished."""
+        return await self._transition(lease_id, move, frees=True, **released(move, now, reason))
 
-    async def renew(self, lease_id: str, *, expires_at: int, now: int) -> LeaseRecord | None:
-        """Move an active, unexpired lease's expiry. None when the lease is not active
-        or already past its expiry: a lease is never resurrected."""
+    async def renew(
+        self, lease_id: str, move: Move, *, expires_at: int, now: int
+    ) -> LeaseRecord | None:
+        """Move an unexpired lease's expiry, by `move`. None when the lease is in no
+        source state or already past its expiry: a lease is never resurrected."""
 
         def _tx(conn: Connection) -> LeaseRecord | None:
             row = conn.execute(
                 update(leases)
                 .where(
                     leases.c.lease_id == lease_id,
-                    leases.c.state == LeaseState.active.value,
+                    state_in([s.value for s in move.sources]),
                     leases.c.expires_at > now,
                 )
-                .values(expires_at=expires_at, updated_at=now)
+                .values(state=move.target.value, expires_at=expires_at, updated_at=now)
                 .returning(*leases.c)
             ).first()
             return record_of(row) if row else None
@@ -470,15 +433,14 @@ class LeaseStore:
     # --- internals -------------------------------------------------------------------
 
     async def _transition(
-        self,
-        lease_id: str,
-        expected: Sequence[LeaseState],
-        *,
-        frees: bool = False,
-        **values: Any,
+        self, lease_id: str, move: Move, *, frees: bool = False, **values: Any
     ) -> LeaseRecord | None:
         return await self.backend.write(
-            transition_tx, lease_id, expected, values, self.backend if frees else None
+            transition_tx,
+            lease_id,
+            move.sources,
+            {**values, "state": move.target.value},
+            self.backend if frees else None,
         )
 
     def _upgrade(self, conn: Connection) -> None:

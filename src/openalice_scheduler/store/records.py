@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from openalice_scheduler.models import Lease
+from openalice_scheduler.models import Lease, LeaseState
 from openalice_scheduler.store.schema import leases
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -105,6 +105,17 @@ def wire_of(values: Sequence[Any]) -> dict[str, Any]:
 encode_json: Callable[[Any], str] = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
 ).encode
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A change of a lease's state, as the core defines it (lifecycle/states.py): from
+    any of `sources` (none: a new row) to `target`. The store applies it as a guarded
+    update (`UPDATE … WHERE state IN <sources>`)."""
+
+    name: str
+    sources: tuple[LeaseState, ...]
+    target: LeaseState
 
 
 @dataclass(slots=True)

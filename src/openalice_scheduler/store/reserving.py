@@ -1,125 +1,207 @@
-"""The reserving transaction of a lease (cold, static or a warm claim): the owner's
-checks under the owner's lock (a twin request, the quota, the caps in money), then the
-provider's under the provider's (its cap, one free exclusive resource), then the row.
-Run by LeaseStore and PoolStore through `Backend.write`."""
+"""What a reserving transaction reads and writes (a cold lease, a static one, a pool
+worker being made, an idle one claimed): the facts its admission weighs and the row it
+then writes. Which checks it makes, and in what order, is the core's
+(lifecycle/admission.py); the store runs the whole in one write transaction
+(LeaseStore.reserve) and holds no rule of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.engine import Connection
 
 from openalice_scheduler.models import LeaseState
 from openalice_scheduler.store.backend import Backend
-from openalice_scheduler.store.records import (
-    AtCapacity,
-    DuplicateRequest,
-    LeaseRecord,
-    NewLease,
-    OverQuota,
-    Terms,
-    record_of,
-)
-from openalice_scheduler.store.spending import check_budget
+from openalice_scheduler.store.records import LeaseRecord, Move, NewLease, record_of
+from openalice_scheduler.store.schema import leases
+from openalice_scheduler.store.spending import live_price, spent_since
 from openalice_scheduler.store.statements import (
     COUNT_LIVE,
     HELD_BY_OWNER,
     INSERT,
     TAKEN,
     TWIN,
+    state_in,
     transition_tx,
 )
 
 
-def reserve_tx(
-    conn: Connection,
-    backend: Backend,
-    replica_id: str,
-    lease: NewLease,
-    provider: str,
-    terms: Terms,
-    assign: Callable[[str | None], tuple[str, str]] | None,
-    moving: bool,
-    state: LeaseState = LeaseState.provisioning,
-) -> LeaseRecord:
-    # Serialised per owner (quota, idempotency), then per provider (cap, devices).
-    owner_checks(conn, backend, lease, terms.owner_quota)
-    backend.lock(conn, f"provider:{provider}")
-    mine = {"b_id": lease.lease_id, "b_provider": provider}
-    if terms.max_live:
-        count = conn.execute(COUNT_LIVE, mine).scalar_one()
-        if count >= terms.max_live:
-            raise AtCapacity(f"at capacity ({count}/{terms.max_live} live workers)")
-    resource = host = None
-    price = terms.price_per_hour
-    if terms.place is not None:
-        placed = terms.place(set(conn.execute(TAKEN, mine).scalars()))
-        resource, host = placed.resource, placed.host
-        price = price if placed.price is None else placed.price
-    elif terms.resources is not None:
-        taken = set(conn.execute(TAKEN, mine).scalars())
-        resource = next((r for r in terms.resources if r not in taken), None)
-        if resource is None:
-            raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} are leased")
-    if terms.budget is not None:  # still under the owner's lock
-        check_budget(conn, lease, price, terms.budget, terms.now)
-    values: dict[str, Any] = {
-        "provider": provider,
-        "state": state.value,
-        "resource": resource,
-        "host": host,
-        "updated_at": terms.now,
-        "replica_id": replica_id,
-        "endpoint": "",
-        "provider_token": "",
-        "price_per_hour": price,
-        "gpu_type": None,
-        "granted_at": None,
-    }
-    if assign is not None:
-        values["state"] = LeaseState.active.value
-        values["endpoint"], values["provider_token"] = assign(resource)
-        values["granted_at"] = terms.now
-    if moving:  # from a provider that failed to provision it: its fence stays
-        moved = transition_tx(conn, lease.lease_id, (LeaseState.provisioning,), values)
-        if moved is not None:
-            return moved
-    row = conn.execute(
-        INSERT,
-        {
-            "lease_id": lease.lease_id,
-            "kind": lease.kind,
-            "gpu": lease.gpu,
-            "owner_id": lease.owner_id,
-            "correlation_id": lease.correlation_id,
-            "region": lease.region,
-            "ttl_seconds": lease.ttl_seconds,
-            "created_at": lease.created_at,
-            "expires_at": lease.expires_at,
-            "release_attempts": 0,
-            "fence": backend.next_fence(conn),
-            **values,
-        },
-    ).one()
-    return record_of(row)
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Where an admitted lease goes: the resource it holds (a GPU device, a static
+    endpoint), on which host, at what price (USD per hour; None: unknown)."""
+
+    resource: str | None = None
+    host: str | None = None
+    price: float | None = None
 
 
-def owner_checks(conn: Connection, backend: Backend, lease: NewLease, quota: int) -> None:
-    """In a lease's reserving transaction (cold, or a warm worker's claim): takes the
-    owner's lock, then refuses a second lease for the same request (DuplicateRequest)
-    and an owner over `quota` (OverQuota)."""
-    if not lease.owner_id:
-        return
-    backend.lock(conn, f"owner:{lease.owner_id}")
-    mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id}
-    if lease.correlation_id:
-        twin = conn.execute(TWIN, {**mine, "b_corr": lease.correlation_id}).scalar()
-        if twin is not None:
-            raise DuplicateRequest(twin)
-    if quota:
-        held = conn.execute(HELD_BY_OWNER, mine).scalar_one()
-        if held >= quota:
-            raise OverQuota(
-                f"owner {lease.owner_id!r} holds {held} leases; MAX_LEASES_PER_OWNER is {quota}"
-            )
+class Reserving:
+    """One reserving transaction's reads and writes, on `conn`."""
+
+    def __init__(self, conn: Connection, backend: Backend, replica_id: str) -> None:
+        self.conn = conn
+        self.backend = backend
+        self.replica_id = replica_id
+
+    def lock(self, key: str) -> None:
+        """Serialise, until this transaction ends, with every replica's that takes `key`."""
+        self.backend.lock(self.conn, key)
+
+    # --- facts -----------------------------------------------------------------------
+
+    def twin(self, lease: NewLease) -> str | None:
+        """Another live lease made for the same (owner_id, correlation_id)."""
+        if not (lease.owner_id and lease.correlation_id):
+            return None
+        mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id, "b_corr": lease.correlation_id}
+        twin: str | None = self.conn.execute(TWIN, mine).scalar()
+        return twin
+
+    def held(self, lease: NewLease) -> int:
+        """The live leases of the lease's owner, this one left out."""
+        mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id}
+        return int(self.conn.execute(HELD_BY_OWNER, mine).scalar_one())
+
+    def live_on(self, lease: NewLease, provider: str) -> int:
+        """The live workers of `provider` (pool workers too), this lease left out."""
+        mine = {"b_id": lease.lease_id, "b_provider": provider}
+        return int(self.conn.execute(COUNT_LIVE, mine).scalar_one())
+
+    def taken_on(self, lease: NewLease, provider: str) -> set[str]:
+        """The resources the other live leases of `provider` hold."""
+        mine = {"b_id": lease.lease_id, "b_provider": provider}
+        return set(self.conn.execute(TAKEN, mine).scalars())
+
+    def owner_price(self, lease: NewLease) -> float:
+        """USD per hour of what the lease's owner pays for now, this lease left out."""
+        assert lease.owner_id is not None
+        return live_price(self.conn, lease.owner_id, lease.lease_id)
+
+    def owner_spent(self, lease: NewLease, since: int, now: int) -> float:
+        """USD the owner's leases cost from `since` until `now`."""
+        assert lease.owner_id is not None
+        return spent_since(self.conn, lease.owner_id, since, now)
+
+    def pooled(self, kind: str, gpu: str) -> int:
+        """Pool workers (warming or idle) of `kind` and `gpu`."""
+        return int(self.conn.execute(_COUNT_POOL, {"b_kind": kind, "b_gpu": gpu}).scalar_one())
+
+    def oldest_idle(self, kind: str, gpu: str) -> tuple[str, float | None] | None:
+        """The idle pool worker of `kind` and `gpu` idle longest (lease id, price),
+        locked: concurrent claims on PostgreSQL each lock a different one (SKIP LOCKED)
+        instead of queueing on one (SQLite has one writer and no such clause)."""
+        row = self.conn.execute(_OLDEST_IDLE, {"b_kind": kind, "b_gpu": gpu}).first()
+        return None if row is None else (row[0], row[1])
+
+    # --- writes ----------------------------------------------------------------------
+
+    def write(
+        self,
+        lease: NewLease,
+        provider: str,
+        move: Move,
+        grant: Grant,
+        now: int,
+        worker: tuple[str, str] | None = None,
+    ) -> LeaseRecord:
+        """The lease's row by `move`: inserted (a move from no state), or moved (from a
+        provider that failed to provision it: its fence stays). `worker`: the endpoint
+        and provider token of a worker that already runs (then granted now)."""
+        values: dict[str, Any] = {
+            "provider": provider,
+            "state": move.target.value,
+            "resource": grant.resource,
+            "host": grant.host,
+            "updated_at": now,
+            "replica_id": self.replica_id,
+            "endpoint": "",
+            "provider_token": "",
+            "price_per_hour": grant.price,
+            "gpu_type": None,
+            "granted_at": None,
+        }
+        if worker is not None:
+            values["endpoint"], values["provider_token"] = worker
+            values["granted_at"] = now
+        if move.sources:
+            moved = transition_tx(self.conn, lease.lease_id, move.sources, values)
+            if moved is not None:
+                return moved
+        row = self.conn.execute(
+            INSERT,
+            {
+                "lease_id": lease.lease_id,
+                "kind": lease.kind,
+                "gpu": lease.gpu,
+                "owner_id": lease.owner_id,
+                "correlation_id": lease.correlation_id,
+                "region": lease.region,
+                "ttl_seconds": lease.ttl_seconds,
+                "created_at": lease.created_at,
+                "expires_at": lease.expires_at,
+                "release_attempts": 0,
+                "fence": self.backend.next_fence(self.conn),
+                **values,
+            },
+        ).one()
+        return record_of(row)
+
+    def claim(self, worker_id: str, lease: NewLease, move: Move) -> LeaseRecord | None:
+        """The pool worker `worker_id`'s row, by `move`, for the request `lease` describes:
+        its owner, correlation id, TTL and times; the row keeps its own lease id, which
+        its worker already has. None when it is no longer in a source state."""
+        row = self.conn.execute(
+            _claim(move.sources, move.target),
+            {
+                "b_id": worker_id,
+                "v_owner_id": lease.owner_id,
+                "v_correlation_id": lease.correlation_id,
+                "v_ttl_seconds": lease.ttl_seconds,
+                "v_created_at": lease.created_at,
+                "v_expires_at": lease.expires_at,
+                "v_updated_at": lease.created_at,
+                "v_replica_id": self.replica_id,
+                # A fence larger than any before: what the worker served until now (its
+                # idle fence, an earlier lease) is older than the lease it now serves.
+                "v_fence": self.backend.next_fence(self.conn),
+            },
+        ).first()
+        return record_of(row) if row is not None else None
+
+
+_POOLED = (LeaseState.warming.value, LeaseState.idle.value)
+_THIS_POOL = (leases.c.kind == bindparam("b_kind"), leases.c.gpu == bindparam("b_gpu"))
+_IS_IDLE = state_in((LeaseState.idle.value,))
+_COUNT_POOL = select(func.count()).select_from(leases).where(state_in(_POOLED), *_THIS_POOL)
+# A pool worker serves only requests without a region: it was made for none.
+_OLDEST_IDLE = (
+    select(leases.c.lease_id, leases.c.price_per_hour)
+    .where(_IS_IDLE, *_THIS_POOL, leases.c.region.is_(None))
+    .order_by(leases.c.updated_at)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+)
+_CLAIMED = (
+    "owner_id",
+    "correlation_id",
+    "ttl_seconds",
+    "created_at",
+    "expires_at",
+    "updated_at",
+    "replica_id",
+    "fence",
+)
+
+
+@functools.cache
+def _claim(sources: tuple[LeaseState, ...], target: LeaseState) -> Any:
+    return (
+        update(leases)
+        .where(leases.c.lease_id == bindparam("b_id"), state_in([s.value for s in sources]))
+        .values(state=target.value, **{name: bindparam(f"v_{name}") for name in _CLAIMED})
+        .returning(*leases.c)
+    )

@@ -1,5 +1,5 @@
-"""What leases cost over time, and an owner's caps in money checked in the lease's
-reserving transaction (README, Prices and caps).
+"""What leases cost over time (README, Prices and caps): the figures usage reports and
+an owner's caps in money are weighed against (lifecycle/admission.py).
 
 A lease costs its `price_per_hour` from `granted_at` until `released_at` (or now, while
 it lives). Spend over a period counts, of each lease, the part of that time inside the
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from openalice_scheduler.store.records import Budget, NewLease, OverBudget
 from openalice_scheduler.store.statements import HOUR_US, OWNER_PRICE, OWNER_SPENDING
 
 DAY_US = 24 * HOUR_US
@@ -38,38 +37,3 @@ def spent_since(conn: Connection, owner: str, since: int, now: int) -> float:
     """USD `owner`'s leases cost from `since` until `now` (live ones: so far)."""
     rows = conn.execute(OWNER_SPENDING, {"b_owner": owner, "b_since": since})
     return sum(cost_of(p, held_us(g, r, since, now)) for p, g, r in rows)
-
-
-def check_budget(
-    conn: Connection, lease: NewLease, price: float | None, budget: Budget, now: int
-) -> None:
-    """Under the owner's lock (reserving.owner_checks took it): refuses with OverBudget
-    when a lease at `price` would break `budget`. A free (or unpriced) lease breaks none:
-    the owner is placed where it costs nothing."""
-    owner = lease.owner_id
-    if not price or not owner:
-        return
-    if budget.per_hour:
-        held = live_price(conn, owner, lease.lease_id)
-        if held + price > budget.per_hour + 1e-9:
-            raise OverBudget(
-                f"owner {owner!r}: its live leases cost {held:.4g} $/h; one more at "
-                f"{price:.4g} $/h would make {held + price:.4g} $/h, over "
-                f"{budget.hour_from} = {budget.per_hour:g} $/h",
-                cap=budget.hour_from,
-                limit=budget.per_hour,
-                figure=held,
-                price=price,
-            )
-    if budget.per_day:
-        spent = spent_since(conn, owner, now - DAY_US, now)
-        if spent >= budget.per_day:
-            raise OverBudget(
-                f"owner {owner!r} has spent {spent:.4g} $ in the last 24 h, "
-                f"{budget.day_from} = {budget.per_day:g} $: no lease at {price:.4g} $/h "
-                "until that falls below it",
-                cap=budget.day_from,
-                limit=budget.per_day,
-                figure=spent,
-                price=price,
-            )

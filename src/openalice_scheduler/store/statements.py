@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
 from openalice_scheduler.store.backend import Backend
-from openalice_scheduler.store.records import LeaseRecord, record_of
+from openalice_scheduler.store.records import LeaseRecord, Move, record_of
 from openalice_scheduler.store.schema import leases
 
 HOUR_US = 3_600_000_000
@@ -25,7 +25,6 @@ LIVE = [s.value for s in LIVE_STATES]
 HELD = [LeaseState.provisioning.value, LeaseState.active.value]
 # What an owner pays for now: held leases, and those whose worker is being destroyed.
 PAID = [*HELD, LeaseState.releasing.value]
-RELEASABLE = (LeaseState.active, LeaseState.releasing)
 
 
 def state_in(states: Sequence[str]) -> Any:
@@ -34,10 +33,10 @@ def state_in(states: Sequence[str]) -> Any:
     return leases.c.state.in_([literal_column(f"'{LeaseState(s).value}'") for s in states])
 
 
-def released(now: int, reason: ReleaseReason | None) -> dict[str, Any]:
-    """The columns of a lease once released (its reason kept when None)."""
+def released(move: Move, now: int, reason: ReleaseReason | None) -> dict[str, Any]:
+    """The columns of a lease ended by `move` (its reason kept when None)."""
     values: dict[str, Any] = {
-        "state": LeaseState.released.value,
+        "state": move.target.value,
         "released_at": now,
         "next_attempt_at": None,
         "updated_at": now,
