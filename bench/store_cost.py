@@ -1,6 +1,7 @@
 """The store's own cost on PostgreSQL, without HTTP: static acquire + release round trips
-(the core's `assign` reservation, then `claim_release`) through one `LeaseStore` on a fresh database,
-with 1, 8 and 32 concurrent callers; the CPU time of this process per round trip.
+(the core's `assign` reservation, then `claim_release`) through one `LeaseStore` on a
+fresh database, with 1, 8 and 32 concurrent callers; the CPU time of this process per
+round trip.
 
     .venv/bin/python bench/store_cost.py [--seconds 5] [--clients 1,8,32]
                                          [--pg-host /var/run/postgresql]
