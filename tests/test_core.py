@@ -1,0 +1,114 @@
+"""The core's rules about time, tested with its clock moved instead of sleeping, and its
+table of states: the service in this process over a real store and the static provider
+(whose workers already run, so no engine is under test here)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from opentelemetry.trace import NoOpTracer
+
+from openalice_scheduler.errors import LeaseNotFound, NoProviderAvailable
+from openalice_scheduler.lifecycle import LeaseService, states
+from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
+from openalice_scheduler.metrics import Metrics
+from openalice_scheduler.models import LeaseRequest, LeaseState, ReleaseReason, WorkerKind
+from openalice_scheduler.providers.static import StaticProvider
+from openalice_scheduler.store import open_store
+from tests.harness import database_url
+
+
+class Clock:
+    """The service's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def move(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def service(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
+) -> AsyncIterator[LeaseService]:
+    with database_url(request.param, tmp_path) as url:
+        store = open_store(url)
+        await store.migrate()
+        yield LeaseService(
+            store,
+            [StaticProvider("renderer=http://only:8080")],
+            OrderedFirstAvailable(),
+            Metrics(),
+            NoOpTracer(),
+            clock=clock,
+        )
+        await store.close()
+
+
+async def test_a_lease_expires_when_the_clock_reaches_its_expiry(
+    service: LeaseService, clock: Clock
+) -> None:
+    lease = await service.acquire(LeaseRequest(kind=WorkerKind.renderer, ttl_seconds=60))
+    clock.move(59.999)
+    assert await service.release_due() == 0
+    assert (await service.get(lease.lease_id)).state == LeaseState.active
+    # Its endpoint is held: the next caller is refused.
+    with pytest.raises(NoProviderAvailable):
+        await service.acquire(LeaseRequest(kind=WorkerKind.renderer))
+
+    clock.move(0.001)
+    assert await service.release_due() == 1
+    ended = await service.get(lease.lease_id)
+    assert (ended.state, ended.release_reason) == (LeaseState.released, ReleaseReason.expired)
+    assert ended.released_at == ended.expires_at
+    # Released once: a second pass finds nothing, and the endpoint serves the next caller.
+    assert await service.release_due() == 0
+    assert (await service.acquire(LeaseRequest(kind=WorkerKind.renderer))).endpoint == (
+        "http://only:8080"
+    )
+
+
+async def test_a_renewal_counts_from_now_and_never_revives_an_expired_lease(
+    service: LeaseService, clock: Clock
+) -> None:
+    lease = await service.acquire(LeaseRequest(kind=WorkerKind.renderer, ttl_seconds=60))
+    clock.move(50)
+    renewed = await service.renew(lease.lease_id, None, 120)
+    assert renewed.expires_at - lease.expires_at == 110 * 1_000_000
+    clock.move(119)
+    assert await service.release_due() == 0  # 1 s left
+
+    clock.move(2)
+    with pytest.raises(LeaseNotFound, match="expired"):
+        await service.renew(lease.lease_id, None, 600)
+    # The sweeper, not the renewal, ends it.
+    assert await service.release_due() == 1
+    assert (await service.get(lease.lease_id)).release_reason == ReleaseReason.expired
+
+
+def test_every_state_is_reached_and_every_lease_can_end() -> None:
+    reached = {move.target for move in states.MOVES}
+    assert reached == set(LeaseState)
+    assert {LeaseState.released, LeaseState.failed} == states.FINAL
+    # From wherever a lease lives, some moves end it: no state it could be stuck in.
+    for start in set(LeaseState) - states.FINAL:
+        seen, frontier = {start}, [start]
+        while frontier:
+            here = frontier.pop()
+            for source, target in states.TRANSITIONS:
+                if source == here and target not in seen:
+                    seen.add(target)
+                    frontier.append(target)
+        assert seen & states.FINAL, f"{start} cannot end"
