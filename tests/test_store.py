@@ -253,7 +253,7 @@ async def test_a_static_lease_is_active_at_once_and_released_in_the_claim(
     owned = replace(new_lease(), owner_id="alice")
     terms = Terms(NOW, resources=("a:1", "b:1"), resource_label="static endpoints")
     record = await storeops.reserve_active(
-        storeops, store, owned, "static", terms, lambda r: (f"http://{r}", f"token-{r}")
+        store, owned, "static", terms, lambda r: (f"http://{r}", f"token-{r}")
     )
     assert (record.state, record.endpoint, record.provider_token, record.resource) == (
         "active",
@@ -300,7 +300,6 @@ async def test_free_resources_are_judged_by_the_file_not_by_what_the_process_rem
 
     def take() -> Any:
         return storeops.reserve_active(
-            storeops,
             store,
             new_lease(),
             "static",
@@ -437,7 +436,7 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
     """A write that arrives while another is already waiting for another process's lock
     gets its 503 one timeout after its own arrival, not a timeout after the one ahead of
     it gave up (which made it wait up to twice as long)."""
-    monkeypatch.setattr(sqlite, "WRITE_LOCK_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(sqlite, "WRITE_LOCK_TIMEOUT_S", 4.0)
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
     await store.migrate()
     first, second = new_lease(), new_lease()
@@ -451,9 +450,10 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
         behind = asyncio.create_task(
             storeops.reserve(store, second, "p", Terms(NOW, max_live=0, resources=None))
         )
-        # Let go at 3.5 s: past the second write's own limit (3.0 s), before the limit it
-        # had when its wait only began once the first gave up (2.0 + 2.0 s).
-        await asyncio.sleep(2.5)
+        # Let go at 6.5 s: past the second write's own limit (1 + 4 = 5 s), before the
+        # limit it had when its wait only began once the first gave up (4 + 4 = 8 s); 1.5 s
+        # either side, so that a loaded machine's late wake-ups cannot blur the two.
+        await asyncio.sleep(5.5)
     finally:
         tool.execute("ROLLBACK")
         tool.close()
