@@ -19,9 +19,11 @@ from tests.harness import free_port, wait_for
 
 
 class PrivateSshd:
-    def __init__(self, docker_host: str) -> None:
+    def __init__(self, docker_host: str, delay: float = 0.0) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="oa-ssh-", dir="/tmp"))
         self.docker_host = docker_host
+        # Seconds each ssh connection takes before it even starts: a far host's handshake.
+        self.delay = delay
         self.user = getpass.getuser()
         self.port = free_port()
         self.url = f"ssh://{self.user}@127.0.0.1:{self.port}"
@@ -58,8 +60,9 @@ class PrivateSshd:
         )
         self.client_bin.mkdir()
         wrapper = self.client_bin / "ssh"
+        pause = f"sleep {self.delay}\n" if self.delay else ""
         wrapper.write_text(
-            f"#!/bin/sh\nexec {shutil.which('ssh') or '/usr/bin/ssh'} "
+            f"#!/bin/sh\n{pause}exec {shutil.which('ssh') or '/usr/bin/ssh'} "
             f'-F {self.root / "ssh_config"} "$@"\n'
         )
         wrapper.chmod(0o755)

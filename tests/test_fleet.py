@@ -299,6 +299,28 @@ def test_an_ssh_engine_is_a_fleet_host(
         remove_instance(s.instance, s.env["DOCKER_NETWORK"], gpu_engine.url)
 
 
+def test_a_slow_ssh_host_is_waited_for_at_its_first_look(
+    make_scheduler: Callable[..., Scheduler], gpu_engine: PrivateEngine
+) -> None:
+    """Regression: the first acquire after a start refused a host reached through ssh
+    whose first answer took more than a second ("has not answered yet", 503), though it
+    answered: seen on a loaded machine. Its first look waits for the ping's timeout."""
+    slow = PrivateSshd(docker_host=gpu_engine.url, delay=1.5).start()
+    try:
+        s = make_scheduler(
+            DOCKER_HOSTS=f"far={slow.url} max=1",
+            PATH=f"{slow.client_bin}:{os.environ['PATH']}",
+        )
+        try:
+            lease = s.lease(kind="anim")
+            assert lease["host"] == "far"
+            assert s.release(lease["lease_id"]).status_code == 204
+        finally:
+            remove_instance(s.instance, s.env["DOCKER_NETWORK"], gpu_engine.url)
+    finally:
+        slow.destroy()
+
+
 def test_a_bad_docker_hosts_is_refused_at_start_naming_each_problem(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:

@@ -122,14 +122,19 @@ class DockerEngine:
         """`error()` for a fleet, where an engine that does not answer must not slow the
         others. A known-unreachable engine is skipped at once (looked at again in the
         background); an engine that answered is looked at again when its answer is old,
-        waiting `wait` at most for it (then the old answer stands, or, at the very first
-        look, "has not answered yet")."""
+        waiting `wait` at most for it (then the old answer stands). The very first look
+        waits for the ping's own timeout: an engine reached through ssh takes a while to
+        answer first (an ssh session, `docker system dial-stdio` on the host), and the
+        first acquire after a start must not be refused for it ("has not answered yet"
+        only when it really did not answer)."""
         if self._ping_at and time.monotonic() - self._ping_at <= _PING_TTL:
             return self._ping_error
         if self._probe is None or self._probe.done():
             self._probe = asyncio.create_task(self._ping(self._pinger.ping))
         if self._ping_error is not None:
             return self._ping_error
+        if not self._ping_at:
+            wait = max(wait, _PING_TIMEOUT_S)
         try:
             return await asyncio.wait_for(asyncio.shield(self._probe), wait)
         except TimeoutError:
