@@ -390,7 +390,7 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
     """A write that arrives while another is already waiting for another process's lock
     gets its 503 one timeout after its own arrival, not a timeout after the one ahead of
     it gave up (which made it wait up to twice as long)."""
-    monkeypatch.setattr(sqlite, "WRITE_LOCK_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(sqlite, "WRITE_LOCK_TIMEOUT_S", 4.0)
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
     await store.migrate()
     first, second = new_lease(), new_lease()
@@ -404,9 +404,10 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
         behind = asyncio.create_task(
             store.reserve(second, "p", Terms(NOW, max_live=0, resources=None))
         )
-        # Let go at 3.5 s: past the second write's own limit (3.0 s), before the limit it
-        # had when its wait only began once the first gave up (2.0 + 2.0 s).
-        await asyncio.sleep(2.5)
+        # Let go at 6.5 s: past the second write's own limit (1 + 4 = 5 s), before the
+        # limit it had when its wait only began once the first gave up (4 + 4 = 8 s); 1.5 s
+        # either side, so that a loaded machine's late wake-ups cannot blur the two.
+        await asyncio.sleep(5.5)
     finally:
         tool.execute("ROLLBACK")
         tool.close()
