@@ -164,7 +164,8 @@ def test_sigterm_answers_callers_waiting_in_line_at_once(make_scheduler: Make) -
 
     for call in waiting:
         assert_shutting_down(call.result())
-        assert call.done_at - signalled < 1.0, "a waiting caller was not answered at once"
+        # At once, not when its 120 s wait ends (5 s: room for a loaded machine).
+        assert call.done_at - signalled < 5.0, "a waiting caller was not answered at once"
     assert exit_code(s, 30) == 0
     assert_clean_log(s)
     # The lease held before the signal is kept as it was; nothing is left half-made.

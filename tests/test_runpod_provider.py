@@ -621,7 +621,7 @@ async def test_a_fast_pod_is_not_kept_waiting_a_whole_poll_interval(
     runpod.provision_delay = 0
     started = time.monotonic()
     await provider.provision(spec())
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 5  # well within the 10 s poll interval
 
 
 async def test_pod_that_vanishes_while_starting_fails_the_provision(
@@ -669,12 +669,14 @@ async def test_a_steady_stream_of_new_pods_never_postpones_the_look(
         return time.monotonic() - started
 
     tasks = []
-    for _ in range(60):  # one new pod every 50 ms for 3 s
+    for _ in range(100):  # one new pod every 50 ms for 5 s
         tasks.append(asyncio.ensure_future(timed()))
         await asyncio.sleep(0.05)
     durations = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    assert max(durations) < 1.8, sorted(durations)[-5:]
-    assert len(runpod.list_pods()) == 60
+    # About 0.8 s each (0.3 s to run, a 0.5 s poll); a postponed look would keep the
+    # first ones waiting while the stream lasts (5 s). 3 s: room for a loaded machine.
+    assert max(durations) < 3.0, sorted(durations)[-5:]
+    assert len(runpod.list_pods()) == 100
 
 
 async def test_one_bad_pod_among_many_fails_alone(
