@@ -29,8 +29,10 @@ entry=$(cat <<'SH'
 # Demo worker: tell who we are, then serve HTTP until stopped; the health path answers
 # once READY_DELAY_SECONDS have passed (never, with "never").
 /bin/busybox mkdir -p /www
+# GET / is written whole, then renamed into place: a reader never sees it half written.
 printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s","fence":%s}\n' \
-  "$WORKER_KIND" "$LEASE_ID" "$LEASE_EXPIRES_AT" "${LEASE_FENCE:-null}" > /www/index.html
+  "$WORKER_KIND" "$LEASE_ID" "$LEASE_EXPIRES_AT" "${LEASE_FENCE:-null}" > /www/.index.new
+/bin/busybox mv /www/.index.new /www/index.html
 # What the worker knows of the lease it serves now, one value a line: fence, expiry,
 # LEASE_SELF_URL, LEASE_TOKEN. From its environment, then from each hand-off.
 printf '%s\n' "$LEASE_FENCE" "$LEASE_EXPIRES_AT" "$LEASE_SELF_URL" "$LEASE_TOKEN" \
@@ -41,7 +43,7 @@ printf 'WORKER_KIND=%s\nLEASE_ID=%s\n' "$WORKER_KIND" "$LEASE_ID" > /tmp/worker.
 /bin/busybox mkdir -p /www/cgi-bin
 /bin/busybox cat > /www/cgi-bin/lease <<'CGI'
 #!/bin/sh
-# Shell builtins only (no process started): the hand-off is on the acquire's path.
+# Shell builtins but one mv (GET / replaced whole): the hand-off is on the acquire's path.
 . /tmp/worker.env
 while [ -e /tmp/handoff-hold ]; do /bin/busybox sleep 0.1; done
 IFS= read -r -n "${CONTENT_LENGTH:-0}" body
@@ -56,7 +58,8 @@ case "$body" in *'"token"'*) ;; *) url= token= ;; esac
 printf '%s\n' "$fence" "$expires" "$url" "$token" > /tmp/lease.state
 IFS= read -r handoff < /tmp/handoff.json
 printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s","fence":%s,"handoff":%s}\n' \
-  "$WORKER_KIND" "$LEASE_ID" "$expires" "$fence" "$handoff" > /www/index.html
+  "$WORKER_KIND" "$LEASE_ID" "$expires" "$fence" "$handoff" > /www/.index.new
+/bin/busybox mv /www/.index.new /www/index.html  # whole, as at the start
 printf 'Content-Type: application/json\r\n\r\n{"ok":true}\n'
 CGI
 # Fencing: a request whose X-Lease-Fence is older than the lease served now is refused.

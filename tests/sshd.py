@@ -22,8 +22,10 @@ class PrivateSshd:
     def __init__(self, docker_host: str, delay: float = 0.0) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="oa-ssh-", dir="/tmp"))
         self.docker_host = docker_host
-        # Seconds each ssh connection takes before it even starts: a far host's handshake.
+        # Seconds the next ssh connection takes before it even starts (a far host's
+        # handshake), once `slow` exists (`slow_next`).
         self.delay = delay
+        self.slow = self.root / "slow"
         self.user = getpass.getuser()
         self.port = free_port()
         self.url = f"ssh://{self.user}@127.0.0.1:{self.port}"
@@ -60,7 +62,9 @@ class PrivateSshd:
         )
         self.client_bin.mkdir()
         wrapper = self.client_bin / "ssh"
-        pause = f"sleep {self.delay}\n" if self.delay else ""
+        pause = (
+            f"if rm {self.slow} 2>/dev/null; then sleep {self.delay}; fi\n" if self.delay else ""
+        )
         wrapper.write_text(
             f"#!/bin/sh\n{pause}exec {shutil.which('ssh') or '/usr/bin/ssh'} "
             f'-F {self.root / "ssh_config"} "$@"\n'
@@ -85,6 +89,10 @@ class PrivateSshd:
                 return s.recv(64).startswith(b"SSH-")
         except OSError:
             return False
+
+    def slow_next(self) -> None:
+        """The next ssh connection takes `delay` seconds more."""
+        self.slow.touch()
 
     def log(self) -> str:
         return (self.root / "sshd.log").read_text(errors="replace")

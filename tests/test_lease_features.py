@@ -264,10 +264,13 @@ def test_renewing_a_releasing_lease_is_404(make_scheduler: Make, runpod: RunPodE
 
 def test_a_renewed_lease_outlives_its_old_expiry(make_scheduler: Make) -> None:
     sched = make_scheduler(SWEEP_INTERVAL_SECONDS="0.2")
-    renewed = sched.lease(ttl_seconds=3)
-    control = sched.lease(ttl_seconds=3)  # same TTL, not renewed: shows the sweeper ran
+    # Renewed at once (a TTL counts from the request, the worker's start included: 6 s
+    # leave room for a loaded machine), then a control lease, not renewed, that shows
+    # the sweeper ran.
+    renewed = sched.lease(ttl_seconds=6)
     response = renew(sched, renewed["lease_id"], {"ttl_seconds": 120})
     assert response.status_code == 200, response.text
+    control = sched.lease(ttl_seconds=3)
     old_expiry = parse_time(renewed["expires_at"])
 
     wait_for(

