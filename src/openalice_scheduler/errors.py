@@ -112,6 +112,15 @@ class NoProviderAvailable(SchedulerError):
         self.at_capacity = at_capacity
 
 
+class LineFull(SchedulerError):
+    """The caller would wait for capacity, but the line has no room for it
+    (MAX_WAITING_CALLERS, or its owner's share, MAX_WAITING_PER_OWNER); `limit` says
+    which number was reached, `Retry-After` when a lease is due to end."""
+
+    code = "line_full"
+    status = 503
+
+
 class ProvisionFailed(SchedulerError):
     """Every candidate provider failed to provision; `failures` lists each."""
 

@@ -16,7 +16,7 @@ from openalice_scheduler.errors import SchedulerError
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifecycle import Clock, LeaseService
-from openalice_scheduler.lifecycle.admission import Budgets
+from openalice_scheduler.lifecycle.admission import Budgets, Priorities
 from openalice_scheduler.lifecycle.policy import build_policy
 from openalice_scheduler.loops import (
     Alarm,
@@ -62,6 +62,7 @@ def lifespan(
         try:
             await store.migrate()
             alarm = Alarm(lambda: to_us(clock()))
+            beat = min(5.0, settings.reconcile_interval_seconds / 2)
             service = LeaseService(
                 store,
                 providers,
@@ -79,9 +80,13 @@ def lifespan(
                     settings.max_spend_per_day_per_owner,
                     settings.owner_budgets,
                 ),
+                priorities=Priorities(settings.priority_table, settings.owner_classes),
+                max_waiting=settings.max_waiting_callers,
+                max_waiting_per_owner=settings.waiting_per_owner,
+                replica_timeout=3 * beat + 1,
             )
+            metrics.expect_classes(settings.priority_table)
             sweeper = Sweeper(service, alarm, tracing.tracer, settings.sweep_interval_seconds)
-            beat = min(5.0, settings.reconcile_interval_seconds / 2)
             heartbeat = Heartbeat(service, beat)
             # Always there: with WARM_POOL unset it only recycles what an earlier run left.
             pool = WarmPool(

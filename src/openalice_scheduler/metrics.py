@@ -28,7 +28,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstre
 # Labels of `scheduler_capacity` for a provider whose kinds share one capacity (Docker,
 # RunPod): the cap is per GPU class, whatever the kind.
 ANY_KIND = "any"
-ACQUIRE_FAILURE_REASONS = ("no_provider", "provision_failed", "quota", "budget")
+ACQUIRE_FAILURE_REASONS = ("no_provider", "provision_failed", "quota", "budget", "line_full")
 # How a caller's wait in line ended (`scheduler_wait_seconds{outcome}`): with a worker,
 # out of time while still at capacity, the caller hung up, or refused for another reason
 # (not capacity, an error, shutting down).
@@ -163,6 +163,20 @@ class Metrics:
             registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
         )
+        # The same, per priority class (README, Priorities and preemption).
+        self.class_waiting = Gauge(
+            "scheduler_waiting_callers_per_class",
+            "Acquires waiting in line for capacity, per priority class.",
+            ["priority_class"],
+            registry=r,
+        )
+        self.class_wait_seconds = Histogram(
+            "scheduler_wait_seconds_per_class",
+            "Time an acquire waited in line, per priority class and how it ended.",
+            ["priority_class", "outcome"],
+            registry=r,
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+        )
         self.capacity_refusals = Counter(
             "scheduler_capacity_refusals",
             "Acquires refused because every provider that could serve them was at its cap.",
@@ -247,14 +261,26 @@ class Metrics:
         if self.owner_spend is not None and record.owner_id is not None:
             self.owner_spend.labels(record.owner_id).inc(record.cost)
 
-    # --- the waiting line (waiting.py) -------------------------------------------------
+    # --- the waiting line (lifecycle/line.py) -------------------------------------------------
 
-    def wait_began(self, kind: str, gpu: str) -> None:
+    def wait_began(self, kind: str, gpu: str, priority_class: str) -> None:
         self.waiting.labels(kind, gpu).inc()
+        self.class_waiting.labels(priority_class).inc()
 
-    def wait_ended(self, kind: str, gpu: str, outcome: str, seconds: float) -> None:
+    def wait_ended(
+        self, kind: str, gpu: str, priority_class: str, outcome: str, seconds: float
+    ) -> None:
         self.waiting.labels(kind, gpu).dec()
         self.wait_seconds.labels(outcome).observe(seconds)
+        self.class_waiting.labels(priority_class).dec()
+        self.class_wait_seconds.labels(priority_class, outcome).observe(seconds)
+
+    def expect_classes(self, names: Iterable[str]) -> None:
+        """Per-class series at 0 until someone of that class waits."""
+        for name in names:
+            self.class_waiting.labels(name)
+            for outcome in WAIT_OUTCOMES:
+                self.class_wait_seconds.labels(name, outcome)
 
     def refused_at_capacity(self, kind: str, gpu: str) -> None:
         self.capacity_refusals.labels(kind, gpu).inc()

@@ -118,6 +118,9 @@ class ReleaseReason(StrEnum):
     recycled = "recycled"
 
 
+# A priority class's name (README, Priorities and preemption).
+PRIORITY_CLASS_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
+
 # Caller-given identifiers (owner_id, correlation_id, region): printable ASCII, no spaces
 # or control characters. An owner_id then always fits the X-Lease-Owner header (latin-1)
 # and can match it, and empty means nothing: "" is refused, not a second kind of "none"
@@ -152,6 +155,13 @@ class LeaseRequest(BaseModel):
         WaitSeconds,
         Field(description="How long to wait in line when no provider has capacity now."),
     ] = 0
+    priority_class: Annotated[str, StringConstraints(pattern=PRIORITY_CLASS_PATTERN)] | None = (
+        Field(
+            None,
+            description="One of the scheduler's PRIORITY_CLASSES (another is a 422 naming "
+            "them); unset: the owner's class (OWNER_PRIORITY_CLASSES), else `default`.",
+        )
+    )
 
     @field_validator("env", mode="before")
     @classmethod
@@ -222,6 +232,14 @@ class Lease(BaseModel):
         None,
         description="Once ended: price_per_hour × the time from granted_at to "
         "released_at, USD; 0 for a lease never granted; null while live",
+    )
+    priority_class: str = Field(
+        "default", description="Its caller's priority class (README, Priorities and preemption)"
+    )
+    preempt_at: Timestamp | None = Field(
+        None,
+        description="While `preempting`: when its worker is destroyed (README, "
+        "Priorities and preemption); null otherwise",
     )
 
 

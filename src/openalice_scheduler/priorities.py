@@ -44,7 +44,9 @@ def parse_priority_classes(value: str | None) -> dict[str, PriorityClass]:
         if name in found:
             raise ValueError(f"class {name!r} is given twice")
         flags = [f.strip() for f in flags]
-        wrong = [f for f in flags if f not in _FLAGS] + [f for f in set(flags) if flags.count(f) > 1]
+        wrong = [f for f in flags if f not in _FLAGS] + [
+            f for f in set(flags) if flags.count(f) > 1
+        ]
         if wrong:
             raise ValueError(
                 f"{part[:64]!r}: {wrong[0][:32]!r} is not a flag; flags are preempts and "

@@ -17,6 +17,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from openalice_scheduler.errors import (
     BudgetExceeded,
+    LineFull,
     NoProviderAvailable,
     ProviderError,
     ProviderOutOfCapacity,
@@ -26,11 +27,11 @@ from openalice_scheduler.errors import (
 )
 from openalice_scheduler.ids import new_lease_id
 from openalice_scheduler.lifecycle import admission, states
-from openalice_scheduler.lifecycle.admission import reservation_terms
+from openalice_scheduler.lifecycle.admission import InLine, reservation_terms
 from openalice_scheduler.lifecycle.attempt import Attempt, Supply
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
-from openalice_scheduler.lifecycle.line import retry_after
+from openalice_scheduler.lifecycle.line import Waiter, retry_after
 from openalice_scheduler.lifecycle.making import destroy_quietly, make_worker
 from openalice_scheduler.lifecycle.pooling import Pool
 from openalice_scheduler.logs import lease_ref
@@ -38,6 +39,7 @@ from openalice_scheduler.models import LeaseRequest, LeaseState
 from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec
 from openalice_scheduler.store import (
     AtCapacity,
+    Behind,
     DuplicateRequest,
     LeaseRecord,
     NewLease,
@@ -46,6 +48,7 @@ from openalice_scheduler.store import (
     Terms,
     to_us,
 )
+from openalice_scheduler.store.waiters import WaitingRow
 from openalice_scheduler.tracing import span_attributes
 
 # The service's lines, as ever (operators filter by logger name).
@@ -59,6 +62,8 @@ class Acquiring:
         self.core = core
         self.ending = ending
         self.pool: Pool | None = None  # WARM_POOL's idle workers, when opened
+        core.line.on_join = self._entered
+        core.line.on_leave = self._left
 
     async def acquire(
         self, request: LeaseRequest, *, gone: asyncio.Event | None = None
@@ -66,18 +71,26 @@ class Acquiring:
         """A lease for `request`. The same (owner_id, correlation_id) while its lease is
         provisioning or active gets that lease back, never a second worker. With
         `wait_seconds`, waits in line for capacity; `gone` is set when the caller left."""
+        core = self.core
+        cls = core.priorities.of(request.priority_class, request.owner_id)
         twin = await self._replay(request)
         if twin is not None:
             return twin
+        caller = Waiter(
+            request.kind.value,
+            request.gpu.value,
+            priority=cls.value,
+            priority_class=cls.name,
+            owner=request.owner_id,
+            region=request.region,
+            arrived_at=core.now_us(),
+        )
+        caller.until = caller.arrived_at + request.wait_seconds * 1_000_000
         try:
-            record = await self.core.line.serve(
-                lambda: self._acquire_once(request),
-                request.wait_seconds,
-                gone,
-                kind=request.kind.value,
-                gpu=request.gpu.value,
+            record = await core.line.serve(
+                lambda me: self._acquire_once(request, me), request.wait_seconds, gone, caller
             )
-        except NoProviderAvailable as exc:
+        except (NoProviderAvailable, LineFull) as exc:
             raise await self._with_retry_after(exc) from None
         if gone is not None and gone.is_set():
             # Nobody is left to hand the worker to: give it back at once.
@@ -85,9 +98,9 @@ class Acquiring:
             await self.ending.end(record.lease_id, None)
         return record
 
-    async def _acquire_once(self, request: LeaseRequest) -> LeaseRecord:
+    async def _acquire_once(self, request: LeaseRequest, caller: Waiter) -> LeaseRecord:
         core = self.core
-        attempt = self._attempt(request)
+        attempt = self._attempt(request, caller)
         lease_id = attempt.new.lease_id
         core.in_flight.add(lease_id)
         try:
@@ -99,11 +112,14 @@ class Acquiring:
                 except DuplicateRequest as exc:
                     # The same request raced us here: its lease is the answer.
                     twin = await self._twin(exc.lease_id)
-                    return twin if twin is not None else await self._acquire_once(request)
+                    if twin is not None:
+                        return twin
+                    return await self._acquire_once(request, caller)
                 if record is not None:
                     return self._acquired(record)
         finally:
             core.in_flight.discard(lease_id)
+        caller.providers = tuple(attempt.eligible)
         if attempt.written:
             # Failed, or out of capacity everywhere it was tried: the row ends failed.
             error = "; ".join((attempt.failures or attempt.reasons).values())
@@ -113,7 +129,7 @@ class Acquiring:
             raise await self._over_budget(request, attempt)
         raise self._no_lease(request, attempt)
 
-    def _attempt(self, request: LeaseRequest) -> Attempt:
+    def _attempt(self, request: LeaseRequest, caller: Waiter) -> Attempt:
         core = self.core
         lease_id = new_lease_id()
         now = core.clock()
@@ -139,8 +155,9 @@ class Acquiring:
             ttl_seconds=request.ttl_seconds,
             created_at=to_us(now),
             expires_at=to_us(spec.expires_at),
+            priority_class=caller.priority_class,
         )
-        return Attempt(request, spec, new, core.budgets.of(request.owner_id))
+        return Attempt(request, spec, new, core.budgets.of(request.owner_id), caller)
 
     async def _supplies(self, attempt: Attempt) -> list[Supply]:
         """The warm pool first, when it keeps workers for the request; then each provider,
@@ -178,6 +195,30 @@ class Acquiring:
         )
         return record
 
+    # --- the line, as the other replicas see it ---------------------------------------
+
+    async def _entered(self, caller: Waiter) -> None:
+        await self.core.store.waiters.enter(
+            WaitingRow(
+                waiter_id=caller.waiter_id,
+                priority=caller.priority,
+                arrived_at=caller.arrived_at,
+                kind=caller.kind,
+                gpu=caller.gpu,
+                region=caller.region,
+                owner_id=caller.owner,
+                priority_class=caller.priority_class,
+                providers=caller.providers,
+                until=caller.until,
+            )
+        )
+
+    async def _left(self, caller: Waiter, outcome: str) -> None:
+        await self.core.store.waiters.leave(caller.waiter_id)
+        if outcome != "served":
+            # It may have held back a caller behind it on another replica.
+            await self.core.announce_freed()
+
     # --- refusals --------------------------------------------------------------------
 
     async def _over_budget(self, request: LeaseRequest, attempt: Attempt) -> BudgetExceeded:
@@ -203,10 +244,13 @@ class Acquiring:
         self.core.metrics.acquire_failures.labels("quota").inc()
         return QuotaExceeded(exc.message, limit=self.core.max_leases_per_owner)
 
-    async def _with_retry_after(self, exc: NoProviderAvailable) -> NoProviderAvailable:
+    async def _with_retry_after(
+        self, exc: NoProviderAvailable | LineFull
+    ) -> NoProviderAvailable | LineFull:
         """The final 503, with a `Retry-After`: when the next lease is due to end."""
         core = self.core
-        core.metrics.acquire_failures.labels("no_provider").inc()
+        reason = "line_full" if isinstance(exc, LineFull) else "no_provider"
+        core.metrics.acquire_failures.labels(reason).inc()
         exc.headers["Retry-After"] = str(retry_after(await core.store.next_due(), core.now_us()))
         return exc
 
@@ -261,12 +305,11 @@ class Cold:
         if terms is None:
             return None
         try:
-            reserved = await self._reserve(attempt.new, terms, attempt.written)
+            reserved = await self._reserve(attempt.new, terms, attempt.written, attempt.caller)
         except OverQuota:
             raise
         except AtCapacity as exc:
-            attempt.reasons[provider.name] = exc.message
-            attempt.at_capacity = True
+            await _at_capacity(core, attempt, provider, exc)
             return None
         except OverBudget as exc:
             attempt.reasons[provider.name] = exc.message
@@ -319,20 +362,29 @@ class Cold:
             )
         return record
 
-    async def _reserve(self, new: NewLease, terms: Terms, moving: bool) -> LeaseRecord:
+    async def _reserve(
+        self, new: NewLease, terms: Terms, moving: bool, caller: Waiter
+    ) -> LeaseRecord:
         """The reservation; at capacity where idle pool workers hold the room, one of
         them is destroyed and the reservation tried once more (pools never cost a caller)."""
         store, name = self.core.store, self.provider.name
         move = states.MOVE_ON if moving else states.RESERVE
         try:
-            return await store.reserve(new, admission.reserve(new, name, terms, move))
-        except OverQuota:
+            return await store.reserve(
+                new, admission.reserve(new, name, terms, move, line=self._line(caller))
+            )
+        except (OverQuota, Behind):
             raise
         except AtCapacity:
             if self.pool is None or not await self.pool.make_room(name, new.gpu):
                 raise
         terms = replace(terms, now=self.core.now_us())
-        return await store.reserve(new, admission.reserve(new, name, terms, move))
+        return await store.reserve(
+            new, admission.reserve(new, name, terms, move, line=self._line(caller))
+        )
+
+    def _line(self, caller: Waiter) -> tuple[Provider, InLine]:
+        return self.provider, self.core.in_line(caller)
 
 
 class Instant:
@@ -355,7 +407,14 @@ class Instant:
                 move = states.ASSIGN_MOVED if attempt.written else states.ASSIGN
                 record = await core.store.reserve(
                     attempt.new,
-                    admission.reserve(attempt.new, provider.name, terms, move, provider.assign),
+                    admission.reserve(
+                        attempt.new,
+                        provider.name,
+                        terms,
+                        move,
+                        provider.assign,
+                        line=(provider, core.in_line(attempt.caller)),
+                    ),
                 )
                 core.metrics.provision_seconds.labels(provider.name).observe(
                     time.perf_counter() - started
@@ -363,14 +422,22 @@ class Instant:
         except OverQuota:
             raise
         except AtCapacity as exc:
-            attempt.reasons[provider.name] = exc.message
-            attempt.at_capacity = True
+            await _at_capacity(core, attempt, provider, exc)
             return None
         except OverBudget as exc:
             attempt.reasons[provider.name] = exc.message
             attempt.over_budget.append(exc)
             return None
         return record
+
+
+async def _at_capacity(core: Core, attempt: Attempt, provider: Provider, exc: AtCapacity) -> None:
+    """A provider with no room for the attempt, or whose room a caller ahead in line
+    waits for (Behind): that caller is woken, wherever it waits."""
+    attempt.reasons[provider.name] = exc.message
+    attempt.at_capacity = True
+    if isinstance(exc, Behind):
+        await core.announce_freed()
 
 
 async def _terms(core: Core, provider: Provider, attempt: Attempt) -> Terms | None:
@@ -380,6 +447,7 @@ async def _terms(core: Core, provider: Provider, attempt: Attempt) -> Terms | No
     if not availability.ok:
         attempt.reasons[provider.name] = availability.reason
         return None
+    attempt.eligible.append(provider.name)
     return reservation_terms(
         provider,
         attempt.spec,

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from openalice_scheduler.errors import Forbidden
+from openalice_scheduler.errors import Forbidden, InvalidRequest
+from openalice_scheduler.models import GpuClass, WorkerKind
 from openalice_scheduler.prices import parse_owner_budgets
+from openalice_scheduler.priorities import DEFAULT_CLASS, PriorityClass
 from openalice_scheduler.providers import PlacingProvider, Provider, WorkerSpec
 from openalice_scheduler.store import (
     AtCapacity,
@@ -24,7 +28,7 @@ from openalice_scheduler.store import (
     OverBudget,
     OverQuota,
 )
-from openalice_scheduler.store.records import Budget, Terms
+from openalice_scheduler.store.records import Behind, Budget, Terms
 from openalice_scheduler.store.reserving import Grant, Reserving
 from openalice_scheduler.store.spending import DAY_US
 
@@ -63,17 +67,38 @@ def reservation_terms(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class InLine:
+    """Where the caller of a reservation stands in the line: its `priority` and
+    `arrived_at` (µs), its own row (`waiter_id`, left out), read at `now` among the
+    waiters of replicas alive since `alive_since`."""
+
+    priority: int
+    arrived_at: int
+    waiter_id: str
+    alive_since: int
+    now: int
+
+
 def reserve(
-    lease: NewLease, provider: str, terms: Terms, move: Move, assign: Assign | None = None
+    lease: NewLease,
+    provider: str,
+    terms: Terms,
+    move: Move,
+    assign: Assign | None = None,
+    line: tuple[Provider, InLine] | None = None,
 ) -> Callable[[Reserving], LeaseRecord]:
     """A lease's reservation on `provider`, recorded by `move`: the owner's checks, the
-    provider's, the owner's caps in money, then the row. With `assign` (a provider whose
-    workers already run), the lease is granted its worker in the same transaction."""
+    provider's, the line's (with `line`: no caller ahead could use the same capacity),
+    the owner's caps in money, then the row. With `assign` (a provider whose workers
+    already run), the lease is granted its worker in the same transaction."""
 
     def tx(r: Reserving) -> LeaseRecord:
         admit_owner(r, lease, terms.owner_quota)
         r.lock(f"provider:{provider}")
         grant = admit_provider(r, lease, provider, terms)
+        if line is not None:
+            admit_in_line(r, *line)
         if terms.budget is not None:  # still under the owner's lock
             admit_price(r, lease, grant.price, terms.budget, terms.now)
         worker = None if assign is None else assign(grant.resource)
@@ -99,19 +124,38 @@ def reserve_warm(
 
 
 def claim_idle(
-    lease: NewLease, quota: int, budget: Budget | None, move: Move
+    lease: NewLease,
+    quota: int,
+    budget: Budget | None,
+    move: Move,
+    line: InLine | None = None,
 ) -> Callable[[Reserving], LeaseRecord | None]:
     """The oldest idle pool worker of `lease.kind`/`lease.gpu`, claimed by `move` for
     the request `lease` describes, under the owner's lock with the checks of a cold
-    reservation: no second lease for the request, the owner's quota, its caps in money
-    at that worker's price. None when no idle worker is left."""
+    reservation: no second lease for the request, the owner's quota, the line's (with
+    `line`: no caller ahead waits for such a worker), its caps in money at that worker's
+    price. None when no idle worker is left."""
 
     def tx(r: Reserving) -> LeaseRecord | None:
         admit_owner(r, lease, quota)
         oldest = r.oldest_idle(lease.kind, lease.gpu)
         if oldest is None:
             return None
-        worker_id, price = oldest
+        worker_id, provider, price = oldest
+        if line is not None:
+            for row in r.waiting_ahead(
+                priority=line.priority,
+                arrived_at=line.arrived_at,
+                exclude=line.waiter_id,
+                provider=provider,
+                alive_since=line.alive_since,
+                now=line.now,
+            ):
+                if (row.kind, row.gpu, row.region) == (lease.kind, lease.gpu, None):
+                    raise Behind(
+                        "a warm worker is idle, but a caller ahead in line (class "
+                        f"{row.priority_class}) waits for it"
+                    )
         if budget is not None:
             admit_price(r, lease, price, budget, lease.created_at)
         return r.claim(worker_id, lease, move)
@@ -155,6 +199,40 @@ def admit_provider(r: Reserving, lease: NewLease, provider: str, terms: Terms) -
             raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} are leased")
         return Grant(resource, None, price)
     return Grant(None, None, price)
+
+
+def admit_in_line(r: Reserving, provider: Provider, place: InLine) -> None:
+    """Under the provider's lock, the room found: refuses (Behind) when a caller ahead
+    in line, on any replica, could use it (the same provider serves its request, and
+    its shape fits what is free: a waiter whose shape cannot be served holds no one
+    back). The line is one, in order of priority then arrival."""
+    for row in r.waiting_ahead(
+        priority=place.priority,
+        arrived_at=place.arrived_at,
+        exclude=place.waiter_id,
+        provider=provider.name,
+        alive_since=place.alive_since,
+        now=place.now,
+    ):
+        spec = WorkerSpec(
+            lease_id=row.waiter_id,
+            kind=WorkerKind(row.kind),
+            gpu=GpuClass(row.gpu),
+            expires_at=datetime.fromtimestamp(place.now / 1e6, UTC),
+            region=row.region,
+        )
+        terms = reservation_terms(provider, spec, now=place.now, owner_quota=0)
+        theirs = NewLease(
+            row.waiter_id, row.kind, row.gpu, None, None, row.region, 1, place.now, place.now
+        )
+        try:
+            admit_provider(r, theirs, provider.name, terms)
+        except AtCapacity:
+            continue  # what is free does not fit it: it holds no one back
+        raise Behind(
+            f"capacity is free, but a caller ahead in line (class {row.priority_class}) "
+            "waits for it"
+        )
 
 
 def admit_price(
@@ -230,3 +308,30 @@ class Budgets:
 
 def _show(amount: float) -> str:
     return str(int(amount)) if math.isclose(amount, round(amount)) else f"{amount:g}"
+
+
+class Priorities:
+    """The priority classes (PRIORITY_CLASSES) and each owner's (OWNER_PRIORITY_CLASSES):
+    a request's class is the one it names, else its owner's, else `default`."""
+
+    def __init__(
+        self,
+        classes: dict[str, PriorityClass] | None = None,
+        owners: dict[str, str] | None = None,
+    ) -> None:
+        self.classes = classes or {DEFAULT_CLASS: PriorityClass(DEFAULT_CLASS, 0)}
+        self.owners = owners or {}
+
+    def of(self, named: str | None, owner: str | None) -> PriorityClass:
+        """The class of a request naming `named` (None: none) for `owner`; an unknown
+        name is an InvalidRequest naming the valid ones."""
+        if named is not None:
+            found = self.classes.get(named)
+            if found is None:
+                raise InvalidRequest(
+                    f"priority_class: {named!r} is not a class of this scheduler; its "
+                    f"classes (PRIORITY_CLASSES): {', '.join(sorted(self.classes))}",
+                    field="priority_class",
+                )
+            return found
+        return self.classes[self.owners.get(owner or "", DEFAULT_CLASS)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from openalice_scheduler.lifecycle.line import Waiter
 from openalice_scheduler.models import LeaseRequest
 from openalice_scheduler.providers import WorkerSpec
 from openalice_scheduler.store import LeaseRecord, NewLease, OverBudget
@@ -18,6 +19,8 @@ class Attempt:
     spec: WorkerSpec
     new: NewLease
     budget: Budget | None
+    # Where its caller stands in the line (its priority, its arrival).
+    caller: Waiter
     # Why a provider could not serve (unavailable, at capacity, over the owner's caps).
     reasons: dict[str, str] = field(default_factory=dict)
     # What a provider tried and failed at.
@@ -26,6 +29,8 @@ class Attempt:
     at_capacity: bool = False
     # This lease's row exists (a provider was tried): the next one moves it.
     written: bool = False
+    # The providers that could serve it at all (its kind, GPU class, region).
+    eligible: list[str] = field(default_factory=list)
 
 
 class Supply(Protocol):

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from opentelemetry.trace import Tracer
 
 from openalice_scheduler.lease_access import LeaseAccess
-from openalice_scheduler.lifecycle.admission import Budgets
-from openalice_scheduler.lifecycle.line import CapacityQueue
+from openalice_scheduler.lifecycle.admission import Budgets, InLine, Priorities
+from openalice_scheduler.lifecycle.line import CapacityQueue, Waiter
 from openalice_scheduler.lifecycle.policy import Policy
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import InstantProvider, Provider
@@ -36,6 +36,7 @@ class Core:
     probe: ReadyProbe
     access: LeaseAccess
     budgets: Budgets
+    priorities: Priorities
     line: CapacityQueue
     # A rule about time takes its time from here (tests move it).
     clock: Clock = utcnow
@@ -43,6 +44,8 @@ class Core:
     on_due: Callable[[int], None] = lambda _at: None
     provision_timeout: float = 600.0
     max_leases_per_owner: int = 0
+    # A replica silent this long is gone: its callers in line hold no one back.
+    replica_timeout: float = 16.0
     # Leases this process is provisioning (or handing off) right now: the reconciler
     # leaves them be.
     in_flight: set[str] = field(default_factory=set)
@@ -58,3 +61,21 @@ class Core:
     def capacity_freed(self) -> None:
         """A lease stopped holding capacity: the first acquire waiting for some tries."""
         self.line.freed()
+
+    def in_line(self, caller: Waiter) -> InLine:
+        """Where `caller` stands in the line, for a reservation's admission: among the
+        callers of replicas heard from within the replica timeout."""
+        now = self.now_us()
+        return InLine(
+            priority=caller.priority,
+            arrived_at=caller.arrived_at,
+            waiter_id=caller.waiter_id,
+            alive_since=now - int(self.replica_timeout * 1e6),
+            now=now,
+        )
+
+    async def announce_freed(self) -> None:
+        """Capacity may be free for a caller in line on any replica: each replica's
+        first waiter tries (here at once, elsewhere as the store tells them)."""
+        self.line.freed()
+        await self.store.announce_capacity()

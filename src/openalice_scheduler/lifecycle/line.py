@@ -1,121 +1,183 @@
-"""Acquires waiting for capacity (`wait_seconds`), first come first served.
+"""Acquires waiting for capacity (`wait_seconds`): in order of priority, then arrival.
 
 No polling: a waiter sleeps until capacity is freed (a release, an expiry, a failed
-provision). A freed slot wakes the waiter at the head; a waiter that still finds nothing
-passes the wake on to the one behind it, so a slot that suits only a later waiter (another
-kind or GPU class) still reaches it, and every freed slot is offered in arrival order.
+provision, here or on another replica). A freed slot wakes the first waiter of this
+replica's line; a waiter that still finds nothing passes the wake on to the one behind
+it, so a slot that suits only a later waiter (another kind or GPU class) still reaches
+it. The order across replicas is the admission's (admission.py): each waiter is also a
+row of the store's `waiters`, and a reservation is refused while a caller ahead of it,
+on any replica, could be served by the same capacity.
 
-Once the scheduler drains (SIGTERM), the line is closed: nobody joins, and every waiter
-is woken at once to leave with ShuttingDown (503 `shutting_down`)."""
+The line is bounded: MAX_WAITING_CALLERS per replica, and per owner its share
+(MAX_WAITING_PER_OWNER); the next caller is answered 503 `line_full` at once. Once the
+scheduler drains (SIGTERM), the line is closed: nobody joins, and every waiter is woken
+at once to leave with ShuttingDown (503 `shutting_down`)."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
 import logging
 import math
 import time
-from collections import deque
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from openalice_scheduler.errors import NoProviderAvailable, ShuttingDown
+from openalice_scheduler.errors import LineFull, NoProviderAvailable, ShuttingDown
 from openalice_scheduler.metrics import Metrics
 
-log = logging.getLogger(__name__)
+# The waiting line's lines, as ever (operators filter by logger name).
+log = logging.getLogger("openalice_scheduler.waiting")
 T = TypeVar("T")
 MAX_RETRY_AFTER_S = 300
+_ARRIVALS = itertools.count()
 
 
 @dataclass(eq=False)
 class Waiter:
+    """A caller asking for capacity: where it stands in the line (`priority`, then
+    `arrived_at`, µs on the scheduler's clock), and whether it waits there yet."""
+
     kind: str
     gpu: str
+    priority: int = 0
+    priority_class: str = "default"
+    owner: str | None = None
+    region: str | None = None
+    arrived_at: int = 0
+    # When its wait ends (µs), and the providers that could serve it (set by its last
+    # attempt): what the other replicas see of it.
+    until: int = 0
+    providers: tuple[str, ...] = ()
+    waiter_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     since: float = field(default_factory=time.monotonic)
     woken: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: bool = False
+    # Ties of priority and arrival keep the order the callers came in, here.
+    _seq: int = field(default_factory=lambda: next(_ARRIVALS))
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        return (-self.priority, self.arrived_at, self._seq)
 
 
 class CapacityQueue:
-    def __init__(self, metrics: Metrics) -> None:
-        self._queue: deque[Waiter] = deque()
+    def __init__(self, metrics: Metrics, *, most: int = 1000, per_owner: int = 500) -> None:
+        self._queue: list[Waiter] = []  # in rank order
         self._metrics = metrics
+        self.most = most
+        self.per_owner = per_owner
         self.closed = False
+        # Told when a waiter joins and leaves (the store's `waiters`, acquiring.py).
+        self.on_join: Callable[[Waiter], Awaitable[None]] | None = None
+        self.on_leave: Callable[[Waiter, str], Awaitable[None]] | None = None
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    @property
-    def busy(self) -> bool:
-        """A woken waiter is retrying now: a newcomer must queue behind it, not overtake."""
-        return any(w.woken.is_set() for w in self._queue)
+    def busy(self, priority: int) -> bool:
+        """A woken waiter of this priority or higher is retrying now: a newcomer must
+        queue behind it, not overtake it."""
+        return any(w.woken.is_set() and w.priority >= priority for w in self._queue)
 
     async def serve(
         self,
-        attempt: Callable[[], Awaitable[T]],
+        attempt: Callable[[Waiter], Awaitable[T]],
         wait_seconds: float,
         gone: asyncio.Event | None,
-        *,
-        kind: str,
-        gpu: str,
+        caller: Waiter,
     ) -> T:
-        """`attempt()`, tried again each time capacity is freed while it finds every
-        provider at capacity, for up to `wait_seconds`, in arrival order. Raises the
+        """`attempt(caller)`, tried again each time capacity is freed while it finds every
+        provider at capacity, for up to `wait_seconds`, in the line's order. Raises the
         last NoProviderAvailable when time is up, the refusal was not for capacity, or
-        the caller is `gone`; ShuttingDown once the line is closed."""
+        the caller is `gone`; LineFull when the line has no room for it; ShuttingDown
+        once the line is closed."""
         if self.closed:
             raise ShuttingDown()
         deadline = time.monotonic() + wait_seconds
-        waiter: Waiter | None = None
         served = False
         try:
             # Behind others already waiting: queue up rather than overtake them.
-            if wait_seconds and self.busy:
-                waiter = self.join(kind, gpu)
-                await self.wait(waiter, deadline - time.monotonic(), gone)
+            if wait_seconds and self.busy(caller.priority):
+                await self.join(caller)
+                await self.wait(caller, deadline - time.monotonic(), gone)
             while True:
                 if self.closed:
                     raise ShuttingDown()
                 try:
-                    result = await attempt()
+                    result = await attempt(caller)
                     served = True
                     return result
                 except NoProviderAvailable as exc:
                     remaining = deadline - time.monotonic()
                     if not exc.at_capacity or remaining <= 0 or _left(gone):
                         if exc.at_capacity:
-                            self._metrics.refused_at_capacity(kind, gpu)
+                            self._metrics.refused_at_capacity(caller.kind, caller.gpu)
                         raise
                     if self.closed:
                         raise ShuttingDown() from None
-                    if waiter is None:
-                        waiter = self.join(kind, gpu)
+                    if not caller.waiting:
+                        await self.join(caller)
                     else:
-                        self.pass_on(waiter)
+                        self.pass_on(caller)
                     log.info(
-                        "acquire (%s, gpu=%s) waits up to %.0f s for capacity", kind, gpu, remaining
+                        "acquire (%s, gpu=%s, class %s) waits up to %.0f s for capacity",
+                        caller.kind,
+                        caller.gpu,
+                        caller.priority_class,
+                        remaining,
                     )
-                    await self.wait(waiter, remaining, gone)
+                    await self.wait(caller, remaining, gone)
                     if _left(gone):
                         raise
         finally:
-            if waiter is not None:
-                self.leave(waiter, _outcome(served, gone, deadline))
+            if caller.waiting:
+                await self.leave(caller, _outcome(served, gone, deadline))
 
-    def join(self, kind: str, gpu: str) -> Waiter:
-        waiter = Waiter(kind, gpu)
-        self._queue.append(waiter)
-        self._metrics.wait_began(kind, gpu)
-        return waiter
+    async def join(self, waiter: Waiter) -> None:
+        """Into the line, at its rank; LineFull when the line, or the owner's share of
+        it, is full."""
+        if len(self._queue) >= self.most:
+            raise LineFull(
+                f"{len(self._queue)} callers wait in line here already "
+                f"(MAX_WAITING_CALLERS = {self.most}); try again later",
+                limit=self.most,
+            )
+        if waiter.owner is not None:
+            mine = sum(1 for w in self._queue if w.owner == waiter.owner)
+            if mine >= self.per_owner:
+                raise LineFull(
+                    f"owner {waiter.owner!r} has {mine} callers waiting in line here already "
+                    f"(MAX_WAITING_PER_OWNER = {self.per_owner}); try again later",
+                    limit=self.per_owner,
+                )
+        bisect.insort(self._queue, waiter, key=lambda w: w.rank)
+        waiter.waiting = True
+        self._metrics.wait_began(waiter.kind, waiter.gpu, waiter.priority_class)
+        if self.on_join is not None:
+            await self.on_join(waiter)
 
-    def leave(self, waiter: Waiter, outcome: str) -> None:
-        """Leave the queue (`outcome`: metrics.WAIT_OUTCOMES). A waiter that was woken and
+    async def leave(self, waiter: Waiter, outcome: str) -> None:
+        """Leave the line (`outcome`: metrics.WAIT_OUTCOMES). A waiter that was woken and
         did not use the slot passes the wake on."""
         if outcome != "served" and waiter.woken.is_set():
             self.pass_on(waiter)
         with contextlib.suppress(ValueError):
             self._queue.remove(waiter)
-        self._metrics.wait_ended(waiter.kind, waiter.gpu, outcome, time.monotonic() - waiter.since)
+        waiter.waiting = False
+        self._metrics.wait_ended(
+            waiter.kind,
+            waiter.gpu,
+            waiter.priority_class,
+            outcome,
+            time.monotonic() - waiter.since,
+        )
+        if self.on_leave is not None:
+            await self.on_leave(waiter, outcome)
 
     def close(self) -> None:
         """The scheduler drains: every waiter wakes now and leaves with ShuttingDown, and

@@ -33,7 +33,7 @@ from openalice_scheduler.lifecycle.making import destroy_quietly, make_worker
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
 from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec
-from openalice_scheduler.store import AtCapacity, LeaseRecord, NewLease, OverBudget, to_us
+from openalice_scheduler.store import AtCapacity, Behind, LeaseRecord, NewLease, OverBudget, to_us
 from openalice_scheduler.store.pool import PoolStore
 from openalice_scheduler.tracing import span_attributes
 
@@ -233,6 +233,7 @@ class Pool:
             return 0
         self._backoff.pop(key, None)
         log.info("pool worker %s (%s/%s) idle on %s", lease_ref(ready), *key, provider.name)
+        await core.announce_freed()  # a caller in line may take it
         return 1
 
     def _failed(self, key: Key) -> None:
@@ -278,6 +279,7 @@ class Pool:
                 ttl_seconds=request.ttl_seconds,
                 created_at=now,
                 expires_at=now + request.ttl_seconds * 1_000_000,
+                priority_class=attempt.caller.priority_class,
             )
             claimed = await self.store.claim(
                 lease,
@@ -286,10 +288,14 @@ class Pool:
                     core.max_leases_per_owner,
                     core.budgets.of(request.owner_id),
                     states.CLAIM,
+                    core.in_line(attempt.caller),
                 ),
             )
         except OverBudget as exc:
             attempt.over_budget.append(exc)
+            return None
+        except Behind:
+            await core.announce_freed()  # wakes the caller ahead, wherever it waits
             return None
         if claimed is None:
             return None

@@ -24,7 +24,7 @@ from openalice_scheduler.ids import is_lease_id
 from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifecycle import states
 from openalice_scheduler.lifecycle.acquiring import Acquiring
-from openalice_scheduler.lifecycle.admission import Budgets, check_owner
+from openalice_scheduler.lifecycle.admission import Budgets, Priorities, check_owner
 from openalice_scheduler.lifecycle.core import Clock, Core, utcnow
 from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.guards import GuardDesk
@@ -62,6 +62,10 @@ class LeaseService:
         on_due: Callable[[int], None] = lambda _at: None,
         access: LeaseAccess | None = None,
         budgets: Budgets | None = None,
+        priorities: Priorities | None = None,
+        max_waiting: int = 1000,
+        max_waiting_per_owner: int = 500,
+        replica_timeout: float = 16.0,
     ) -> None:
         self.core = Core(
             store=store,
@@ -74,11 +78,14 @@ class LeaseService:
             access=access or LeaseAccess("", None),
             # Each owner's caps in money (none given: no caps).
             budgets=budgets or Budgets(),
-            line=CapacityQueue(metrics),
+            # The priority classes (none given: one class, `default`).
+            priorities=priorities or Priorities(),
+            line=CapacityQueue(metrics, most=max_waiting, per_owner=max_waiting_per_owner),
             clock=clock,
             on_due=on_due,
             provision_timeout=provision_timeout,
             max_leases_per_owner=max_leases_per_owner,
+            replica_timeout=replica_timeout,
         )
         self.ending = Ending(self.core)
         self.acquiring = Acquiring(self.core, self.ending)

@@ -9,6 +9,7 @@ from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.leases import LeaseStore
 from openalice_scheduler.store.records import (
     AtCapacity,
+    Behind,
     DuplicateRequest,
     LeaseRecord,
     Move,
@@ -48,6 +49,7 @@ def open_store(
 
 __all__ = [
     "AtCapacity",
+    "Behind",
     "Backend",
     "DuplicateRequest",
     "LeaseRecord",

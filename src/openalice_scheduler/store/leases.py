@@ -45,6 +45,7 @@ from openalice_scheduler.store.statements import (
     state_in,
     transition_tx,
 )
+from openalice_scheduler.store.waiters import Waiters
 
 # A worker's release is being attempted by someone: nobody else retries it before then.
 RELEASE_CLAIM_US = 60_000_000
@@ -60,6 +61,8 @@ class LeaseStore:
         # provisions, so another replica can tell a crashed provision from a slow one.
         self.replica_id = replica_id or uuid.uuid4().hex
         self.replicas = Replicas(backend, self.replica_id)
+        # This replica's callers in line, as every replica sees them.
+        self.waiters = Waiters(backend, self.replica_id)
         # The store's own id (schema.store_identity), known once migrated.
         self.store_id: str | None = None
         # Leases whose reserve or activation failed with the store unavailable (their
@@ -425,6 +428,12 @@ class LeaseStore:
             return [(p, k, g, o, n) for p, k, g, o, n in rows]
 
         return await self.backend.read(_tx)
+
+    async def announce_capacity(self) -> None:
+        """Tell every replica (their waiting callers) that capacity may be free; in a
+        store this process alone uses, there is nobody else to tell."""
+        if not self.backend.exclusive:
+            await self.backend.write(self.backend.announce_freed)
 
     async def listen_capacity(self, callback: Callable[[], None]) -> None:
         """Call `callback` whenever another replica frees capacity, until cancelled."""

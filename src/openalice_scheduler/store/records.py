@@ -66,6 +66,10 @@ class LeaseRecord:
     price_per_hour: float | None = None
     granted_at: int | None = None
     cost: float | None = None
+    # Its caller's priority class; while preempted, when its worker goes and for whom.
+    priority_class: str = "default"
+    preempt_at: int | None = None
+    preempted_by: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""
@@ -88,7 +92,7 @@ WIRE_COLUMNS = tuple(leases.c[name] for name in WIRE_FIELDS)
 _TIMES = tuple(
     place
     for place, name in enumerate(WIRE_FIELDS)
-    if name in ("created_at", "expires_at", "released_at", "granted_at")
+    if name in ("created_at", "expires_at", "released_at", "granted_at", "preempt_at")
 )
 
 
@@ -131,6 +135,7 @@ class NewLease:
     ttl_seconds: int
     created_at: int
     expires_at: int
+    priority_class: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +189,11 @@ class AtCapacity(Exception):
 
 class OverQuota(AtCapacity):
     """The owner already holds MAX_LEASES_PER_OWNER live leases."""
+
+
+class Behind(AtCapacity):
+    """The capacity is there, but a caller ahead in line (priority, then arrival) waits
+    for it: this one waits too."""
 
 
 class OverBudget(Exception):

@@ -8,7 +8,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from openalice_scheduler.store.backend import Backend
-from openalice_scheduler.store.schema import locks, replicas
+from openalice_scheduler.store.schema import locks, replicas, waiters
 
 _DAY_US = 86_400_000_000
 
@@ -32,6 +32,8 @@ class Replicas:
                     )
                 )
             conn.execute(replicas.delete().where(replicas.c.heartbeat_at < now - _DAY_US))
+            # Callers whose wait is over (their replica stopped while they waited).
+            conn.execute(waiters.delete().where(waiters.c.until < now))
 
         await self.backend.write_apart(_tx)
 

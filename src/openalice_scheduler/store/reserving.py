@@ -27,6 +27,7 @@ from openalice_scheduler.store.statements import (
     state_in,
     transition_tx,
 )
+from openalice_scheduler.store.waiters import WaitingRow, ahead_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,16 +87,39 @@ class Reserving:
         assert lease.owner_id is not None
         return spent_since(self.conn, lease.owner_id, since, now)
 
+    def waiting_ahead(
+        self,
+        *,
+        priority: int,
+        arrived_at: int,
+        exclude: str,
+        provider: str,
+        alive_since: int,
+        now: int,
+    ) -> list[WaitingRow]:
+        """The callers in line ahead of (`priority`, `arrived_at`), on any replica alive
+        since `alive_since`, whose request `provider` could serve; first first."""
+        return ahead_of(
+            self.conn,
+            priority=priority,
+            arrived_at=arrived_at,
+            exclude=exclude,
+            provider=provider,
+            alive_since=alive_since,
+            now=now,
+        )
+
     def pooled(self, kind: str, gpu: str) -> int:
         """Pool workers (warming or idle) of `kind` and `gpu`."""
         return int(self.conn.execute(_COUNT_POOL, {"b_kind": kind, "b_gpu": gpu}).scalar_one())
 
-    def oldest_idle(self, kind: str, gpu: str) -> tuple[str, float | None] | None:
-        """The idle pool worker of `kind` and `gpu` idle longest (lease id, price),
+    def oldest_idle(self, kind: str, gpu: str) -> tuple[str, str, float | None] | None:
+        """The idle pool worker of `kind` and `gpu` idle longest (lease id, provider,
+        price),
         locked: concurrent claims on PostgreSQL each lock a different one (SKIP LOCKED)
         instead of queueing on one (SQLite has one writer and no such clause)."""
         row = self.conn.execute(_OLDEST_IDLE, {"b_kind": kind, "b_gpu": gpu}).first()
-        return None if row is None else (row[0], row[1])
+        return None if row is None else (row[0], row[1], row[2])
 
     # --- writes ----------------------------------------------------------------------
 
@@ -144,6 +168,7 @@ class Reserving:
                 "created_at": lease.created_at,
                 "expires_at": lease.expires_at,
                 "release_attempts": 0,
+                "priority_class": lease.priority_class,
                 "fence": self.backend.next_fence(self.conn),
                 **values,
             },
@@ -158,6 +183,7 @@ class Reserving:
             _claim(move.sources, move.target),
             {
                 "b_id": worker_id,
+                "v_priority_class": lease.priority_class,
                 "v_owner_id": lease.owner_id,
                 "v_correlation_id": lease.correlation_id,
                 "v_ttl_seconds": lease.ttl_seconds,
@@ -179,13 +205,14 @@ _IS_IDLE = state_in((LeaseState.idle.value,))
 _COUNT_POOL = select(func.count()).select_from(leases).where(state_in(_POOLED), *_THIS_POOL)
 # A pool worker serves only requests without a region: it was made for none.
 _OLDEST_IDLE = (
-    select(leases.c.lease_id, leases.c.price_per_hour)
+    select(leases.c.lease_id, leases.c.provider, leases.c.price_per_hour)
     .where(_IS_IDLE, *_THIS_POOL, leases.c.region.is_(None))
     .order_by(leases.c.updated_at)
     .limit(1)
     .with_for_update(skip_locked=True)
 )
 _CLAIMED = (
+    "priority_class",
     "owner_id",
     "correlation_id",
     "ttl_seconds",

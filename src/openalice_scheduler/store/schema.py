@@ -68,6 +68,11 @@ leases = Table(
     Column("price_per_hour", Float),
     Column("granted_at", BigInteger),
     Column("cost", Float),
+    # Its caller's priority class (README, Priorities and preemption); when it is being
+    # preempted, the moment its worker goes, and the request that displaces it.
+    Column("priority_class", String(32), nullable=False, server_default=text("'default'")),
+    Column("preempt_at", BigInteger),
+    Column("preempted_by", String(128)),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),
@@ -128,4 +133,25 @@ guards = Table(
     Column("guard_id", String(128), primary_key=True),
     Column("providers", String(256), nullable=False),
     Column("last_contact_at", BigInteger, nullable=False),
+)
+
+# The callers waiting in line for capacity, on every replica (migration 0011): the line
+# is one, in order of priority then arrival. `providers`: those that could serve the
+# caller's request (its kind, GPU class and region); `until`: when its wait ends.
+waiters = Table(
+    "waiters",
+    metadata,
+    Column("waiter_id", String(36), primary_key=True),
+    Column("replica_id", String(64), nullable=False),
+    Column("owner_id", String(128)),
+    Column("correlation_id", String(128)),
+    Column("priority_class", String(32), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("arrived_at", BigInteger, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("gpu", String(8), nullable=False),
+    Column("region", String(64)),
+    Column("providers", String(256), nullable=False),
+    Column("until", BigInteger, nullable=False),
+    Index("ix_waiters_order", "priority", "arrived_at"),
 )

@@ -1,0 +1,70 @@
+"""Callers with priorities (README, Priorities and preemption): the classes, the owners'
+classes, the grace a preempted lease gets, and how long the line may grow."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings
+
+from openalice_scheduler.priorities import (
+    PriorityClass,
+    parse_owner_classes,
+    parse_priority_classes,
+)
+
+
+class PrioritySettings(BaseSettings):
+    priority_classes: str | None = Field(
+        None,
+        description="name=value[:preempts][:preemptible], comma list (e.g. "
+        "live=100:preempts,default=50,anim=10:preemptible); unset: one class `default`.",
+    )
+    owner_priority_classes: str | None = Field(
+        None, description="owner=class, comma list: an owner's class when a request names none."
+    )
+    preemption_grace_seconds: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="How long a preempted lease's worker keeps running after its notice.",
+    )
+    max_waiting_callers: int = Field(
+        1000,
+        ge=0,
+        le=1_000_000,
+        description="Callers one replica lets wait in line at once; the next one is "
+        "answered 503 line_full.",
+    )
+    max_waiting_per_owner: int | None = Field(
+        None,
+        ge=0,
+        description="Callers of one owner waiting at once, per replica; unset: half of "
+        "MAX_WAITING_CALLERS.",
+    )
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _classes(cls, value: str | None) -> str | None:
+        parse_priority_classes(value)
+        return value
+
+    @model_validator(mode="after")
+    def _owner_classes(self) -> PrioritySettings:
+        parse_owner_classes(self.owner_priority_classes, self.priority_table)
+        return self
+
+    @property
+    def priority_table(self) -> dict[str, PriorityClass]:
+        """PRIORITY_CLASSES by name."""
+        return parse_priority_classes(self.priority_classes)
+
+    @property
+    def owner_classes(self) -> dict[str, str]:
+        """OWNER_PRIORITY_CLASSES as {owner: class}."""
+        return parse_owner_classes(self.owner_priority_classes, self.priority_table)
+
+    @property
+    def waiting_per_owner(self) -> int:
+        if self.max_waiting_per_owner is not None:
+            return self.max_waiting_per_owner
+        return self.max_waiting_callers // 2

@@ -1,0 +1,132 @@
+"""The callers waiting in line for capacity, on every replica (`waiters`, migration
+0011): each replica writes its own waiters in and out; a reservation's admission reads
+those ahead of it (store/reserving.py) so that the line is one, in order of priority
+then arrival. Which caller is ahead, and whether it could use the capacity, is the
+core's (lifecycle/admission.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import bindparam, delete, select
+from sqlalchemy.engine import Connection
+
+from openalice_scheduler.store.backend import Backend
+from openalice_scheduler.store.schema import replicas, waiters
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRow:
+    """One caller in line, as the store keeps it."""
+
+    waiter_id: str
+    priority: int
+    arrived_at: int
+    kind: str
+    gpu: str
+    region: str | None
+    owner_id: str | None = None
+    correlation_id: str | None = None
+    priority_class: str = "default"
+    # The providers that could serve its request (its kind, GPU class, region).
+    providers: tuple[str, ...] = ()
+    until: int = 0
+
+
+class Waiters:
+    def __init__(self, backend: Backend, replica_id: str) -> None:
+        self.backend = backend
+        self.replica_id = replica_id
+
+    async def enter(self, row: WaitingRow) -> None:
+        def _tx(conn: Connection) -> None:
+            conn.execute(
+                waiters.insert().values(
+                    waiter_id=row.waiter_id,
+                    replica_id=self.replica_id,
+                    owner_id=row.owner_id,
+                    correlation_id=row.correlation_id,
+                    priority_class=row.priority_class,
+                    priority=row.priority,
+                    arrived_at=row.arrived_at,
+                    kind=row.kind,
+                    gpu=row.gpu,
+                    region=row.region,
+                    providers="," + ",".join(row.providers) + ",",
+                    until=row.until,
+                )
+            )
+
+        await self.backend.write(_tx)
+
+    async def leave(self, waiter_id: str) -> None:
+        await self.backend.write(
+            lambda conn: conn.execute(delete(waiters).where(waiters.c.waiter_id == waiter_id))
+        )
+
+    async def forget_past(self, now: int) -> int:
+        """Rows whose wait is over (a replica gone while its callers waited)."""
+
+        def _tx(conn: Connection) -> int:
+            return int(conn.execute(delete(waiters).where(waiters.c.until < now)).rowcount)
+
+        return await self.backend.write(_tx)
+
+
+def ahead_of(
+    conn: Connection,
+    *,
+    priority: int,
+    arrived_at: int,
+    exclude: str,
+    provider: str,
+    alive_since: int,
+    now: int,
+) -> list[WaitingRow]:
+    """The callers ahead of (`priority`, `arrived_at`) whose request `provider` could
+    serve, still waiting on a replica alive since `alive_since`, first first."""
+    rows = conn.execute(
+        _AHEAD,
+        {
+            "b_priority": priority,
+            "b_arrived": arrived_at,
+            "b_exclude": exclude,
+            "b_provider": f"%,{provider},%",
+            "b_alive": alive_since,
+            "b_now": now,
+        },
+    )
+    return [
+        WaitingRow(
+            waiter_id=r.waiter_id,
+            priority=r.priority,
+            arrived_at=r.arrived_at,
+            kind=r.kind,
+            gpu=r.gpu,
+            region=r.region,
+            owner_id=r.owner_id,
+            correlation_id=r.correlation_id,
+            priority_class=r.priority_class,
+            providers=tuple(p for p in r.providers.split(",") if p),
+            until=r.until,
+        )
+        for r in rows
+    ]
+
+
+_AHEAD = (
+    select(waiters)
+    .join(replicas, replicas.c.replica_id == waiters.c.replica_id)
+    .where(
+        (waiters.c.priority > bindparam("b_priority"))
+        | (
+            (waiters.c.priority == bindparam("b_priority"))
+            & (waiters.c.arrived_at < bindparam("b_arrived"))
+        ),
+        waiters.c.waiter_id != bindparam("b_exclude"),
+        waiters.c.providers.like(bindparam("b_provider")),
+        waiters.c.until > bindparam("b_now"),
+        replicas.c.heartbeat_at >= bindparam("b_alive"),
+    )
+    .order_by(waiters.c.priority.desc(), waiters.c.arrived_at)
+)
