@@ -261,6 +261,8 @@ def test_output_formats(static: Scheduler) -> None:
         "PROVIDER",
         "PROVIDER TOKEN",
         "OWNER",
+        "CLASS",
+        "PREEMPT AT (UTC)",
         "CORRELATION ID",
         "REGION",
         "REASON",

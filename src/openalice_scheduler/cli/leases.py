@@ -73,6 +73,14 @@ def lease_acquire(
         int,
         typer.Option("--wait", help="Seconds to wait in line when no provider has capacity now."),
     ] = 0,
+    priority_class: Annotated[
+        str | None,
+        typer.Option(
+            "--priority-class",
+            help="A class of the scheduler's PRIORITY_CLASSES; default: the owner's, else "
+            "`default`.",
+        ),
+    ] = None,
     retry_timeout: Annotated[
         float,
         typer.Option(
@@ -104,6 +112,7 @@ def lease_acquire(
             region=region,
             env=worker_env,
             wait_seconds=wait,
+            priority_class=priority_class,
         )
     _show_lease(lease, shown)
 
@@ -232,7 +241,7 @@ def _leases_table(leases: list[Lease], wide: bool = False) -> Any:
     if wide:
         fixed.insert(4, ("CREATED (UTC)", 19))
         folding[1:1] = ["PROVIDER TOKEN"]
-        folding[3:3] = ["CORRELATION ID", "REGION", "REASON"]
+        folding[3:3] = ["CLASS", "PREEMPT AT (UTC)", "CORRELATION ID", "REGION", "REASON"]
     for name, width in fixed:
         table.add_column(name, no_wrap=True, min_width=width)
     for name in folding:
@@ -252,6 +261,8 @@ def _leases_table(leases: list[Lease], wide: bool = False) -> Any:
             lease.provider,
             lease.provider_token,
             lease.owner_id or "",
+            lease.priority_class,
+            _utc(lease.preempt_at) if lease.preempt_at else "",
             lease.correlation_id or "",
             lease.region or "",
             reason,

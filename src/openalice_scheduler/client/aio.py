@@ -80,10 +80,19 @@ class AsyncSchedulerClient:
         region: str | None = None,
         env: Mapping[str, str] | None = None,
         wait_seconds: int = 0,
+        priority_class: str | None = None,
     ) -> Lease:
         """See `SchedulerClient.acquire`."""
         request = _lease_request(
-            kind, gpu, ttl_seconds, owner_id, correlation_id, region, env, wait_seconds
+            kind,
+            gpu,
+            ttl_seconds,
+            owner_id,
+            correlation_id,
+            region,
+            env,
+            wait_seconds,
+            priority_class,
         )
         call = self._core.acquire_call(request)
         retries = _AcquireRetries(self._retry, request)
@@ -147,6 +156,7 @@ class AsyncSchedulerClient:
         region: str | None = None,
         env: Mapping[str, str] | None = None,
         wait_seconds: int = 0,
+        priority_class: str | None = None,
         on_lost: OnLost | None = None,
         cancel_on_lost: bool = False,
     ) -> AsyncIterator[HeldLease]:
@@ -165,6 +175,7 @@ class AsyncSchedulerClient:
             region=region,
             env=env,
             wait_seconds=wait_seconds,
+            priority_class=priority_class,
         )
         held = HeldLease(lease, on_lost)
         block = _Block(cancel_on_lost)

@@ -213,6 +213,7 @@ def _lease_request(
     region: str | None,
     env: Mapping[str, str] | None,
     wait_seconds: int,
+    priority_class: str | None = None,
 ) -> LeaseRequest:
     """Checked here against the same model the service uses, so a bad field fails fast
     with the same InvalidRequest the service would answer."""
@@ -227,6 +228,7 @@ def _lease_request(
                 "region": region,
                 "env": dict(env or {}),
                 "wait_seconds": wait_seconds,
+                "priority_class": priority_class,
             }
         )
     except ValidationError as exc:

@@ -82,13 +82,22 @@ class SchedulerClient:
         region: str | None = None,
         env: Mapping[str, str] | None = None,
         wait_seconds: int = 0,
+        priority_class: str | None = None,
     ) -> Lease:
         """A worker for `ttl_seconds`. With `wait_seconds`, waits in line that long for
         capacity before NoProviderAvailable. Raises InvalidRequest before sending when a
         field breaks the contract's rules. With `owner_id` and `correlation_id`, retried
         as the client's `retry` says."""
         request = _lease_request(
-            kind, gpu, ttl_seconds, owner_id, correlation_id, region, env, wait_seconds
+            kind,
+            gpu,
+            ttl_seconds,
+            owner_id,
+            correlation_id,
+            region,
+            env,
+            wait_seconds,
+            priority_class,
         )
         call = self._core.acquire_call(request)
         retries = _AcquireRetries(self._retry, request)
@@ -157,6 +166,7 @@ class SchedulerClient:
         region: str | None = None,
         env: Mapping[str, str] | None = None,
         wait_seconds: int = 0,
+        priority_class: str | None = None,
         on_lost: OnLost | None = None,
     ) -> Iterator[HeldLease]:
         """Hold a worker for the block: acquire, renew every third of the TTL from a daemon
@@ -173,6 +183,7 @@ class SchedulerClient:
             region=region,
             env=env,
             wait_seconds=wait_seconds,
+            priority_class=priority_class,
         )
         held = HeldLease(lease, on_lost)
         stop = threading.Event()
