@@ -112,6 +112,14 @@ class NoProviderAvailable(SchedulerError):
         self.at_capacity = at_capacity
 
 
+class Preempting(SchedulerError):
+    """The lease is being preempted (README, Priorities and preemption): it is not
+    renewed; its worker goes at `preempt_at`."""
+
+    code = "preempting"
+    status = 409
+
+
 class LineFull(SchedulerError):
     """The caller would wait for capacity, but the line has no room for it
     (MAX_WAITING_CALLERS, or its owner's share, MAX_WAITING_PER_OWNER); `limit` says

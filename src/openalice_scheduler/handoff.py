@@ -22,6 +22,8 @@ from openalice_scheduler.store import LeaseRecord, format_us
 # A worker image without the hand-off: the path is not there (404), or the server knows
 # no POST there (405; 501 from busybox httpd outside /cgi-bin).
 NO_HANDOFF = frozenset({404, 405, 501})
+# Where a worker is told it is preempted (README, Priorities and preemption).
+PREEMPT_PATH = "/openalice/preempt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,25 @@ class HandOff:
             unsupported=response.status_code in NO_HANDOFF,
             problem=f"POST {url}: {response.status_code}",
         )
+
+    async def preempt(self, record: LeaseRecord) -> Outcome:
+        """Tell `record`'s worker it is preempted: `POST <worker>/openalice/preempt`,
+        JSON `{"lease_id", "fence", "preempt_at"}` (README, Priorities and preemption)."""
+        assert record.preempt_at is not None
+        body = {
+            "lease_id": record.lease_id,
+            "fence": record.fence,
+            "preempt_at": format_us(record.preempt_at),
+        }
+        where = record.worker_url or record.probe_url or record.endpoint
+        url = where.rstrip("/") + PREEMPT_PATH
+        try:
+            response = await self.open().post(url, json=body, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            return Outcome(False, problem=f"POST {url}: {type(exc).__name__}")
+        if response.is_success:
+            return Outcome(True)
+        return Outcome(False, problem=f"POST {url}: {response.status_code}")
 
     def open(self) -> httpx.AsyncClient:
         """The client, made on first use. Making it loads the CA bundle (tens of ms): a

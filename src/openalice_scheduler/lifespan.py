@@ -63,6 +63,10 @@ def lifespan(
             await store.migrate()
             alarm = Alarm(lambda: to_us(clock()))
             beat = min(5.0, settings.reconcile_interval_seconds / 2)
+            # Tells workers of their lease: a warm one its hand-off, any one its preemption.
+            handoff = HandOff(
+                settings.warm_handoff_path, settings.warm_handoff_timeout_seconds, access
+            )
             service = LeaseService(
                 store,
                 providers,
@@ -84,6 +88,8 @@ def lifespan(
                 max_waiting=settings.max_waiting_callers,
                 max_waiting_per_owner=settings.waiting_per_owner,
                 replica_timeout=3 * beat + 1,
+                preemption_grace=settings.preemption_grace_seconds,
+                notices=handoff,
             )
             metrics.expect_classes(settings.priority_table)
             sweeper = Sweeper(service, alarm, tracing.tracer, settings.sweep_interval_seconds)
@@ -93,9 +99,7 @@ def lifespan(
                 service,
                 service.open_pool(
                     settings.warm_pool_targets,
-                    HandOff(
-                        settings.warm_handoff_path, settings.warm_handoff_timeout_seconds, access
-                    ),
+                    handoff,
                     max_idle_seconds=settings.warm_pool_max_idle_seconds,
                     idle_gauge=metrics.pool_idle,
                 ),

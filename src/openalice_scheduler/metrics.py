@@ -177,6 +177,12 @@ class Metrics:
             registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
         )
+        self.preemptions = Counter(
+            "scheduler_preemptions",
+            "Leases displaced for a caller of a higher class, by the victim's class.",
+            ["victim_class"],
+            registry=r,
+        )
         self.capacity_refusals = Counter(
             "scheduler_capacity_refusals",
             "Acquires refused because every provider that could serve them was at its cap.",
@@ -276,8 +282,9 @@ class Metrics:
         self.class_wait_seconds.labels(priority_class, outcome).observe(seconds)
 
     def expect_classes(self, names: Iterable[str]) -> None:
-        """Per-class series at 0 until someone of that class waits."""
+        """Per-class series at 0 until someone of that class waits (or is preempted)."""
         for name in names:
+            self.preemptions.labels(name)
             self.class_waiting.labels(name)
             for outcome in WAIT_OUTCOMES:
                 self.class_wait_seconds.labels(name, outcome)

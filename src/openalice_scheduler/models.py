@@ -95,12 +95,16 @@ class LeaseState(StrEnum):
     # A warm-pool worker, owned by nobody (README, Warm pools): being made, then ready.
     warming = "warming"
     idle = "idle"
+    # Displaced by a caller of a higher class (README, Priorities and preemption): its
+    # worker runs until `preempt_at`, then goes.
+    preempting = "preempting"
 
 
 # States that hold a worker: they count against caps and exclusive devices.
 LIVE_STATES = (
     LeaseState.provisioning,
     LeaseState.active,
+    LeaseState.preempting,
     LeaseState.releasing,
     LeaseState.warming,
     LeaseState.idle,
@@ -116,6 +120,8 @@ class ReleaseReason(StrEnum):
     # An idle warm-pool worker destroyed unused: idle too long, surplus, dead, or its
     # room needed by a cold acquire.
     recycled = "recycled"
+    # Displaced by a caller of a higher class, after its notice and grace.
+    preempted = "preempted"
 
 
 # A priority class's name (README, Priorities and preemption).
@@ -250,6 +256,9 @@ class LeaseSelf(BaseModel):
     state: LeaseState
     expires_at: Timestamp
     fence: int | None
+    preempt_at: Timestamp | None = Field(
+        None, description="While `preempting`: when the worker is destroyed"
+    )
 
 
 class AcquireResponse(BaseModel):

@@ -40,5 +40,6 @@ async def lease_self(lease_id: str, service: ServiceDep) -> JSONResponse:
             "state": record.state,
             "expires_at": format_us(record.expires_at),
             "fence": record.fence,
+            "preempt_at": None if record.preempt_at is None else format_us(record.preempt_at),
         }
     )

@@ -27,7 +27,7 @@ from openalice_scheduler.errors import (
 )
 from openalice_scheduler.ids import new_lease_id
 from openalice_scheduler.lifecycle import admission, states
-from openalice_scheduler.lifecycle.admission import InLine, reservation_terms
+from openalice_scheduler.lifecycle.admission import Displacing, InLine, reservation_terms
 from openalice_scheduler.lifecycle.attempt import Attempt, Supply
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
@@ -98,7 +98,9 @@ class Acquiring:
             await self.ending.end(record.lease_id, None)
         return record
 
-    async def _acquire_once(self, request: LeaseRequest, caller: Waiter) -> LeaseRecord:
+    async def _acquire_once(
+        self, request: LeaseRequest, caller: Waiter, displace: bool = True
+    ) -> LeaseRecord:
         core = self.core
         attempt = self._attempt(request, caller)
         lease_id = attempt.new.lease_id
@@ -120,6 +122,9 @@ class Acquiring:
         finally:
             core.in_flight.discard(lease_id)
         caller.providers = tuple(attempt.eligible)
+        if displace and attempt.full and await self._displace(attempt):
+            # Room after all (a lease ended meanwhile): tried once more, now.
+            return await self._acquire_once(request, caller, displace=False)
         if attempt.written:
             # Failed, or out of capacity everywhere it was tried: the row ends failed.
             error = "; ".join((attempt.failures or attempt.reasons).values())
@@ -195,23 +200,50 @@ class Acquiring:
         )
         return record
 
+    # --- preemption -------------------------------------------------------------------
+
+    async def _displace(self, attempt: Attempt) -> bool:
+        """A caller of a class that preempts, willing to wait, found every provider full
+        and no idle pool worker: one lease of a lower, preemptible class is displaced
+        for it (admission.preempt), on the first provider, in the policy's order, where
+        one's end makes room. The victim's worker is told at once and goes after the
+        grace; its capacity is then this caller's. Whether there was room after all."""
+        core, caller, request = self.core, attempt.caller, attempt.request
+        cls = core.priorities.classes.get(caller.priority_class)
+        if cls is None or not cls.preempts or request.wait_seconds <= 0 or caller.claims:
+            return False
+        by = (
+            f"{request.owner_id}/{request.correlation_id}"
+            if request.owner_id and request.correlation_id
+            else caller.waiter_id
+        )
+        for provider, terms in attempt.full:
+            ask = Displacing(
+                by=by,
+                cls=cls,
+                classes=core.priorities.classes,
+                row=_row(caller),
+                grace_us=int(core.preemption_grace * 1e6),
+                now=core.now_us(),
+            )
+            outcome, victim = await core.store.reserve(
+                attempt.new,
+                admission.preempt(attempt.new, provider.name, terms, ask, states.PREEMPT),
+            )
+            if outcome == "room":
+                return True
+            if victim is None:
+                continue
+            caller.claims = victim.lease_id
+            if outcome == "displaced":
+                self.ending.preempted(victim, cls.name)
+            return False
+        return False
+
     # --- the line, as the other replicas see it ---------------------------------------
 
     async def _entered(self, caller: Waiter) -> None:
-        await self.core.store.waiters.enter(
-            WaitingRow(
-                waiter_id=caller.waiter_id,
-                priority=caller.priority,
-                arrived_at=caller.arrived_at,
-                kind=caller.kind,
-                gpu=caller.gpu,
-                region=caller.region,
-                owner_id=caller.owner,
-                priority_class=caller.priority_class,
-                providers=caller.providers,
-                until=caller.until,
-            )
-        )
+        await self.core.store.waiters.enter(_row(caller))
 
     async def _left(self, caller: Waiter, outcome: str) -> None:
         await self.core.store.waiters.leave(caller.waiter_id)
@@ -309,7 +341,7 @@ class Cold:
         except OverQuota:
             raise
         except AtCapacity as exc:
-            await _at_capacity(core, attempt, provider, exc)
+            await _at_capacity(core, attempt, provider, exc, terms)
             return None
         except OverBudget as exc:
             attempt.reasons[provider.name] = exc.message
@@ -353,6 +385,7 @@ class Cold:
             now=core.now_us(),
             gpu_type=worker.gpu_type,
             price_per_hour=worker.price_per_hour,
+            worker_url=worker.probe_url or worker.endpoint,
         )
         if record is None:
             # Reconciliation resolved the lease while we provisioned: do not leak.
@@ -422,7 +455,7 @@ class Instant:
         except OverQuota:
             raise
         except AtCapacity as exc:
-            await _at_capacity(core, attempt, provider, exc)
+            await _at_capacity(core, attempt, provider, exc, terms)
             return None
         except OverBudget as exc:
             attempt.reasons[provider.name] = exc.message
@@ -431,13 +464,37 @@ class Instant:
         return record
 
 
-async def _at_capacity(core: Core, attempt: Attempt, provider: Provider, exc: AtCapacity) -> None:
+def _row(caller: Waiter) -> WaitingRow:
+    """`caller` as the other replicas see it in the line."""
+    return WaitingRow(
+        waiter_id=caller.waiter_id,
+        priority=caller.priority,
+        arrived_at=caller.arrived_at,
+        kind=caller.kind,
+        gpu=caller.gpu,
+        region=caller.region,
+        owner_id=caller.owner,
+        priority_class=caller.priority_class,
+        providers=caller.providers,
+        until=caller.until,
+    )
+
+
+async def _at_capacity(
+    core: Core,
+    attempt: Attempt,
+    provider: Provider,
+    exc: AtCapacity,
+    terms: Terms | None = None,
+) -> None:
     """A provider with no room for the attempt, or whose room a caller ahead in line
     waits for (Behind): that caller is woken, wherever it waits."""
     attempt.reasons[provider.name] = exc.message
     attempt.at_capacity = True
     if isinstance(exc, Behind):
         await core.announce_freed()
+    elif terms is not None:
+        attempt.full.append((provider, terms))
 
 
 async def _terms(core: Core, provider: Provider, attempt: Attempt) -> Terms | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from openalice_scheduler.errors import Forbidden, InvalidRequest
@@ -31,6 +31,7 @@ from openalice_scheduler.store import (
 from openalice_scheduler.store.records import Behind, Budget, Terms
 from openalice_scheduler.store.reserving import Grant, Reserving
 from openalice_scheduler.store.spending import DAY_US
+from openalice_scheduler.store.waiters import WaitingRow
 
 # A worker that already runs: its (endpoint, provider token) behind a reserved resource.
 Assign = Callable[[str | None], tuple[str, str]]
@@ -180,20 +181,33 @@ def admit_owner(r: Reserving, lease: NewLease, quota: int) -> None:
             )
 
 
-def admit_provider(r: Reserving, lease: NewLease, provider: str, terms: Terms) -> Grant:
+def admit_provider(
+    r: Reserving,
+    lease: NewLease,
+    provider: str,
+    terms: Terms,
+    freeing: LeaseRecord | None = None,
+) -> Grant:
     """Under the provider's lock: its cap on live workers, then one free exclusive
     resource (or a fleet's placement, which counts its caps itself, per place, and
-    gives the price of the place it picks). AtCapacity says why none fits."""
+    gives the price of the place it picks). AtCapacity says why none fits. With
+    `freeing`: as if that lease held nothing (would its end make room?)."""
+    gone = freeing is not None and freeing.provider == provider
     if terms.max_live:
-        count = r.live_on(lease, provider)
+        count = r.live_on(lease, provider) - (1 if gone else 0)
         if count >= terms.max_live:
             raise AtCapacity(f"at capacity ({count}/{terms.max_live} live workers)")
     price = terms.price_per_hour
     if terms.place is not None:
-        placed = terms.place(r.taken_on(lease, provider))
+        taken = r.taken_on(lease, provider)
+        if gone and freeing is not None:
+            taken.discard(freeing.resource or "")
+        placed = terms.place(taken)
         return Grant(placed.resource, placed.host, price if placed.price is None else placed.price)
     if terms.resources is not None:
         taken = r.taken_on(lease, provider)
+        if gone and freeing is not None:
+            taken.discard(freeing.resource or "")
         resource = next((res for res in terms.resources if res not in taken), None)
         if resource is None:
             raise AtCapacity(f"all {len(terms.resources)} {terms.resource_label} are leased")
@@ -233,6 +247,71 @@ def admit_in_line(r: Reserving, provider: Provider, place: InLine) -> None:
             f"capacity is free, but a caller ahead in line (class {row.priority_class}) "
             "waits for it"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Displacing:
+    """What a caller of a class that preempts asks, finding no room: who it is (`by`:
+    its owner and correlation id, so that its retry finds its victim again, else its
+    place in line), its class, and its row in the line (written with the victim)."""
+
+    by: str
+    cls: PriorityClass
+    classes: dict[str, PriorityClass]
+    row: WaitingRow
+    grace_us: int
+    now: int
+
+
+def preempt(
+    lease: NewLease, provider: str, terms: Terms, ask: Displacing, move: Move
+) -> Callable[[Reserving], tuple[str, LeaseRecord | None]]:
+    """For a caller of a class that preempts, finding `provider` full: under the owner's
+    and the provider's locks, ("room", None) when there is room after all; else the
+    lease already preempted for this request ("again", it), or one displaced now by
+    `move` ("displaced", it): an active lease of a preemptible class of a lower value
+    whose end makes room for this request, the lowest value first, then the most
+    recently granted (the least work lost); ("none", None) when none would. The
+    caller's row in the line claims the victim's capacity in the same transaction: once
+    freed, it is this caller's and no one else's. One victim per caller, and never two
+    callers on one victim (a guarded update, under the provider's lock)."""
+
+    def tx(r: Reserving) -> tuple[str, LeaseRecord | None]:
+        admit_owner(r, lease, terms.owner_quota)
+        r.lock(f"provider:{provider}")
+        try:
+            admit_provider(r, lease, provider, terms)
+            return "room", None
+        except AtCapacity:
+            pass
+        again = r.displaced_for(ask.by)
+        if again is not None:
+            r.enter_line(replace(ask.row, claims=again.lease_id))
+            return "again", again
+        classes = ask.classes
+        lower = [c.name for c in classes.values() if c.preemptible and c.value < ask.cls.value]
+        candidates = sorted(
+            r.displaceable(provider, lower),
+            key=lambda v: (classes[v.priority_class].value, -(v.granted_at or 0)),
+        )
+        for victim in candidates:
+            try:
+                admit_provider(r, lease, provider, terms, freeing=victim)
+            except AtCapacity:
+                continue  # its end would not make room for this request
+            displaced = r.preempt(
+                victim.lease_id,
+                move,
+                preempt_at=ask.now + ask.grace_us,
+                by=ask.by,
+                now=ask.now,
+            )
+            if displaced is not None:
+                r.enter_line(replace(ask.row, claims=victim.lease_id))
+                return "displaced", displaced
+        return "none", None
+
+    return tx
 
 
 def admit_price(

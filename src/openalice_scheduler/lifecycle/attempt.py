@@ -8,9 +8,9 @@ from typing import Protocol
 
 from openalice_scheduler.lifecycle.line import Waiter
 from openalice_scheduler.models import LeaseRequest
-from openalice_scheduler.providers import WorkerSpec
+from openalice_scheduler.providers import Provider, WorkerSpec
 from openalice_scheduler.store import LeaseRecord, NewLease, OverBudget
-from openalice_scheduler.store.records import Budget
+from openalice_scheduler.store.records import Budget, Terms
 
 
 @dataclass(eq=False)
@@ -29,8 +29,10 @@ class Attempt:
     at_capacity: bool = False
     # This lease's row exists (a provider was tried): the next one moves it.
     written: bool = False
-    # The providers that could serve it at all (its kind, GPU class, region).
+    # The providers that could serve it at all (its kind, GPU class, region), and those
+    # of them that were full, with their terms (where a preemption may make room).
     eligible: list[str] = field(default_factory=list)
+    full: list[tuple[Provider, Terms]] = field(default_factory=list)
 
 
 class Supply(Protocol):

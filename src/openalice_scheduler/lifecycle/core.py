@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from opentelemetry.trace import Tracer
 
+from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifecycle.admission import Budgets, InLine, Priorities
 from openalice_scheduler.lifecycle.line import CapacityQueue, Waiter
@@ -46,6 +47,10 @@ class Core:
     max_leases_per_owner: int = 0
     # A replica silent this long is gone: its callers in line hold no one back.
     replica_timeout: float = 16.0
+    # How long a preempted lease's worker runs on after its notice.
+    preemption_grace: float = 30.0
+    # What tells workers of their lease (a preemption's notice); None: nobody tells them.
+    notices: HandOff | None = None
     # Leases this process is provisioning (or handing off) right now: the reconciler
     # leaves them be.
     in_flight: set[str] = field(default_factory=set)

@@ -40,6 +40,7 @@ class Ending:
     def __init__(self, core: Core) -> None:
         self.core = core
         self._releases = asyncio.Semaphore(MAX_PARALLEL_RELEASES)
+        self._telling: set[asyncio.Task[None]] = set()  # preemption notices under way
 
     # --- release ---------------------------------------------------------------------
 
@@ -96,6 +97,7 @@ class Ending:
         await self._settle_unsure()
         now = self.core.now_us()
         claimed = await self.core.store.claim_expired(states.EXPIRE, now=now, limit=limit)
+        claimed += await self.core.store.claim_preempted(states.PREEMPTED, now=now, limit=limit)
         claimed += await self.core.store.claim_retries(states.RETRY, now=now, limit=limit)
         await asyncio.gather(*(self._destroy_due(record) for record in claimed))
         return len(claimed)
@@ -122,6 +124,8 @@ class Ending:
         async with self._releases:
             if record.release_reason == ReleaseReason.expired.value and not record.release_attempts:
                 log.info("lease %s expired; releasing", lease_ref(record))
+            if record.release_reason == ReleaseReason.preempted.value:
+                log.info("lease %s preempted: its grace is over; releasing", lease_ref(record))
             await self.destroy(record)
 
     async def destroy(self, record: LeaseRecord) -> str | None:
@@ -172,6 +176,38 @@ class Ending:
         self.core.metrics.released.labels(record.provider, reason).inc()
         self.core.metrics.spent(record)
         log.info("lease %s released (%s)", lease_ref(record), reason)
+
+    # --- preemption -------------------------------------------------------------------
+
+    def preempted(self, victim: LeaseRecord, by_class: str) -> None:
+        """`victim` was just displaced (`preempting`) for a caller of `by_class`: counted,
+        its end made due at `preempt_at`, and its worker told at once, in the background
+        (best effort: the lease's own `GET …/self` says so too)."""
+        assert victim.preempt_at is not None
+        self.core.metrics.preemptions.labels(victim.priority_class).inc()
+        self.core.on_due(victim.preempt_at)
+        log.info(
+            "lease %s (class %s) preempted for a caller of class %s; its worker goes at %s",
+            lease_ref(victim),
+            victim.priority_class,
+            by_class,
+            victim.wire()["preempt_at"],
+        )
+        notices = self.core.notices
+        if notices is not None:
+            task = asyncio.get_running_loop().create_task(self._tell(victim))
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+
+    async def _tell(self, victim: LeaseRecord) -> None:
+        assert self.core.notices is not None
+        outcome = await self.core.notices.preempt(victim)
+        if not outcome.ok:
+            log.warning(
+                "lease %s: its worker was not told of its preemption (%s)",
+                lease_ref(victim),
+                outcome.problem,
+            )
 
     # --- reconciliation: what the reconciler found, resolved ----------------------------
 

@@ -53,6 +53,8 @@ class Waiter:
     # attempt): what the other replicas see of it.
     until: int = 0
     providers: tuple[str, ...] = ()
+    # The lease preempted for it (one victim per caller), whose capacity is its own.
+    claims: str | None = None
     waiter_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     since: float = field(default_factory=time.monotonic)
     woken: asyncio.Event = field(default_factory=asyncio.Event)

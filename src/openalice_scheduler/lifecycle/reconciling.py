@@ -17,7 +17,7 @@ from openalice_scheduler.store import LeaseRecord
 # The reconciler's lines, as ever (operators filter by logger name).
 log = logging.getLogger("openalice_scheduler.loops")
 # States whose worker is made and recorded: an active lease, an idle pool worker.
-_MADE = (LeaseState.active, LeaseState.idle)
+_MADE = (LeaseState.active, LeaseState.idle, LeaseState.preempting)
 
 
 class Reconciling:

@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry.trace import Tracer
 from prometheus_client import Gauge
 
-from openalice_scheduler.errors import LeaseNotFound
+from openalice_scheduler.errors import LeaseNotFound, Preempting
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.ids import is_lease_id
 from openalice_scheduler.lease_access import LeaseAccess
@@ -66,6 +66,8 @@ class LeaseService:
         max_waiting: int = 1000,
         max_waiting_per_owner: int = 500,
         replica_timeout: float = 16.0,
+        preemption_grace: float = 30.0,
+        notices: HandOff | None = None,
     ) -> None:
         self.core = Core(
             store=store,
@@ -86,6 +88,8 @@ class LeaseService:
             provision_timeout=provision_timeout,
             max_leases_per_owner=max_leases_per_owner,
             replica_timeout=replica_timeout,
+            preemption_grace=preemption_grace,
+            notices=notices,
         )
         self.ending = Ending(self.core)
         self.acquiring = Acquiring(self.core, self.ending)
@@ -174,6 +178,14 @@ class LeaseService:
         Only an active, unexpired lease can be renewed: none is ever resurrected."""
         record = await self.get(lease_id)
         now = self.now_us()
+        if record.state == LeaseState.preempting:
+            check_owner(record, owner)
+            raise Preempting(
+                f"lease {lease_id} is being preempted: it is not renewed, and its worker "
+                f"goes at {record.wire()['preempt_at']}",
+                lease_id=lease_id,
+                preempt_at=record.wire()["preempt_at"],
+            )
         if record.state != LeaseState.active or record.expires_at <= now:
             state = "expired" if record.state == LeaseState.active else record.state
             raise LeaseNotFound(f"lease {lease_id} is {state}; only an active lease renews")
@@ -201,7 +213,7 @@ class LeaseService:
 
     async def list_active_json(self) -> bytes:
         """The active leases as a JSON array of `Lease` (cheap for 10,000 leases)."""
-        return await self.store.list_json((LeaseState.active,))
+        return await self.store.list_json((LeaseState.active, LeaseState.preempting))
 
     async def usage(self, group_by: GroupBy, *, since: int, until: int) -> counting.Usage:
         """What leases held in [since, until) cost, per group (README, Usage and

@@ -9,7 +9,9 @@ holds no rule of its own.
     (new) ─reserve─▶ provisioning ─activate─▶ active ─release/expire─▶ releasing ─finish─▶ released
           ─assign──────────────────────────▶ active ─release at once────────────────────▶ released
           ─warm────▶ warming ─ready─▶ idle ─claim─▶ provisioning
-    provisioning, warming ─fail─▶ failed;  idle ─recycle─▶ releasing;  active, idle ─lose─▶ released
+    active ─preempt─▶ preempting ─release/expire/preempted─▶ releasing (or released at once)
+    provisioning, warming ─fail─▶ failed;  idle ─recycle─▶ releasing
+    active, idle, preempting ─lose─▶ released
 """
 
 from __future__ import annotations
@@ -38,13 +40,17 @@ RENEW = Move("renew", (S.active,), S.active)
 # Ending: claimed for one attempt to destroy the worker (a lease already `releasing` is
 # claimed again: its caller wants it gone now), then released; or released at once when
 # there is nothing to destroy, or when the worker is already gone.
-RELEASE = Move("release", (S.active, S.releasing), S.releasing)
-RELEASE_AT_ONCE = Move("release at once", (S.active, S.releasing), S.released)
-EXPIRE = Move("expire", (S.active,), S.releasing)
+RELEASE = Move("release", (S.active, S.preempting, S.releasing), S.releasing)
+RELEASE_AT_ONCE = Move("release at once", (S.active, S.preempting, S.releasing), S.released)
+EXPIRE = Move("expire", (S.active, S.preempting), S.releasing)
+# Displaced by a caller of a higher class: told, given its grace, then gone.
+PREEMPT = Move("preempt", (S.active,), S.preempting)
+PREEMPTED = Move("preempted", (S.preempting,), S.releasing)
+PREEMPTED_AT_ONCE = Move("preempted at once", (S.preempting,), S.released)
 RETRY = Move("retry", (S.releasing,), S.releasing)
 ATTEMPT_FAILED = Move("attempt failed", (S.releasing,), S.releasing)
 FINISH = Move("finish", (S.releasing,), S.released)
-LOSE = Move("lose", (S.active, S.idle), S.released)
+LOSE = Move("lose", (S.active, S.idle, S.preempting), S.released)
 
 MOVES = (
     RESERVE,
@@ -65,6 +71,9 @@ MOVES = (
     ATTEMPT_FAILED,
     FINISH,
     LOSE,
+    PREEMPT,
+    PREEMPTED,
+    PREEMPTED_AT_ONCE,
 )
 
 # What may follow what: every (from, to) of a move.

@@ -118,13 +118,18 @@ class LeaseStore:
         now: int,
         gpu_type: str | None = None,
         price_per_hour: float | None = None,
+        worker_url: str | None = None,
     ) -> LeaseRecord | None:
         """The lease by `move` (to `active`), granted now: its cost counts from here.
         `gpu_type` and `price_per_hour`, when given, are what the provider says the
         worker is and costs (the price reserved with the lease stays otherwise). None
         when the lease is in no source state (a reconciler resolved it meanwhile): the
         caller must destroy its worker."""
-        found: dict[str, Any] = {"gpu_type": gpu_type, "price_per_hour": price_per_hour}
+        found: dict[str, Any] = {
+            "gpu_type": gpu_type,
+            "price_per_hour": price_per_hour,
+            "worker_url": worker_url,
+        }
         try:
             return await self._transition(
                 lease_id,
@@ -199,6 +204,13 @@ class LeaseStore:
         """Leases past `expires_at`, by `move` (to `releasing`, reason `expired`)."""
         return await self._claim_due(
             move, leases.c.expires_at, now, limit, release_reason=ReleaseReason.expired.value
+        )
+
+    async def claim_preempted(self, move: Move, *, now: int, limit: int = 100) -> list[LeaseRecord]:
+        """Leases whose preemption's grace is over, by `move` (to `releasing`, reason
+        `preempted`)."""
+        return await self._claim_due(
+            move, leases.c.preempt_at, now, limit, release_reason=ReleaseReason.preempted.value
         )
 
     async def claim_retries(self, move: Move, *, now: int, limit: int = 100) -> list[LeaseRecord]:
@@ -376,7 +388,7 @@ class LeaseStore:
         def _tx(conn: Connection) -> int | None:
             expiry = conn.execute(
                 select(func.min(leases.c.expires_at)).where(
-                    leases.c.state == LeaseState.active.value
+                    state_in([LeaseState.active.value, LeaseState.preempting.value])
                 )
             ).scalar()
             retry = conn.execute(
@@ -384,7 +396,12 @@ class LeaseStore:
                     leases.c.state == LeaseState.releasing.value
                 )
             ).scalar()
-            due = [t for t in (expiry, retry) if t is not None]
+            preempt = conn.execute(
+                select(func.min(leases.c.preempt_at)).where(
+                    leases.c.state == LeaseState.preempting.value
+                )
+            ).scalar()
+            due = [t for t in (expiry, retry, preempt) if t is not None]
             return min(due) if due else None
 
         return await self.backend.read(_tx)

@@ -70,6 +70,8 @@ class LeaseRecord:
     priority_class: str = "default"
     preempt_at: int | None = None
     preempted_by: str | None = None
+    # Where the scheduler itself reaches the worker (a preemption's notice).
+    worker_url: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""

@@ -7,6 +7,7 @@ then writes. Which checks it makes, and in what order, is the core's
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from openalice_scheduler.store.statements import (
     state_in,
     transition_tx,
 )
-from openalice_scheduler.store.waiters import WaitingRow, ahead_of
+from openalice_scheduler.store.waiters import WaitingRow, ahead_of, enter
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,47 @@ class Reserving:
             alive_since=alive_since,
             now=now,
         )
+
+    def displaceable(self, provider: str, classes: Sequence[str]) -> list[LeaseRecord]:
+        """The active leases of `provider` whose priority class is one of `classes`."""
+        if not classes:
+            return []
+        query = select(leases).where(
+            leases.c.provider == provider,
+            state_in([LeaseState.active.value]),
+            leases.c.priority_class.in_(list(classes)),
+        )
+        return [record_of(row) for row in self.conn.execute(query)]
+
+    def displaced_for(self, by: str) -> LeaseRecord | None:
+        """The lease being preempted for the request `by` names, if any."""
+        query = select(leases).where(
+            state_in([LeaseState.preempting.value]), leases.c.preempted_by == by
+        )
+        row = self.conn.execute(query).first()
+        return None if row is None else record_of(row)
+
+    def preempt(
+        self, victim: str, move: Move, *, preempt_at: int, by: str, now: int
+    ) -> LeaseRecord | None:
+        """The lease `victim` by `move` (to `preempting`): its worker goes at
+        `preempt_at`, for the request `by` names. None when it is no longer active."""
+        return transition_tx(
+            self.conn,
+            victim,
+            move.sources,
+            {
+                "state": move.target.value,
+                "preempt_at": preempt_at,
+                "preempted_by": by,
+                "updated_at": now,
+            },
+        )
+
+    def enter_line(self, row: WaitingRow) -> None:
+        """`row` into the line (or its place and claim brought up to date), in this
+        transaction: a preemption's claim is written with the preemption."""
+        enter(self.conn, self.replica_id, row)
 
     def pooled(self, kind: str, gpu: str) -> int:
         """Pool workers (warming or idle) of `kind` and `gpu`."""

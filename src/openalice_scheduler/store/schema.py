@@ -72,7 +72,9 @@ leases = Table(
     # preempted, the moment its worker goes, and the request that displaces it.
     Column("priority_class", String(32), nullable=False, server_default=text("'default'")),
     Column("preempt_at", BigInteger),
-    Column("preempted_by", String(128)),
+    Column("preempted_by", String(300)),
+    # Where the scheduler itself reaches the worker (its notices: a preemption).
+    Column("worker_url", String(512)),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),
@@ -153,5 +155,7 @@ waiters = Table(
     Column("region", String(64)),
     Column("providers", String(256), nullable=False),
     Column("until", BigInteger, nullable=False),
+    # The lease it preempted, whose capacity is its alone once freed.
+    Column("claims", String(36)),
     Index("ix_waiters_order", "priority", "arrived_at"),
 )

@@ -21,8 +21,10 @@ from openalice_scheduler.store.schema import leases
 
 HOUR_US = 3_600_000_000
 LIVE = [s.value for s in LIVE_STATES]
-# What counts against an owner's quota and answers an idempotent replay.
-HELD = [LeaseState.provisioning.value, LeaseState.active.value]
+# What answers an idempotent replay (schema.IDEMPOTENCY_SCOPE), and what counts
+# against an owner's quota: those and a lease being preempted, whose worker still runs.
+ANSWERED = [LeaseState.provisioning.value, LeaseState.active.value]
+HELD = [*ANSWERED, LeaseState.preempting.value]
 # What an owner pays for now: held leases, and those whose worker is being destroyed.
 PAID = [*HELD, LeaseState.releasing.value]
 
@@ -94,13 +96,13 @@ GET = select(leases).where(leases.c.lease_id == bindparam("b_id"))
 TWIN = select(leases.c.lease_id).where(
     leases.c.owner_id == bindparam("b_owner"),
     leases.c.correlation_id == bindparam("b_corr"),
-    state_in(HELD),
+    state_in(ANSWERED),
     OTHERS,
 )
 REQUEST = select(leases).where(
     leases.c.owner_id == bindparam("b_owner"),
     leases.c.correlation_id == bindparam("b_corr"),
-    state_in(HELD),
+    state_in(ANSWERED),
 )
 HELD_BY_OWNER = (
     select(func.count())

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.engine import Connection
 
 from openalice_scheduler.store.backend import Backend
-from openalice_scheduler.store.schema import replicas, waiters
+from openalice_scheduler.store.schema import leases, replicas, waiters
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,8 @@ class WaitingRow:
     # The providers that could serve its request (its kind, GPU class, region).
     providers: tuple[str, ...] = ()
     until: int = 0
+    # The lease it preempted, whose capacity is its alone once freed.
+    claims: str | None = None
 
 
 class Waiters:
@@ -39,23 +41,11 @@ class Waiters:
         self.replica_id = replica_id
 
     async def enter(self, row: WaitingRow) -> None:
+        """Its row, written (a preemption may have written it already, with its claim:
+        then only its place is brought up to date)."""
+
         def _tx(conn: Connection) -> None:
-            conn.execute(
-                waiters.insert().values(
-                    waiter_id=row.waiter_id,
-                    replica_id=self.replica_id,
-                    owner_id=row.owner_id,
-                    correlation_id=row.correlation_id,
-                    priority_class=row.priority_class,
-                    priority=row.priority,
-                    arrived_at=row.arrived_at,
-                    kind=row.kind,
-                    gpu=row.gpu,
-                    region=row.region,
-                    providers="," + ",".join(row.providers) + ",",
-                    until=row.until,
-                )
-            )
+            enter(conn, self.replica_id, row)
 
         await self.backend.write(_tx)
 
@@ -73,6 +63,30 @@ class Waiters:
         return await self.backend.write(_tx)
 
 
+def enter(conn: Connection, replica_id: str, row: WaitingRow) -> None:
+    """`row` into the line, or its place brought up to date (its claim kept)."""
+    values = {
+        "replica_id": replica_id,
+        "owner_id": row.owner_id,
+        "correlation_id": row.correlation_id,
+        "priority_class": row.priority_class,
+        "priority": row.priority,
+        "arrived_at": row.arrived_at,
+        "kind": row.kind,
+        "gpu": row.gpu,
+        "region": row.region,
+        "providers": "," + ",".join(row.providers) + ",",
+        "until": row.until,
+    }
+    if row.claims is not None:
+        values["claims"] = row.claims
+    found = conn.execute(
+        update(waiters).where(waiters.c.waiter_id == row.waiter_id).values(**values)
+    )
+    if found.rowcount == 0:
+        conn.execute(waiters.insert().values(waiter_id=row.waiter_id, **values))
+
+
 def ahead_of(
     conn: Connection,
     *,
@@ -84,7 +98,9 @@ def ahead_of(
     now: int,
 ) -> list[WaitingRow]:
     """The callers ahead of (`priority`, `arrived_at`) whose request `provider` could
-    serve, still waiting on a replica alive since `alive_since`, first first."""
+    serve, still waiting on a replica alive since `alive_since`, first first; before
+    them, whatever their place, those that preempted a lease of `provider`: its
+    capacity is theirs."""
     rows = conn.execute(
         _AHEAD,
         {
@@ -92,6 +108,7 @@ def ahead_of(
             "b_arrived": arrived_at,
             "b_exclude": exclude,
             "b_provider": f"%,{provider},%",
+            "b_provider_name": provider,
             "b_alive": alive_since,
             "b_now": now,
         },
@@ -109,24 +126,33 @@ def ahead_of(
             priority_class=r.priority_class,
             providers=tuple(p for p in r.providers.split(",") if p),
             until=r.until,
+            claims=r.claims,
         )
         for r in rows
     ]
 
 
+_CLAIMS_HERE = waiters.c.claims.in_(
+    select(leases.c.lease_id).where(leases.c.provider == bindparam("b_provider_name"))
+)
 _AHEAD = (
     select(waiters)
     .join(replicas, replicas.c.replica_id == waiters.c.replica_id)
     .where(
-        (waiters.c.priority > bindparam("b_priority"))
-        | (
-            (waiters.c.priority == bindparam("b_priority"))
-            & (waiters.c.arrived_at < bindparam("b_arrived"))
-        ),
+        (
+            waiters.c.providers.like(bindparam("b_provider"))
+            & (
+                (waiters.c.priority > bindparam("b_priority"))
+                | (
+                    (waiters.c.priority == bindparam("b_priority"))
+                    & (waiters.c.arrived_at < bindparam("b_arrived"))
+                )
+            )
+        )
+        | _CLAIMS_HERE,
         waiters.c.waiter_id != bindparam("b_exclude"),
-        waiters.c.providers.like(bindparam("b_provider")),
         waiters.c.until > bindparam("b_now"),
         replicas.c.heartbeat_at >= bindparam("b_alive"),
     )
-    .order_by(waiters.c.priority.desc(), waiters.c.arrived_at)
+    .order_by(waiters.c.claims.is_(None), waiters.c.priority.desc(), waiters.c.arrived_at)
 )
