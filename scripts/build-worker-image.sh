@@ -16,8 +16,9 @@
 # SELF_CHECK_SECONDS (default 2) and stops itself once the lease has ended, or once the
 # scheduler is silent past the lease's expiry; /cgi-bin/work answers 409 to a request
 # whose X-Lease-Fence is older than the lease it serves (README, What a worker knows of
-# its lease). Idempotent: an existing image is kept unless it was built
-# from another entry script (label openalice.worker.entry, the script's hash) or
+# its lease). A preemption notice (POST /openalice/preempt) is kept at GET
+# /preempt.json. Idempotent: an existing image is kept unless it was built from another
+# entry script (label openalice.worker.entry, the script's hash) or
 # --rebuild is given.
 #   scripts/build-worker-image.sh [IMAGE] [--rebuild]
 set -euo pipefail
@@ -78,7 +79,16 @@ else
   printf 'Content-Type: application/json\r\n\r\n{"ok":true,"fence":%s}\n' "${fence:-null}"
 fi
 CGI
-/bin/busybox chmod +x /www/cgi-bin/lease /www/cgi-bin/work
+# The preemption notice (README, Priorities and preemption): the POSTed body kept at
+# GET /preempt.json; the demo worker has no work to save, so it only remembers it.
+/bin/busybox cat > /www/cgi-bin/preempt <<'CGI'
+#!/bin/sh
+IFS= read -r -n "${CONTENT_LENGTH:-0}" body
+printf '%s\n' "$body" > /www/.preempt.new
+/bin/busybox mv /www/.preempt.new /www/preempt.json
+printf 'Content-Type: application/json\r\n\r\n{"ok":true}\n'
+CGI
+/bin/busybox chmod +x /www/cgi-bin/lease /www/cgi-bin/work /www/cgi-bin/preempt
 # The front: one connection on stdin/stdout (busybox nc -ll -e). busybox httpd runs CGI
 # only under /cgi-bin/, so /openalice/<name> (a name of letters, digits, - and _) is
 # rewritten to /cgi-bin/<name>, query kept; then the request, headers and body go on

@@ -82,6 +82,7 @@ class Acquiring:
             priority=cls.value,
             priority_class=cls.name,
             owner=request.owner_id,
+            correlation=request.correlation_id,
             region=request.region,
             arrived_at=core.now_us(),
         )
@@ -474,6 +475,7 @@ def _row(caller: Waiter) -> WaitingRow:
         gpu=caller.gpu,
         region=caller.region,
         owner_id=caller.owner,
+        correlation_id=caller.correlation,
         priority_class=caller.priority_class,
         providers=caller.providers,
         until=caller.until,

@@ -72,11 +72,14 @@ def reservation_terms(
 class InLine:
     """Where the caller of a reservation stands in the line: its `priority` and
     `arrived_at` (µs), its own row (`waiter_id`, left out), read at `now` among the
-    waiters of replicas alive since `alive_since`."""
+    waiters of replicas alive since `alive_since`; `claims`, the lease it preempted
+    (then no one in line is ahead of it: the room that lease frees is its own, as
+    is any room it finds before that)."""
 
     priority: int
     arrived_at: int
     waiter_id: str
+    claims: str | None
     alive_since: int
     now: int
 
@@ -143,7 +146,7 @@ def claim_idle(
         if oldest is None:
             return None
         worker_id, provider, price = oldest
-        if line is not None:
+        if line is not None and line.claims is None:
             for row in r.waiting_ahead(
                 priority=line.priority,
                 arrived_at=line.arrived_at,
@@ -219,7 +222,10 @@ def admit_in_line(r: Reserving, provider: Provider, place: InLine) -> None:
     """Under the provider's lock, the room found: refuses (Behind) when a caller ahead
     in line, on any replica, could use it (the same provider serves its request, and
     its shape fits what is free: a waiter whose shape cannot be served holds no one
-    back). The line is one, in order of priority then arrival."""
+    back). The line is one, in order of priority then arrival. A caller that
+    preempted a lease is behind no one (InLine.claims)."""
+    if place.claims is not None:
+        return
     for row in r.waiting_ahead(
         priority=place.priority,
         arrived_at=place.arrived_at,

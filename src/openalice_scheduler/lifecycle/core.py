@@ -75,6 +75,7 @@ class Core:
             priority=caller.priority,
             arrived_at=caller.arrived_at,
             waiter_id=caller.waiter_id,
+            claims=caller.claims,
             alive_since=now - int(self.replica_timeout * 1e6),
             now=now,
         )

@@ -47,6 +47,7 @@ class Waiter:
     priority: int = 0
     priority_class: str = "default"
     owner: str | None = None
+    correlation: str | None = None
     region: str | None = None
     arrived_at: int = 0
     # When its wait ends (µs), and the providers that could serve it (set by its last

@@ -81,6 +81,9 @@ class LeaseStore:
         self.store_id = await self.backend.read(
             lambda conn: conn.execute(select(store_identity.c.store_id)).scalar_one()
         )
+        if self.backend.exclusive:
+            # Nobody else uses this store: whoever waited in line before is gone.
+            await self.waiters.forget_all()
 
     async def close(self) -> None:
         await self.backend.close()

@@ -54,17 +54,25 @@ class Waiters:
             lambda conn: conn.execute(delete(waiters).where(waiters.c.waiter_id == waiter_id))
         )
 
-    async def forget_past(self, now: int) -> int:
-        """Rows whose wait is over (a replica gone while its callers waited)."""
-
-        def _tx(conn: Connection) -> int:
-            return int(conn.execute(delete(waiters).where(waiters.c.until < now)).rowcount)
-
-        return await self.backend.write(_tx)
+    async def forget_all(self) -> None:
+        """Every row (a store this process alone uses, at its start: its callers left
+        with the process before it)."""
+        await self.backend.write(lambda conn: conn.execute(delete(waiters)))
 
 
 def enter(conn: Connection, replica_id: str, row: WaitingRow) -> None:
-    """`row` into the line, or its place brought up to date (its claim kept)."""
+    """`row` into the line, or its place brought up to date (its claim kept). A row of
+    the same request (owner and correlation id) left by a caller that is gone (its
+    replica killed, its connection lost) is replaced: a retry waits once, with its
+    claim."""
+    if row.owner_id is not None and row.correlation_id is not None:
+        conn.execute(
+            delete(waiters).where(
+                waiters.c.owner_id == row.owner_id,
+                waiters.c.correlation_id == row.correlation_id,
+                waiters.c.waiter_id != row.waiter_id,
+            )
+        )
     values = {
         "replica_id": replica_id,
         "owner_id": row.owner_id,
@@ -113,30 +121,30 @@ def ahead_of(
             "b_now": now,
         },
     )
-    return [
-        WaitingRow(
-            waiter_id=r.waiter_id,
-            priority=r.priority,
-            arrived_at=r.arrived_at,
-            kind=r.kind,
-            gpu=r.gpu,
-            region=r.region,
-            owner_id=r.owner_id,
-            correlation_id=r.correlation_id,
-            priority_class=r.priority_class,
-            providers=tuple(p for p in r.providers.split(",") if p),
-            until=r.until,
-            claims=r.claims,
-        )
-        for r in rows
-    ]
+    # By position: rows come as SQLAlchemy rows or asyncpg records (store/pg_tx.py).
+    return [WaitingRow(*r[:9], tuple(p for p in r[9].split(",") if p), *r[10:]) for r in rows]
 
 
 _CLAIMS_HERE = waiters.c.claims.in_(
     select(leases.c.lease_id).where(leases.c.provider == bindparam("b_provider_name"))
 )
+# In WaitingRow's order.
+_ROW = (
+    waiters.c.waiter_id,
+    waiters.c.priority,
+    waiters.c.arrived_at,
+    waiters.c.kind,
+    waiters.c.gpu,
+    waiters.c.region,
+    waiters.c.owner_id,
+    waiters.c.correlation_id,
+    waiters.c.priority_class,
+    waiters.c.providers,
+    waiters.c.until,
+    waiters.c.claims,
+)
 _AHEAD = (
-    select(waiters)
+    select(*_ROW)
     .join(replicas, replicas.c.replica_id == waiters.c.replica_id)
     .where(
         (

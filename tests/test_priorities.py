@@ -1,0 +1,346 @@
+"""Callers with priorities (issue 25): priority classes, the one line across replicas in
+order of priority then arrival, and preemption with notice, over real HTTP against real
+Docker (a static pool where only the bookkeeping matters), on PostgreSQL with two
+replicas where it says so.
+
+The classes are those of the README's example: `live` preempts, `anim` may be
+preempted, `default` neither; `live-control` and `anim` are the owners' classes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.harness import HTTP, Scheduler, wait_for
+from tests.test_lease_features import WAITING, acquire_in_thread, log_count, lookup, renew
+from tests.test_replicas import Replicas, burst, replicas  # noqa: F401 - a fixture
+from tests.test_warm_pool import POOL_ENV, wait_idle
+from tests.test_worker_self import _address, image, reachable  # noqa: F401 - a fixture
+
+Make = Callable[..., Scheduler]
+CLASSES = {
+    "PRIORITY_CLASSES": "live=100:preempts,default=50,anim=10:preemptible",
+    "OWNER_PRIORITY_CLASSES": "live-control=live,anim=anim",
+}
+PREEMPTIONS = "scheduler_preemptions_total"
+
+
+def parse_time(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def state_of(sched: Scheduler, lease_id: str) -> str:
+    return str(lookup(sched, lease_id)["state"])
+
+
+def in_line(sched: Scheduler, n: int) -> None:
+    wait_for(lambda: log_count(sched, WAITING) >= n, 60, what=f"{n} callers in line")
+
+
+def worker_file(container_id: str, name: str) -> Any:
+    """GET /<name> of a demo worker, as JSON (None while it answers 404)."""
+    response = HTTP.get(f"{_address(container_id)}/{name}", timeout=10)
+    return response.json() if response.status_code == 200 else None
+
+
+# --- preemption -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_a_live_acquire_at_a_full_cluster_preempts_the_newest_anim_lease_with_notice(
+    make_scheduler: Make,
+    image: dict[str, str],  # noqa: F811 - the fixture
+) -> None:
+    grace = 8
+    sched, _ = reachable(
+        make_scheduler,
+        image,
+        LOCAL_DOCKER_MAX_WORKERS="2",
+        PREEMPTION_GRACE_SECONDS=str(grace),
+        **CLASSES,
+    )
+    # The worker asks after its lease every half second (its self endpoint).
+    quick = {"SELF_CHECK_SECONDS": "0.5"}
+    older = sched.lease(owner_id="anim", correlation_id="a0", ttl_seconds=600, env=quick)
+    newer = sched.lease(owner_id="anim", correlation_id="a1", ttl_seconds=600, env=quick)
+    assert older["priority_class"] == newer["priority_class"] == "anim"
+    waiters = []
+    for i in range(3):
+        waiters.append(
+            acquire_in_thread(
+                sched, owner_id="anim", correlation_id=f"w{i}", wait_seconds=240, ttl_seconds=600
+            )
+        )
+        in_line(sched, i + 1)
+
+    asked = time.monotonic()
+    live = acquire_in_thread(
+        sched, owner_id="live-control", correlation_id="live", wait_seconds=60, ttl_seconds=600
+    )
+    wait_for(lambda: state_of(sched, newer["lease_id"]) == "preempting", 30, what="a victim")
+    victim = lookup(sched, newer["lease_id"])
+    deadline = parse_time(victim["preempt_at"])
+    assert abs((deadline - datetime.now(UTC)).total_seconds() - grace) < 3, victim
+    # Its worker was told at once, and its own check of its lease says so.
+    notice = wait_for(lambda: worker_file(newer["provider_token"], "preempt.json"), grace)
+    assert notice == {
+        "lease_id": newer["lease_id"],
+        "fence": newer["fence"],
+        "preempt_at": victim["preempt_at"],
+    }
+    told = wait_for(lambda: worker_file(newer["provider_token"], "self.json"), grace)
+    wait_for(
+        lambda: (
+            (worker_file(newer["provider_token"], "self.json") or told)["state"] == "preempting"
+        ),
+        grace,
+        what="the worker's self check to say preempting",
+    )
+    # Listed as live, with its deadline; not renewed.
+    listed = {lease["lease_id"]: lease for lease in sched.leases()}
+    assert listed[newer["lease_id"]]["state"] == "preempting"
+    assert listed[newer["lease_id"]]["preempt_at"] == victim["preempt_at"]
+    refused = renew(sched, newer["lease_id"], owner="anim")
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"] == "preempting"
+    assert refused.json()["preempt_at"] == victim["preempt_at"]
+
+    answer = live.response(120)
+    assert answer.status_code == 200, answer.text
+    took = time.monotonic() - asked
+    assert took < grace + 30, f"served in {took:.1f} s: the grace plus one start at most"
+    got = answer.json()["lease"]
+    assert got["priority_class"] == "live" and got["owner_id"] == "live-control"
+    ended = lookup(sched, newer["lease_id"])
+    assert ended["state"] == "released" and ended["release_reason"] == "preempted", ended
+    assert state_of(sched, older["lease_id"]) == "active"
+    assert sched.metric(PREEMPTIONS, victim_class="anim") == 1
+    assert all(w.is_alive() for w in waiters), "an anim waiter took the live caller's room"
+    running = {c.id for c in sched.containers(all=False)}
+    assert running == {older["provider_token"], got["provider_token"]}
+
+    # The anim waiters are then served in order as capacity frees.
+    current = [older, got]
+    for i, waiter in enumerate(waiters):
+        gone = current.pop(0)
+        assert sched.release(gone["lease_id"], owner=gone["owner_id"]).status_code == 204
+        response = waiter.response(120)
+        assert response.status_code == 200, response.text
+        served = response.json()["lease"]
+        assert served["correlation_id"] == f"w{i}"
+        assert all(w.is_alive() for w in waiters[i + 1 :])
+        current.append(served)
+    assert sched.metric(PREEMPTIONS, victim_class="anim") == 1
+
+
+def test_a_class_without_preempts_jumps_the_line_but_displaces_no_one(make_scheduler: Make) -> None:
+    sched = make_scheduler(
+        PROVIDERS="static", STATIC_WORKERS="renderer=http://only:8080", **CLASSES
+    )
+    holder = sched.lease(owner_id="anim", correlation_id="h", ttl_seconds=600)
+    anim = acquire_in_thread(sched, owner_id="anim", correlation_id="w", wait_seconds=120)
+    in_line(sched, 1)
+    other = acquire_in_thread(sched, owner_id="other", wait_seconds=120)
+    in_line(sched, 2)
+    assert state_of(sched, holder["lease_id"]) == "active"
+    assert sched.metric(PREEMPTIONS, victim_class="anim") == 0
+
+    assert sched.release(holder["lease_id"], owner="anim").status_code == 204
+    first = other.response(60)
+    assert first.status_code == 200, first.text
+    lease = first.json()["lease"]
+    assert lease["priority_class"] == "default"
+    assert anim.is_alive(), "the anim caller was served before a caller of a higher class"
+    assert sched.release(lease["lease_id"], owner="other").status_code == 204
+    second = anim.response(60)
+    assert second.status_code == 200, second.text
+    assert second.json()["lease"]["priority_class"] == "anim"
+
+
+def test_without_an_eligible_victim_a_live_caller_waits(make_scheduler: Make) -> None:
+    sched = make_scheduler(
+        PROVIDERS="static",
+        STATIC_WORKERS="renderer=http://r:8080;anim=http://a:8080",
+        **CLASSES,
+    )
+    # The renderer is held by a class that may not be preempted; the one preemptible
+    # lease holds an endpoint of another kind, whose end would not serve a renderer.
+    held = sched.lease(owner_id="someone", ttl_seconds=600)
+    anim = sched.lease(kind="anim", owner_id="anim", ttl_seconds=600)
+    live = acquire_in_thread(sched, owner_id="live-control", wait_seconds=120)
+    in_line(sched, 1)
+    assert state_of(sched, held["lease_id"]) == "active"
+    assert state_of(sched, anim["lease_id"]) == "active"
+    # A live caller does not preempt its own class either.
+    mine = sched.acquire(owner_id="live-control", priority_class="live", wait_seconds=1)
+    assert mine.status_code == 503, mine.text
+    assert sched.metric(PREEMPTIONS, victim_class="anim") == 0
+
+    assert sched.release(held["lease_id"], owner="someone").status_code == 204
+    response = live.response(60)
+    assert response.status_code == 200, response.text
+    assert response.json()["lease"]["endpoint"] == "http://r:8080"
+    assert state_of(sched, anim["lease_id"]) == "active"
+
+
+def test_a_waiter_whose_shape_cannot_be_served_does_not_block_a_lower_one(
+    make_scheduler: Make,
+) -> None:
+    sched = make_scheduler(
+        PROVIDERS="static",
+        STATIC_WORKERS="renderer=http://r:8080;anim=http://a:8080",
+        **CLASSES,
+    )
+    renderer = sched.lease(owner_id="someone", ttl_seconds=600)
+    anim = sched.lease(kind="anim", owner_id="someone", ttl_seconds=600)
+    high = acquire_in_thread(sched, owner_id="live-control", wait_seconds=120)
+    in_line(sched, 1)
+    low = acquire_in_thread(sched, kind="anim", owner_id="anim", wait_seconds=120)
+    in_line(sched, 2)
+
+    # The anim endpoint frees: the live caller ahead cannot use it, the anim one can.
+    assert sched.release(anim["lease_id"], owner="someone").status_code == 204
+    response = low.response(60)
+    assert response.status_code == 200, response.text
+    assert response.json()["lease"]["endpoint"] == "http://a:8080"
+    assert high.is_alive()
+    assert sched.release(renderer["lease_id"], owner="someone").status_code == 204
+    assert high.response(60).status_code == 200
+
+
+def test_an_unknown_class_is_a_422_naming_the_classes(make_scheduler: Make) -> None:
+    sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS="renderer=http://r:8080", **CLASSES)
+    response = sched.acquire(priority_class="urgent")
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["field"] == "priority_class"
+    for name in ("live", "default", "anim"):
+        assert name in body["message"]
+    assert sched.leases() == []
+    # Unset: the owner's class, else default.
+    assert sched.lease(owner_id="unknown-owner")["priority_class"] == "default"
+
+
+def test_an_idle_warm_worker_is_used_before_anyone_is_preempted(make_scheduler: Make) -> None:
+    sched = make_scheduler(
+        LOCAL_DOCKER_MAX_WORKERS="2",
+        WARM_POOL="renderer/none=1",
+        **POOL_ENV,
+        **CLASSES,
+    )
+    wait_idle(sched, 1)
+    anim = sched.lease(owner_id="anim", ttl_seconds=600)
+    live = sched.acquire(owner_id="live-control", wait_seconds=60, ttl_seconds=600)
+    assert live.status_code == 200, live.text
+    assert state_of(sched, anim["lease_id"]) == "active"
+    assert sched.metric(PREEMPTIONS, victim_class="anim") == 0
+
+
+# --- across replicas and crashes ----------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_two_live_callers_on_two_replicas_displace_two_distinct_victims(
+    replicas: Replicas,  # noqa: F811 - the fixture
+) -> None:
+    group = replicas(LOCAL_DOCKER_MAX_WORKERS="3", PREEMPTION_GRACE_SECONDS="2", **CLASSES)
+    a, b = group
+    held = [
+        (a if i % 2 else b).lease(owner_id="anim", correlation_id=f"a{i}", ttl_seconds=600)
+        for i in range(3)
+    ]
+    answers = burst(
+        [
+            (
+                s,
+                {
+                    "kind": "renderer",
+                    "owner_id": "live-control",
+                    "correlation_id": f"live{i}",
+                    "wait_seconds": 90,
+                    "ttl_seconds": 600,
+                },
+            )
+            for i, s in enumerate(group)
+        ]
+    )
+    assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
+    got = [r.json()["lease"] for r in answers]
+    assert got[0]["lease_id"] != got[1]["lease_id"]
+    ended = [lookup(a, lease["lease_id"]) for lease in held]
+    preempted = [lease for lease in ended if lease["release_reason"] == "preempted"]
+    assert len(preempted) == 2, ended
+    # The most recently granted went first: the oldest anim lease is untouched.
+    assert ended[0]["state"] == "active"
+    assert sum(s.metric(PREEMPTIONS, victim_class="anim") for s in group) == 2
+    running = {c.labels["openalice.scheduler.lease_id"] for c in a.containers(all=False)}
+    assert running == {held[0]["lease_id"], got[0]["lease_id"], got[1]["lease_id"]}
+
+
+@pytest.mark.timeout(300)
+def test_a_kill_during_the_grace_keeps_the_deadline_and_the_retry_gets_the_worker(
+    make_scheduler: Make,
+) -> None:
+    grace = 12
+    env = {"LOCAL_DOCKER_MAX_WORKERS": "1", "PREEMPTION_GRACE_SECONDS": str(grace), **CLASSES}
+    sched = make_scheduler(**env)
+    victim = sched.lease(owner_id="anim", ttl_seconds=600)
+    ask = {
+        "owner_id": "live-control",
+        "correlation_id": "live-retry",
+        "wait_seconds": 60,
+        "ttl_seconds": 600,
+    }
+    first = acquire_in_thread(sched, **ask)
+    wait_for(lambda: state_of(sched, victim["lease_id"]) == "preempting", 30, what="a victim")
+    deadline = lookup(sched, victim["lease_id"])["preempt_at"]
+    sched.kill()
+    with pytest.raises(httpx.HTTPError):
+        first.response(30)
+
+    sched.start()
+    kept = lookup(sched, victim["lease_id"])
+    assert kept["state"] == "preempting" and kept["preempt_at"] == deadline
+    retry = sched.acquire(kind="renderer", **ask)
+    assert retry.status_code == 200, retry.text
+    lease = retry.json()["lease"]
+    assert datetime.now(UTC) >= parse_time(deadline)
+    ended = lookup(sched, victim["lease_id"])
+    assert ended["state"] == "released" and ended["release_reason"] == "preempted"
+    running = [c.id for c in sched.containers(all=False)]
+    assert running == [lease["provider_token"]], "a worker leaked"
+    assert sched.metric(PREEMPTIONS, victim_class="anim") <= 1
+    # Nothing else was preempted or made: one victim for one request, across the crash.
+    assert [x["lease_id"] for x in sched.leases()] == [lease["lease_id"]]
+
+
+def test_a_victim_released_early_frees_its_room_for_the_preemptor_at_once(
+    make_scheduler: Make,
+) -> None:
+    sched = make_scheduler(
+        PROVIDERS="static",
+        STATIC_WORKERS="renderer=http://only:8080",
+        PREEMPTION_GRACE_SECONDS="600",
+        **CLASSES,
+    )
+    victim = sched.lease(owner_id="anim", ttl_seconds=600)
+    anim = acquire_in_thread(sched, owner_id="anim", correlation_id="w", wait_seconds=120)
+    in_line(sched, 1)
+    live = acquire_in_thread(sched, owner_id="live-control", wait_seconds=120)
+    wait_for(lambda: state_of(sched, victim["lease_id"]) == "preempting", 30, what="a victim")
+    # Its caller lets go early: the room is the live caller's, not the anim waiter's.
+    assert sched.release(victim["lease_id"], owner="anim").status_code == 204
+    response = live.response(30)
+    assert response.status_code == 200, response.text
+    assert anim.is_alive()
+    ended = lookup(sched, victim["lease_id"])
+    assert ended["state"] == "released" and ended["release_reason"] == "explicit"
+    assert (
+        sched.release(response.json()["lease"]["lease_id"], owner="live-control").status_code == 204
+    )
+    assert anim.response(60).status_code == 200
