@@ -32,7 +32,7 @@ from openalice_scheduler.errors import (
     SchedulerError,
     Unauthorized,
 )
-from openalice_scheduler.models import LeaseState, ReleaseReason
+from openalice_scheduler.models import Lease, LeaseState, ReleaseReason
 from tests.harness import SECRET, Scheduler, free_port, wait_for
 from tests.postgres import PrivatePostgres
 
@@ -474,3 +474,51 @@ def test_a_failing_on_lost_is_logged(
             what="the callback's failure to be logged",
         )
     assert client.get(held.lease_id).state == LeaseState.released
+
+
+def test_a_held_lease_that_is_preempted_stops_renewing_and_hears_why(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    sched = make_scheduler(
+        PROVIDERS="static",
+        STATIC_WORKERS="renderer=http://only:8080",
+        PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
+        PREEMPTION_GRACE_SECONDS="600",
+    )
+    told = threading.Event()
+    lost: list[tuple[str, str]] = []
+    answer: list[Lease | BaseException] = []
+
+    def on_lost(lease_id: str, reason: str) -> None:
+        lost.append((lease_id, reason))
+        told.set()
+
+    with (
+        SchedulerClient(sched.url, SECRET) as client,
+        SchedulerClient(sched.url, SECRET, timeout=120) as live,
+    ):
+
+        def acquire() -> None:
+            try:
+                answer.append(live.acquire("renderer", priority_class="live", wait_seconds=60))
+            except BaseException as exc:  # noqa: BLE001 - shown by the test
+                answer.append(exc)
+
+        caller = threading.Thread(target=acquire, daemon=True)
+        with client.lease(
+            "renderer", ttl_seconds=6, owner_id="me", priority_class="anim", on_lost=on_lost
+        ) as held:
+            assert held.lease.priority_class == "anim"
+            caller.start()
+            assert told.wait(30), "on_lost was not called"
+            assert held.lost and held.lost_reason == "preempted"
+            assert held.lease.state == LeaseState.preempting and held.lease.preempt_at
+            asked = sched.log().count(f"/v1/lease/{held.lease_id}/renew")
+            time.sleep(2.5)  # a renewal was due every 2 s: none is tried any more
+            assert sched.log().count(f"/v1/lease/{held.lease_id}/renew") == asked
+        # Leaving the block releases the lease (unless its TTL, no longer renewed, ran
+        # out first): the preemptor is served.
+        caller.join(60)
+    [lease] = answer
+    assert isinstance(lease, Lease) and lease.priority_class == "live", lease
+    assert lost == [(held.lease_id, "preempted")]

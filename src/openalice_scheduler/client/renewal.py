@@ -15,11 +15,12 @@ from openalice_scheduler.errors import (
     Forbidden,
     InvalidRequest,
     LeaseNotFound,
+    Preempting,
     ReleaseFailed,
     SchedulerError,
     Unauthorized,
 )
-from openalice_scheduler.models import Lease
+from openalice_scheduler.models import Lease, ReleaseReason
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +33,17 @@ OnLost = Callable[[str, str], object]
 
 class HeldLease:
     """A lease held by `lease()`, kept fresh by its renewals. `lost` turns true when the
-    scheduler ended the lease (a renewal answered 404): the worker is gone, stop using it.
+    scheduler ended the lease (a renewal answered 404): the worker is gone, stop using it;
+    or when it preempts it for a caller of a higher class (409 `preempting`): the worker
+    goes at `lease.preempt_at`, so save what you can and let go (README, Priorities and
+    preemption). Either way it is no longer renewed.
 
     Then `on_lost(lease_id, reason)` is called, once, if given: from the renewal thread of
     `SchedulerClient`, or in the event loop (the renewal task) of `AsyncSchedulerClient`;
     an exception it raises is logged. `reason` is the lease's `release_reason` as the
     scheduler then tells it (`explicit`: released by someone else, `expired`, `lost`: its
-    worker vanished, `orphan`, `failed`), else its state (`releasing`), else
+    worker vanished, `orphan`, `failed`, `preempted`: being or been preempted), else its
+    state (`releasing`), else
     `lease_not_found` when the scheduler no longer knows the lease at all."""
 
     def __init__(self, lease: Lease, on_lost: OnLost | None = None) -> None:
@@ -101,7 +106,7 @@ def _renewed(held: HeldLease) -> None:
 def _renewal_failed(held: HeldLease, exc: SchedulerError) -> bool:
     """Record a failed renewal; whether to keep trying (only errors that may pass do)."""
     held.error = exc
-    if isinstance(exc, LeaseNotFound):
+    if isinstance(exc, LeaseNotFound | Preempting):
         held.lost = True
         log.warning(
             "lease %s ended on the scheduler (%s); no longer renewed", held.lease_id, exc.message
@@ -119,6 +124,9 @@ def _lost(held: HeldLease, found: Lease | None) -> None:
     None if it failed. Called once, from the renewal thread or task."""
     if found is not None:
         held.lease = found
+    if isinstance(held.error, Preempting):
+        reason = ReleaseReason.preempted.value  # its worker still runs, until preempt_at
+    elif found is not None:
         reason = (found.release_reason or found.state).value
     else:
         reason = LeaseNotFound.code
