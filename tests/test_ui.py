@@ -306,3 +306,48 @@ def _seconds(cell: Locator) -> int:
     assert parts, text
     hours, minutes, seconds = (int(part or 0) for part in parts.groups())
     return hours * 3600 + minutes * 60 + seconds
+
+
+def test_a_preempted_lease_shows_its_class_and_deadline_and_the_line_its_classes(
+    browser: Browser, tmp_path: Path
+) -> None:
+    sched = Scheduler(
+        tmp_path,
+        **STATIC,
+        PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
+        PREEMPTION_GRACE_SECONDS="600",
+    ).start()
+    try:
+        victim = sched.lease(
+            kind="renderer", owner_id="anim", priority_class="anim", ttl_seconds=3600
+        )
+        page = browser.new_page()
+        page.goto(f"{sched.url}/ui")
+        page.fill("#secret", SECRET)
+        page.press("#secret", "Enter")
+        row = page.locator(f'#live tr[data-lease-id="{victim["lease_id"]}"]')
+        expect(row.locator(".class")).to_have_text("anim", timeout=SHOWN_WITHIN_MS)
+
+        waiter = threading.Thread(
+            target=lambda: sched.acquire(kind="renderer", priority_class="live", wait_seconds=60)
+        )
+        waiter.start()
+        try:
+            # The victim: its deadline instead of its time left; the live caller waits
+            # for its room, shown by class.
+            expect(row.locator(".time")).to_have_text(
+                re.compile(r"^preempted · goes in (9|10)m"), timeout=SHOWN_WITHIN_MS
+            )
+            expect(page.locator('#waiting [data-waiting-class="live"]')).to_have_text(
+                re.compile(r"class live.*1 caller$"), timeout=SHOWN_WITHIN_MS
+            )
+            shot = tmp_path / "ui-preempting.png"
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"dashboard screenshot (preempting): {shot}")
+            assert sched.release(victim["lease_id"], owner="anim").status_code == 204
+        finally:
+            waiter.join(timeout=90)
+        expect(page.locator("#live tr .class")).to_have_text("live", timeout=SHOWN_WITHIN_MS)
+        page.close()
+    finally:
+        sched.cleanup()

@@ -216,13 +216,24 @@ async function refreshWaiting() {
     box.replaceChildren(el("p", { class: "note" }, "Nobody is waiting."));
     return;
   }
-  box.replaceChildren(...waiting.map((s) => {
+  const callers = (n) => n + (n === 1 ? " caller" : " callers");
+  const rows = waiting.map((s) => {
     const row = el("div", { class: "row" },
       el("span", {}, s.labels.kind + " · " + s.labels.gpu), el("span"),
-      el("span", { class: "figure" }, s.value + (s.value === 1 ? " caller" : " callers")));
+      el("span", { class: "figure" }, callers(s.value)));
     row.dataset.waiting = s.labels.kind + " · " + s.labels.gpu;
     return row;
-  }));
+  });
+  // The same callers by priority class, first served first.
+  const classes = samples(text, "scheduler_waiting_callers_per_class").filter((s) => s.value > 0);
+  for (const s of classes) {
+    const row = el("div", { class: "row" },
+      el("span", {}, "class " + s.labels.priority_class), el("span"),
+      el("span", { class: "figure" }, callers(s.value)));
+    row.dataset.waitingClass = s.labels.priority_class;
+    rows.push(row);
+  }
+  box.replaceChildren(...rows);
 }
 
 // The samples of one metric in Prometheus' text format: labels and value.
@@ -250,6 +261,7 @@ function renderLive() {
   const rows = live.map((lease) => {
     const row = el("tr", {},
       cell("Owner", "owner", lease.owner_id === null ? "—" : lease.owner_id),
+      cell("Class", "class", lease.priority_class || "default"),
       cell("Kind", "", lease.kind + " · " + lease.gpu),
       cell("Provider", "", lease.provider + (lease.host ? " · " + lease.host : "")),
       cell("Endpoint", "endpoint", lease.endpoint),
@@ -259,6 +271,10 @@ function renderLive() {
       cell("Cost so far", "money cost", ""));
     row.dataset.leaseId = lease.lease_id;
     row.title = "lease " + lease.lease_id;
+    if (lease.state === "preempting") {
+      row.classList.add("preempting");
+      row.title += " · preempted: its worker goes at " + lease.preempt_at;
+    }
     return row;
   });
   table.tBodies[0].replaceChildren(...rows);
@@ -275,7 +291,14 @@ function tick() {
   for (let i = 0; i < rows.length && i < live.length; i++) {
     const lease = live[i];
     const left = Math.max(0, Date.parse(lease.expires_at) - now) / 1000;
-    rows[i].querySelector(".time").textContent = duration(left);
+    if (lease.state === "preempting" && lease.preempt_at) {
+      // Displaced by a caller of a higher class: its worker goes at preempt_at.
+      const grace = Math.max(0, Date.parse(lease.preempt_at) - now) / 1000;
+      rows[i].querySelector(".time").textContent = "preempted · goes in " +
+        duration(Math.min(grace, left));
+    } else {
+      rows[i].querySelector(".time").textContent = duration(left);
+    }
     if (lease.price_per_hour !== undefined && lease.price_per_hour !== null) {
       // A lease costs from when it was granted (its worker ready), not from the request.
       const since = Date.parse(lease.granted_at || lease.created_at);
@@ -299,6 +322,7 @@ function renderReleased(leases) {
     const row = el("tr", {},
       cell("Ended", "time", end ? new Date(end).toLocaleTimeString() : "—"),
       cell("Owner", "owner", lease.owner_id === null ? "—" : lease.owner_id),
+      cell("Class", "class", lease.priority_class || "default"),
       cell("Kind", "", lease.kind + " · " + lease.gpu),
       cell("Provider", "", lease.provider),
       cell("Reason", "reason", lease.release_reason || lease.state),
