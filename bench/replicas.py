@@ -142,9 +142,11 @@ def fresh_database(pg_host: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def replica_set(database_url: str, count: int) -> Iterator[list[Service]]:
+def replica_set(
+    database_url: str, count: int, endpoints_n: int = STATIC_ENDPOINTS, **extra: str
+) -> Iterator[list[Service]]:
     instance = f"brepl-{uuid.uuid4().hex[:10]}"
-    endpoints = ",".join(f"http://w{i}.static.invalid:8080" for i in range(STATIC_ENDPOINTS))
+    endpoints = ",".join(f"http://w{i}.static.invalid:8080" for i in range(endpoints_n))
     env = {
         "PROVIDERS": "static",
         "STATIC_WORKERS": f"renderer={endpoints}",
@@ -152,6 +154,7 @@ def replica_set(database_url: str, count: int) -> Iterator[list[Service]]:
         "SCHEDULER_INSTANCE": instance,
         "DOCKER_NETWORK": f"oa-{instance}",
         "RUST_LOG": "warn",
+        **extra,
     }
     services = [Service("repl", **env) for _ in range(count)]
     secret = services[0].secret

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import getpass
 import json
 import os
@@ -36,12 +37,17 @@ WORKER_IMAGE = os.environ.get(WORKER_IMAGE_ENV) or "openalice-demo-worker:latest
 SHARED_ENGINE = "unix:///var/run/docker.sock"
 
 
-# Under pytest-xdist each worker (PYTEST_XDIST_WORKER=gw0, gw1, ...) takes ports from a
-# block of its own, below the kernel's ephemeral range (32768 and up), so two workers
-# never hand the same port to two processes, and no outgoing connection takes one
-# between our check and the process binding it.
+# Each test process (a pytest-xdist worker, or a whole session without xdist) takes ports
+# from a block of its own, below the kernel's ephemeral range (32768 and up), so that no
+# two processes hand the same port to two servers, and no outgoing connection takes one
+# between our check and the server binding it. A block is claimed with a lock file held
+# for the life of the process (flock: the kernel lets go when the process ends, killed
+# too), so two test sessions on one machine (two checkouts, say) never share one either.
 _PORT_BLOCK = 1000
 _FIRST_PORT = 12000
+_BLOCKS = 20  # 12000..31999
+_PORT_LOCKS = Path("/tmp/oa-test-ports")
+_held_block: list[int] = []  # [block, lock fd], once claimed
 
 
 def worker_number() -> int:
@@ -50,16 +56,35 @@ def worker_number() -> int:
     return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
 
 
-_next_port = _FIRST_PORT + worker_number() * _PORT_BLOCK
+def _first_port() -> int:
+    """The first port of this process's block, claimed on first use."""
+    if not _held_block:
+        _PORT_LOCKS.mkdir(exist_ok=True)
+        for i in range(_BLOCKS):
+            block = (worker_number() + i) % _BLOCKS
+            fd = os.open(_PORT_LOCKS / f"{block}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)  # another test process's
+                continue
+            _held_block.extend((block, fd))
+            break
+        else:
+            raise AssertionError(f"all {_BLOCKS} port blocks are held by other test processes")
+    return _FIRST_PORT + _held_block[0] * _PORT_BLOCK
+
+
+_next_port = 0
 
 
 def free_port() -> int:
-    """A loopback TCP port nothing listens on, from this worker's own block."""
+    """A loopback TCP port nothing listens on, from this process's own block."""
     global _next_port
-    first = _FIRST_PORT + worker_number() * _PORT_BLOCK
+    first = _first_port()
     for _ in range(_PORT_BLOCK):
-        port = _next_port
-        _next_port = first + (_next_port + 1 - first) % _PORT_BLOCK
+        port = first + (_next_port % _PORT_BLOCK)
+        _next_port += 1
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -153,16 +153,16 @@ def back_and_coherent(
 
 
 def leases_learned(
-    sched: Scheduler, guard: GuardProcess, provider: str, **body: Any
+    sched: Scheduler, guard: GuardProcess, provider: str, short_ttl: int = 5, **body: Any
 ) -> tuple[dict[str, Any], dict[str, Any], float]:
-    """A 5 s and a 600 s lease, once the guard has polled since both exist; and that
-    poll's time, the guard's last contact as the scheduler shows it."""
+    """A `short_ttl` (5 s) and a 600 s lease, once the guard has polled since both
+    exist; and that poll's time, the guard's last contact as the scheduler shows it."""
     wait_for(
         lambda: contact(sched, guard, provider) is not None,
         timeout=60,
         what="the guard's first poll",
     )
-    short = sched.lease(ttl_seconds=5, **body)
+    short = sched.lease(ttl_seconds=short_ttl, **body)
     long = sched.lease(ttl_seconds=600, **body)
     made = time.time()
     last = wait_for(
@@ -226,9 +226,11 @@ def test_a_guard_alone_cut_off_acts_on_what_it_last_learned(
         guard = GuardProcess(sched, url=proxy.url).start()
         try:
             alive = docker_workers(sched)
-            short, long, _ = leases_learned(sched, guard, "local-docker")
+            # 12 s: time to make the long lease, see the guard poll, cut it off and
+            # renew through the scheduler before the short one ends, on a loaded machine.
+            short, long, _ = leases_learned(sched, guard, "local-docker", short_ttl=12)
             proxy.cut()
-            learned = short  # what the guard knows: the 5 s lease's first end
+            learned = short  # what the guard knows: the short lease's first end
             # The caller renews through the scheduler, which the guard cannot see.
             renewed = sched.http.post(
                 f"/v1/lease/{short['lease_id']}/renew", json={"ttl_seconds": 600}
