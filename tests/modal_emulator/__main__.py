@@ -1,0 +1,100 @@
+"""Run the emulator as its own process:
+
+    python -m tests.modal_emulator --port N --network NAME
+
+Prints one JSON line on stdout once it serves (`server_url` for `MODAL_SERVER_URL`,
+`control_url`, `ca_file` for `SSL_CERT_FILE`, `token_id`, `instance`, and
+`token_secret` when it made one up), then serves until SIGINT or SIGTERM, and removes
+every container it made on the way out. The token pair comes from
+`MODAL_EMULATOR_TOKEN_ID` / `MODAL_EMULATOR_TOKEN_SECRET` when set (never from the
+command line), else is made up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .server import LOOPBACK, EmulatorConfig, serve
+from .servicer import CHECKED_CLIENT_VERSION
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.modal_emulator", description=__doc__)
+    parser.add_argument("--port", type=int, default=0, help="gRPC port on 127.0.0.1 (0: any)")
+    parser.add_argument("--control-port", type=int, default=0, help="control API port (0: any)")
+    parser.add_argument(
+        "--network",
+        default=None,
+        help="Docker network of the sandboxes' containers (made if missing, and then removed "
+        "at exit); default: Docker's default bridge",
+    )
+    parser.add_argument("--instance", default=None, help="label value of its containers")
+    parser.add_argument("--state-dir", type=Path, default=None, help="for the CA (default: temp)")
+    parser.add_argument(
+        "--tunnel-host",
+        default=LOOPBACK,
+        help="host in tunnel URLs and in the certificate (default 127.0.0.1)",
+    )
+    parser.add_argument("--tunnel-bind", default=LOOPBACK, help="address tunnels listen on")
+    parser.add_argument(
+        "--accept-client-version",
+        action="append",
+        default=[],
+        help=f"also accept this modal client version (checked: {CHECKED_CLIENT_VERSION})",
+    )
+    parser.add_argument("--log-level", default="WARNING")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    token_id = os.environ.get("MODAL_EMULATOR_TOKEN_ID") or "ak-" + secrets.token_hex(8)
+    given_secret = os.environ.get("MODAL_EMULATOR_TOKEN_SECRET")
+    token_secret = given_secret or "as-" + secrets.token_hex(16)
+    state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="modal-emulator-"))
+    config = EmulatorConfig(
+        instance=args.instance or secrets.token_hex(5),
+        token_id=token_id,
+        token_secret=token_secret,
+        state_dir=state_dir,
+        network=args.network,
+        port=args.port,
+        control_port=args.control_port,
+        tunnel_host=args.tunnel_host,
+        tunnel_bind=args.tunnel_bind,
+        client_versions=frozenset({CHECKED_CLIENT_VERSION, *args.accept_client_version}),
+    )
+
+    def ready(info: dict[str, Any]) -> None:
+        if not given_secret:
+            info["token_secret"] = token_secret
+        print(json.dumps(info), flush=True)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(config, ready, stop)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
