@@ -10,6 +10,7 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,12 @@ async def serve(
 ) -> None:
     """Serve until `stop` is set; `ready(info)` once everything answers. On the way out,
     every container of the instance is removed (by label), and its network if it made it."""
+    installed = metadata.version("modal")
+    if installed not in config.client_versions:
+        raise SystemExit(
+            f"modal {installed} is installed, the emulator was checked against "
+            f"{CHECKED_CLIENT_VERSION} (tests/modal_emulator/README.md, Upgrading modal)"
+        )
     certificates = make_certificates(config.state_dir / "tls", [config.tunnel_host])
     state = EmulatorState(config.token_id, config.token_secret)
     containers = Containers(config.instance, config.network, config.state_dir)

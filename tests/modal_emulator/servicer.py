@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import grpclib.const
@@ -31,7 +33,10 @@ from .sandbox_rpcs import SandboxRpcs
 from .state import Call, EmulatorState
 
 log = logging.getLogger("modal_emulator")
-CHECKED_CLIENT_VERSION = "1.6.4"
+# The modal version whose protocol the emulator answers: contract.json (make_contract.py).
+CHECKED_CLIENT_VERSION: str = json.loads((Path(__file__).with_name("contract.json")).read_text())[
+    "x-source"
+]["version"]
 _MAX_CALLS = 20_000  # the call log keeps the latest ones
 _current_call: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
     "modal_emulator_call", default=None

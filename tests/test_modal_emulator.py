@@ -1,0 +1,395 @@
+"""The Modal emulator, driven by the official `modal` client (in this process, pointed at
+the emulator by MODAL_SERVER_URL and the token pair): what a Modal provider will see.
+
+Each test gets a fresh emulator state (`reset`: every sandbox ended and its container
+removed); the emulator process is one per module, and removes its containers at exit.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import httpx
+import modal
+import modal.exception
+import pytest
+
+from tests.harness import TLS, WORKER_IMAGE, docker_client, wait_for
+from tests.modal_emulator import CHECKED_CLIENT_VERSION, LABEL_INSTANCE, ModalEmulator
+from tests.modal_emulator.make_contract import build, differences, load
+
+WORKER = ("/bin/sh", "/entry.sh")  # the demo worker's own start, given explicitly
+LEASE_VALUE = "lease-" + uuid.uuid4().hex  # a value that must only reach the container
+
+
+@pytest.fixture(scope="module")
+def modal_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModalEmulator]:
+    log = tmp_path_factory.mktemp("modal") / "emulator.log"
+    with ModalEmulator(network=f"oa-modal-{uuid.uuid4().hex[:8]}", log_path=log) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def emulator(
+    modal_emulator: ModalEmulator, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ModalEmulator]:
+    modal_emulator.reset()
+    for key, value in modal_emulator.client_env().items():
+        monkeypatch.setenv(key, value)
+    yield modal_emulator
+    modal_emulator.reset()
+
+
+@pytest.fixture
+def client(emulator: ModalEmulator) -> Iterator[modal.Client]:
+    with modal.Client.from_credentials(emulator.token_id, emulator.token_secret) as c:
+        yield c
+
+
+@pytest.fixture
+def app(client: modal.Client) -> modal.App:
+    return modal.App.lookup("openalice-tests", create_if_missing=True, client=client)
+
+
+@pytest.fixture
+def image() -> modal.Image:
+    return modal.Image.from_registry(WORKER_IMAGE)
+
+
+@pytest.fixture(scope="module")
+def emulator_ca(modal_emulator: ModalEmulator) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=modal_emulator.ca_file)
+
+
+def worker_answer(url: str, context: ssl.SSLContext, timeout: float = 30) -> dict[str, Any]:
+    """GET / of the demo worker behind a tunnel, once it answers."""
+
+    def fetch() -> dict[str, Any] | None:
+        try:
+            response = httpx.get(url + "/", verify=context, timeout=5)
+        except httpx.HTTPError:
+            return None
+        return dict(response.json()) if response.status_code == 200 else None
+
+    return dict(wait_for(fetch, timeout, interval=0.2, what=f"the worker at {url}"))
+
+
+def container_gone(container_id: str) -> bool:
+    try:
+        docker_client().containers.get(container_id)
+    except docker.errors.NotFound:
+        return True
+    return False
+
+
+def rpcs(emulator: ModalEmulator) -> list[str]:
+    return [call["rpc"] for call in emulator.calls()]
+
+
+# --- the protocol the emulator was checked against ---------------------------------------
+
+
+def test_the_installed_client_is_the_one_the_emulator_was_checked_against() -> None:
+    assert modal.__version__ == CHECKED_CLIENT_VERSION
+    assert differences(load(), build()) == []
+
+
+# --- apps, auth, images ---------------------------------------------------------------------
+
+
+def test_an_app_is_created_once_and_found_again(client: modal.Client) -> None:
+    made = modal.App.lookup("apps-once", create_if_missing=True, client=client)
+    found = modal.App.lookup("apps-once", client=client)
+    assert made.app_id == found.app_id and made.app_id.startswith("ap-")
+    with pytest.raises(modal.exception.NotFoundError):
+        modal.App.lookup("never-made", client=client)
+
+
+def test_a_wrong_token_is_refused(emulator: ModalEmulator) -> None:
+    for token_id, token_secret in [
+        ("ak-wrong", emulator.token_secret),
+        (emulator.token_id, "as-wrong"),
+    ]:
+        with (
+            modal.Client.from_credentials(token_id, token_secret) as wrong,
+            pytest.raises(modal.exception.AuthError),
+        ):
+            modal.App.lookup("openalice-tests", create_if_missing=True, client=wrong)
+    assert [c["status"] for c in emulator.calls("AppGetOrCreate")] == ["UNAUTHENTICATED"] * 2
+    assert "openalice-tests" not in [a["name"] for a in emulator.state()["apps"]]
+
+
+def test_an_image_missing_locally_fails_its_build(app: modal.App) -> None:
+    missing = modal.Image.from_registry(f"openalice-no-such-image:{uuid.uuid4().hex[:8]}")
+    with pytest.raises(modal.exception.ImageBuildError, match="never pulls"):
+        modal.Sandbox.create(*WORKER, app=app, image=missing)
+
+
+# --- sandboxes: both paths, env, tunnels ------------------------------------------------------
+
+
+def test_a_gpu_sandbox_takes_the_older_path_and_its_worker_answers_over_https(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, emulator_ca: ssl.SSLContext
+) -> None:
+    sandbox = modal.Sandbox.create(
+        *WORKER,
+        app=app,
+        image=image,
+        secrets=[modal.Secret.from_dict({"LEASE_ID": LEASE_VALUE})],
+        env={"WORKER_KIND": "renderer"},
+        gpu="L4",
+        cpu=1.5,
+        memory=768,
+        timeout=900,
+        encrypted_ports=[8080],
+    )
+    tunnel = sandbox.tunnels()[8080]
+    assert tunnel.url.startswith("https://127.0.0.1:")
+    # The worker got its secret and env, and answers through the TLS tunnel.
+    answer = worker_answer(tunnel.url, emulator_ca)
+    assert answer["lease_id"] == LEASE_VALUE and answer["kind"] == "renderer"
+    # A caller that trusts only the public CAs cannot talk to it.
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(tunnel.url, verify=TLS, timeout=5)
+
+    record = emulator.sandbox(sandbox.object_id)
+    assert record["api"] == "v1" and record["state"] == "running"
+    assert record["gpu"] == "L4" and record["gpu_count"] == 1
+    assert (record["cpu"], record["memory_mb"], record["timeout_secs"]) == (1.5, 768, 900)
+    assert record["image"] == WORKER_IMAGE and record["command"] == list(WORKER)
+    assert record["ports"] == [{"port": 8080, "encrypted": True, "h2": False}]
+    assert record["env_keys"] == ["LEASE_ID", "WORKER_KIND"]
+    assert record["tunnels"][0]["connections"] >= 1
+    assert LEASE_VALUE not in json.dumps(emulator.state())
+    calls = rpcs(emulator)
+    assert {"SecretGetOrCreate", "SandboxCreate", "SandboxGetTaskId"} <= set(calls)
+    assert "SandboxCreateV2" not in calls
+
+    # A real container of the image, on the emulator's network; the value is in its
+    # config, not on its command line.
+    container = docker_client().containers.get(record["container_id"])
+    assert container.attrs["Config"]["Image"] == WORKER_IMAGE
+    assert emulator.network in container.attrs["NetworkSettings"]["Networks"]
+    assert container.labels[LABEL_INSTANCE] == emulator.instance
+    command_line = [container.attrs["Path"], *container.attrs["Args"]]
+    assert command_line == list(WORKER) and LEASE_VALUE not in " ".join(command_line)
+    assert f"LEASE_ID={LEASE_VALUE}" in container.attrs["Config"]["Env"]
+
+
+def test_a_sandbox_without_gpu_takes_the_v2_path(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, emulator_ca: ssl.SSLContext
+) -> None:
+    sandbox = modal.Sandbox.create(
+        *WORKER,
+        app=app,
+        image=image,
+        secrets=[modal.Secret.from_dict({"LEASE_ID": LEASE_VALUE})],
+        env={"WORKER_KIND": "anim"},
+        timeout=600,
+        encrypted_ports=[8080],
+    )
+    answer = worker_answer(sandbox.tunnels()[8080].url, emulator_ca)
+    assert answer["lease_id"] == LEASE_VALUE and answer["kind"] == "anim"
+    record = emulator.sandbox(sandbox.object_id)
+    assert (record["api"], record["gpu"], record["timeout_secs"]) == ("v2", None, 600)
+    assert record["env_keys"] == ["LEASE_ID", "WORKER_KIND"]
+    calls = rpcs(emulator)
+    assert {"AuthTokenGet", "SandboxCreateV2"} <= set(calls)
+    assert not {"SandboxCreate", "SecretGetOrCreate"} & set(calls)  # secrets went inline
+    assert LEASE_VALUE not in json.dumps(emulator.state())
+
+
+def test_an_unencrypted_port_is_served_as_plain_tcp_too(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, emulator_ca: ssl.SSLContext
+) -> None:
+    sandbox = modal.Sandbox.create(*WORKER, app=app, image=image, unencrypted_ports=[8080])
+    tunnel = sandbox.tunnels()[8080]
+    host, port = tunnel.tcp_socket
+    assert worker_answer(f"http://{host}:{port}", emulator_ca)["worker"] == "openalice-demo"
+    assert worker_answer(f"https://{tunnel.host}:{tunnel.port}", emulator_ca)
+    # V2 create answers only encrypted tunnels: the client asked for the rest.
+    assert "SandboxGetTunnelsV2" in rpcs(emulator)
+
+
+def test_a_sandbox_without_a_command_runs_nothing_of_its_image(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, emulator_ca: ssl.SSLContext
+) -> None:
+    sandbox = modal.Sandbox.create(app=app, image=image, encrypted_ports=[8080])
+    url = sandbox.tunnels()[8080].url
+    with pytest.raises(httpx.HTTPError):  # no CMD ran: nothing listens
+        httpx.get(url, verify=emulator_ca, timeout=5)
+    assert sandbox.poll() is None  # it sleeps
+    assert emulator.sandbox(sandbox.object_id)["command"] is None
+
+
+# --- tags and listing --------------------------------------------------------------------------
+
+
+def test_tags_filter_the_list_which_pages_until_an_empty_page(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    made = [
+        modal.Sandbox.create(app=app, image=image, tags={"pool": "p1", "n": str(n)})
+        for n in range(3)
+    ]
+    other = modal.Sandbox.create(app=app, image=image, tags={"pool": "p2"})
+    made[0].set_tags({"pool": "p1", "n": "0", "warm": "yes"})
+    assert made[0].get_tags() == {"pool": "p1", "n": "0", "warm": "yes"}
+
+    emulator.set_list_page_size(1)
+    listed = modal.Sandbox.list(app_id=app.app_id, tags={"pool": "p1"}, client=client)
+    assert [s.object_id for s in listed] == [s.object_id for s in reversed(made)]
+    assert len(emulator.calls("SandboxListV2")) == 4  # three pages of one, then an empty one
+
+    def ids(tags: dict[str, str]) -> list[str]:
+        found = modal.Sandbox.list(app_id=app.app_id, tags=tags, client=client)
+        return [s.object_id for s in found]
+
+    assert ids({"warm": "yes"}) == [made[0].object_id]
+    assert ids({"pool": "p2"}) == [other.object_id]
+    made[1].terminate()
+    assert ids({"pool": "p1"}) == [made[2].object_id, made[0].object_id]  # running ones only
+
+
+# --- the end of a sandbox ----------------------------------------------------------------------
+
+
+def test_the_deadline_ends_a_sandbox_on_the_moved_clock(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    sandbox = modal.Sandbox.create(*WORKER, app=app, image=image, timeout=600)
+    container_id = emulator.sandbox(sandbox.object_id)["container_id"]
+    assert emulator.advance_clock(599) == []
+    assert sandbox.poll() is None
+    assert emulator.advance_clock(2) == [sandbox.object_id]
+
+    with pytest.raises(modal.exception.SandboxTimeoutError):
+        sandbox.wait()
+    assert sandbox.returncode == 124
+    assert container_gone(container_id)
+    assert modal.Sandbox.from_id(sandbox.object_id, client=client).returncode == 124
+    sandbox.terminate()  # terminating an ended sandbox succeeds and changes nothing
+    sandbox.poll()
+    assert sandbox.returncode == 124
+    assert emulator.sandbox(sandbox.object_id)["result"]["status"] == "TIMEOUT"
+
+
+def test_the_deadline_also_passes_in_real_time(app: modal.App, image: modal.Image) -> None:
+    sandbox = modal.Sandbox.create(app=app, image=image, timeout=2)
+    started = time.monotonic()
+    with pytest.raises(modal.exception.SandboxTimeoutError):
+        sandbox.wait()
+    assert time.monotonic() - started < 20
+    assert sandbox.returncode == 124
+
+
+def test_terminate_gives_137_and_is_idempotent(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    for gpu in ("T4", None):  # both generations
+        sandbox = modal.Sandbox.create(*WORKER, app=app, image=image, gpu=gpu)
+        container_id = emulator.sandbox(sandbox.object_id)["container_id"]
+        sandbox.terminate()
+        sandbox.terminate()
+        sandbox.wait(raise_on_termination=False)
+        assert sandbox.returncode == 137
+        assert container_gone(container_id)
+        again = modal.Sandbox.from_id(sandbox.object_id, client=client)
+        assert again.returncode == 137
+        again.terminate()
+
+
+def test_a_process_that_exits_ends_its_sandbox_with_its_code(
+    app: modal.App, image: modal.Image
+) -> None:
+    sandbox = modal.Sandbox.create("/bin/sh", "-c", "exit 3", app=app, image=image)
+    sandbox.wait()
+    assert sandbox.returncode == 3
+
+
+# --- capacity and failures ---------------------------------------------------------------------
+
+
+def test_no_capacity_is_a_resource_exhausted_error(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image
+) -> None:
+    emulator.set_no_capacity(gpu="L4")
+    with pytest.raises(modal.exception.ResourceExhaustedError):
+        modal.Sandbox.create(*WORKER, app=app, image=image, gpu="L4")
+    modal.Sandbox.create(*WORKER, app=app, image=image, gpu="H100")  # other types are fine
+    emulator.set_no_capacity(gpu="*")
+    with pytest.raises(modal.exception.ResourceExhaustedError):
+        modal.Sandbox.create(*WORKER, app=app, image=image)
+    emulator.set_no_capacity(False, gpu="*")
+    emulator.set_no_capacity(False, gpu="L4")
+
+    emulator.set_max_sandboxes(2)  # the H100 one runs: one more fits
+    modal.Sandbox.create(app=app, image=image)
+    with pytest.raises(modal.exception.ResourceExhaustedError, match="limit"):
+        modal.Sandbox.create(app=app, image=image)
+    refused = [c for c in emulator.calls() if c["status"] == "RESOURCE_EXHAUSTED"]
+    assert [c["rpc"] for c in refused] == ["SandboxCreate", "SandboxCreateV2", "SandboxCreateV2"]
+    assert len([s for s in emulator.sandboxes() if s["state"] == "running"]) == 2
+
+
+def test_a_scheduling_delay_is_waited_out_by_create(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image
+) -> None:
+    emulator.set_schedule_delay(1.5)
+    started = time.monotonic()
+    sandbox = modal.Sandbox.create(*WORKER, app=app, image=image, gpu="L4")
+    assert time.monotonic() - started >= 1.5
+    assert emulator.sandbox(sandbox.object_id)["state"] == "running"
+    assert len(emulator.calls("SandboxGetTaskId")) >= 2  # polled until scheduled
+
+
+def test_failures_the_client_retries_and_a_terminate_that_fails_once(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image
+) -> None:
+    emulator.fail_next("SandboxGetTunnels*", calls=2, per_attempt=True)
+    sandbox = modal.Sandbox.create(*WORKER, app=app, image=image, unencrypted_ports=[8080])
+    assert 8080 in sandbox.tunnels()  # the client's retries got through
+    statuses = [c["status"] for c in emulator.calls("SandboxGetTunnelsV2")]
+    assert statuses == ["UNAVAILABLE", "UNAVAILABLE", "OK"]
+
+    emulator.fail_terminate_once()
+    with pytest.raises(modal.exception.ServiceError):
+        sandbox.terminate()
+    assert sandbox.poll() is None  # still running
+    sandbox.terminate()
+    sandbox.wait(raise_on_termination=False)
+    assert sandbox.returncode == 137
+    failed = [c for c in emulator.calls("SandboxTerminateV2") if c["status"] == "UNAVAILABLE"]
+    assert len(failed) == 4 and len({c["idempotency_key"] for c in failed}) == 1  # 1 + 3 retries
+
+
+# --- the emulator's own cleanup ------------------------------------------------------------------
+
+
+def test_the_emulator_removes_its_containers_and_network_even_when_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    network = f"oa-modal-{uuid.uuid4().hex[:8]}"
+    second = ModalEmulator(network=network, log_path=tmp_path / "emulator.log")
+    label = {"label": f"{LABEL_INSTANCE}={second.instance}"}
+    with second:
+        monkeypatch.setenv("MODAL_SERVER_URL", second.server_url)
+        with modal.Client.from_credentials(second.token_id, second.token_secret) as client:
+            app = modal.App.lookup("cleanup", create_if_missing=True, client=client)
+            image = modal.Image.from_registry(WORKER_IMAGE)
+            for _ in range(2):
+                modal.Sandbox.create(app=app, image=image)
+        assert len(docker_client().containers.list(filters=label)) == 2
+        assert docker_client().networks.list(names=[network])
+        assert second.proc is not None
+        second.proc.kill()  # no shutdown code of its own runs
+        second.proc.wait(10)
+    assert docker_client().containers.list(all=True, filters=label) == []
+    assert docker_client().networks.list(names=[network]) == []
