@@ -1,10 +1,11 @@
 """Fixtures: a real Docker engine, the demo worker image, an engine that accepts GPU
 device requests, schedulers as processes, a migrated store on each database, and the
-RunPod emulator."""
+RunPod and Modal emulators."""
 
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from openalice_scheduler.store import open_store
 from tests.engines import PrivateEngine
 from tests.harness import REPO, WORKER_IMAGE, Scheduler, database_url, docker_client
+from tests.modal_emulator import ModalEmulator
 from tests.postgres import PrivatePostgres
 from tests.runpod_emulator import RunPodEmulator
 
@@ -90,6 +92,16 @@ def runpod_server(request: pytest.FixtureRequest) -> Iterator[RunPodEmulator]:
     """One RunPod emulator per test module, taking that module's own `KEY`: each module
     then checks its own key leaks nowhere."""
     with RunPodEmulator(api_key=request.module.KEY) as emulator:
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def modal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModalEmulator]:
+    """One Modal emulator per test module, on a Docker network of its own (its log in
+    the module's temp directory); every container it made is removed at the end.
+    `modal_server.client_env()` is what a process with the `modal` client needs."""
+    log = tmp_path_factory.mktemp("modal") / "emulator.log"
+    with ModalEmulator(network=f"oa-modal-{uuid.uuid4().hex[:8]}", log_path=log) as emulator:
         yield emulator
 
 

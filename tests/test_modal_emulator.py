@@ -2,7 +2,8 @@
 the emulator by MODAL_SERVER_URL and the token pair): what a Modal provider will see.
 
 Each test gets a fresh emulator state (`reset`: every sandbox ended and its container
-removed); the emulator process is one per module, and removes its containers at exit.
+removed); the emulator process is one per module (`modal_server`, conftest.py), and
+removes its containers at exit.
 """
 
 from __future__ import annotations
@@ -29,22 +30,15 @@ WORKER = ("/bin/sh", "/entry.sh")  # the demo worker's own start, given explicit
 LEASE_VALUE = "lease-" + uuid.uuid4().hex  # a value that must only reach the container
 
 
-@pytest.fixture(scope="module")
-def modal_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModalEmulator]:
-    log = tmp_path_factory.mktemp("modal") / "emulator.log"
-    with ModalEmulator(network=f"oa-modal-{uuid.uuid4().hex[:8]}", log_path=log) as emulator:
-        yield emulator
-
-
 @pytest.fixture
 def emulator(
-    modal_emulator: ModalEmulator, monkeypatch: pytest.MonkeyPatch
+    modal_server: ModalEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[ModalEmulator]:
-    modal_emulator.reset()
-    for key, value in modal_emulator.client_env().items():
+    modal_server.reset()
+    for key, value in modal_server.client_env().items():
         monkeypatch.setenv(key, value)
-    yield modal_emulator
-    modal_emulator.reset()
+    yield modal_server
+    modal_server.reset()
 
 
 @pytest.fixture
@@ -64,8 +58,8 @@ def image() -> modal.Image:
 
 
 @pytest.fixture(scope="module")
-def emulator_ca(modal_emulator: ModalEmulator) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=modal_emulator.ca_file)
+def emulator_ca(modal_server: ModalEmulator) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=modal_server.ca_file)
 
 
 def worker_answer(url: str, context: ssl.SSLContext, timeout: float = 30) -> dict[str, Any]:

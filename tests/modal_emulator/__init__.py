@@ -11,11 +11,10 @@ See README.md beside this file for what is emulated, what is recorded and the sw
 
 from .containers import LABEL_APP, LABEL_INSTANCE, LABEL_SANDBOX
 from .handle import ModalEmulator
-from .servicer import CHECKED_CLIENT_VERSION, EMULATED_RPCS
+from .version import CHECKED_CLIENT_VERSION
 
 __all__ = [
     "CHECKED_CLIENT_VERSION",
-    "EMULATED_RPCS",
     "LABEL_APP",
     "LABEL_INSTANCE",
     "LABEL_SANDBOX",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .server import LOOPBACK, EmulatorConfig, serve
-from .servicer import CHECKED_CLIENT_VERSION
+from .version import CHECKED_CLIENT_VERSION
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:

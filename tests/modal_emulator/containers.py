@@ -144,14 +144,14 @@ class Containers:
         try:
             container.start()
             container.reload()
+            settings = container.attrs["NetworkSettings"]
+            if self.network is None:
+                address = settings.get("IPAddress", "")
+            else:
+                address = settings["Networks"][self.network]["IPAddress"]
         except Exception:
             self.remove(container.id)
             raise
-        settings = container.attrs["NetworkSettings"]
-        if self.network is None:
-            address = settings.get("IPAddress", "")
-        else:
-            address = settings["Networks"][self.network]["IPAddress"]
         return str(container.id), str(address)
 
     def remove(self, container_id: str) -> None:

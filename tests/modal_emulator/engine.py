@@ -126,7 +126,8 @@ class SandboxEngine:
         except Exception as exc:  # noqa: BLE001 - Docker's reason becomes the result
             await self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exception=str(exc))
             return
-        record.container_id, record.address = container_id, address
+        # It ran, if only for a moment (a process that exits at once ends it already).
+        record.container_id, record.address, record.task_id = container_id, address, task_id
         if record.state == "ended":  # ended while its container was being made
             await asyncio.to_thread(self.containers.remove, container_id)
             return
@@ -147,7 +148,6 @@ class SandboxEngine:
             for tunnel in record.tunnels:
                 await tunnel.close()
             return
-        record.task_id = task_id
         record.state = "running"
         record.started.set()
 

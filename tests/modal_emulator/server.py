@@ -6,6 +6,7 @@ the control API, the sandbox engine with its containers and tunnels, and the CA.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -21,11 +22,13 @@ from .auth import Credentials
 from .containers import Containers
 from .control import make_control_app
 from .engine import SandboxEngine
-from .servicer import CHECKED_CLIENT_VERSION, ModalServicer
+from .servicer import ModalServicer
 from .state import EmulatorState
 from .tls import make_certificates
+from .version import CHECKED_CLIENT_VERSION
 
 LOOPBACK = "127.0.0.1"
+_CLOSE_TIMEOUT = 3.0
 log = logging.getLogger("modal_emulator")
 
 
@@ -94,6 +97,8 @@ async def serve(
         await stop.wait()
     finally:
         server.close()
-        await server.wait_closed()
+        # Long polls (SandboxWait holds a call up to 55 s) are not waited for.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), _CLOSE_TIMEOUT)
         await runner.cleanup()
         await engine.close()

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import grpclib.const
@@ -31,12 +29,9 @@ from .engine import SandboxEngine
 from .objects import ObjectRpcs
 from .sandbox_rpcs import SandboxRpcs
 from .state import Call, EmulatorState
+from .version import CHECKED_CLIENT_VERSION
 
 log = logging.getLogger("modal_emulator")
-# The modal version whose protocol the emulator answers: contract.json (make_contract.py).
-CHECKED_CLIENT_VERSION: str = json.loads((Path(__file__).with_name("contract.json")).read_text())[
-    "x-source"
-]["version"]
 _MAX_CALLS = 20_000  # the call log keeps the latest ones
 _current_call: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
     "modal_emulator_call", default=None
