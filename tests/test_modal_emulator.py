@@ -95,6 +95,17 @@ def test_the_installed_client_is_the_one_the_emulator_was_checked_against() -> N
     assert differences(load(), build()) == []
 
 
+def test_a_client_of_another_version_is_refused(
+    emulator: ModalEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODAL_OVERRIDE_HEADERS", "x-modal-client-version:1.7.0")
+    with (
+        modal.Client.from_credentials(emulator.token_id, emulator.token_secret) as newer,
+        pytest.raises(modal.exception.ConflictError, match="checked against"),
+    ):
+        modal.App.lookup("openalice-tests", create_if_missing=True, client=newer)
+
+
 # --- apps, auth, images ---------------------------------------------------------------------
 
 
@@ -221,6 +232,16 @@ def test_a_sandbox_without_a_command_runs_nothing_of_its_image(
         httpx.get(url, verify=emulator_ca, timeout=5)
     assert sandbox.poll() is None  # it sleeps
     assert emulator.sandbox(sandbox.object_id)["command"] is None
+
+
+def test_a_named_sandbox_is_found_by_name_and_its_name_is_taken(
+    app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    sandbox = modal.Sandbox.create(app=app, image=image, name="worker-1")
+    found = modal.Sandbox.from_name("openalice-tests", "worker-1", client=client)
+    assert found.object_id == sandbox.object_id
+    with pytest.raises(modal.exception.AlreadyExistsError):
+        modal.Sandbox.create(app=app, image=image, name="worker-1")
 
 
 # --- tags and listing --------------------------------------------------------------------------
