@@ -311,9 +311,9 @@ def test_terminate_gives_137_and_is_idempotent(
     for gpu in ("T4", None):  # both generations
         sandbox = modal.Sandbox.create(*WORKER, app=app, image=image, gpu=gpu)
         container_id = emulator.sandbox(sandbox.object_id)["container_id"]
+        assert sandbox.terminate(wait=True) == 137
         sandbox.terminate()
-        sandbox.terminate()
-        sandbox.wait(raise_on_termination=False)
+        sandbox.poll()
         assert sandbox.returncode == 137
         assert container_gone(container_id)
         again = modal.Sandbox.from_id(sandbox.object_id, client=client)
