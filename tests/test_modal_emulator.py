@@ -112,7 +112,8 @@ def test_a_client_of_another_version_is_refused(
 def test_an_app_is_created_once_and_found_again(client: modal.Client) -> None:
     made = modal.App.lookup("apps-once", create_if_missing=True, client=client)
     found = modal.App.lookup("apps-once", client=client)
-    assert made.app_id == found.app_id and made.app_id.startswith("ap-")
+    assert made.app_id is not None and made.app_id.startswith("ap-")
+    assert found.app_id == made.app_id
     with pytest.raises(modal.exception.NotFoundError):
         modal.App.lookup("never-made", client=client)
 

@@ -71,7 +71,7 @@ async def _proxy(
 ) -> None:
     tunnel.connections += 1
     tunnel._streams.add(client_writer)
-    upstream_writer: asyncio.StreamWriter | None = None
+    writers = [client_writer]
     try:
         try:
             upstream_reader, upstream_writer = await asyncio.wait_for(
@@ -79,6 +79,7 @@ async def _proxy(
             )
         except (OSError, TimeoutError):
             return  # nothing listens (yet): the caller sees the connection closed
+        writers.append(upstream_writer)
         tunnel._streams.add(upstream_writer)
         pumps = [
             asyncio.ensure_future(_pump(client_reader, upstream_writer)),
@@ -90,12 +91,11 @@ async def _proxy(
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
     finally:
-        for writer in (client_writer, upstream_writer):
-            if writer is not None:
-                tunnel._streams.discard(writer)
-                writer.close()
-                with contextlib.suppress(Exception):
-                    await writer.wait_closed()
+        for writer in writers:
+            tunnel._streams.discard(writer)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
 
 
 async def open_tunnel(
