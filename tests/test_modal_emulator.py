@@ -8,8 +8,14 @@ removes its containers at exit.
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import ssl
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -243,6 +249,72 @@ def test_a_named_sandbox_is_found_by_name_and_its_name_is_taken(
     assert found.object_id == sandbox.object_id
     with pytest.raises(modal.exception.AlreadyExistsError):
         modal.Sandbox.create(app=app, image=image, name="worker-1")
+
+
+def test_another_process_with_the_client_env_reaches_the_worker_through_its_tunnel(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image
+) -> None:
+    """What the scheduler does: the client from MODAL_* alone, the tunnel trusted through
+    SSL_CERT_FILE by httpx's default context."""
+    sandbox = modal.Sandbox.create(
+        *WORKER, app=app, image=image, env={"LEASE_ID": LEASE_VALUE}, encrypted_ports=[8080]
+    )
+    script = textwrap.dedent("""
+        import json, sys, time
+        import httpx, modal
+        sandbox = modal.Sandbox.from_id(sys.argv[1])
+        url = sandbox.tunnels()[8080].url
+        for _ in range(100):
+            try:
+                print(json.dumps(httpx.get(url + "/", timeout=5).json()))
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODAL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", script, sandbox.object_id],
+        env={**env, **emulator.client_env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["lease_id"] == LEASE_VALUE
+    assert "SandboxWaitV2" in rpcs(emulator)  # from_id of a V2 sandbox
+
+
+def test_a_sandbox_reaches_a_server_on_the_host_at_the_network_gateway(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image
+) -> None:
+    """The worker's way to the scheduler (its self-check), as to a public URL on Modal."""
+    gateway = emulator.network_gateway
+    assert gateway is not None
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((gateway, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://{gateway}:{server.server_address[1]}/v1/lease/l-1/self"
+        probe = ("/bin/busybox", "timeout", "10", "/bin/busybox", "wget", "-q", "-O", "-", url)
+        sandbox = modal.Sandbox.create(*probe, app=app, image=image)
+        sandbox.wait()
+        assert sandbox.returncode == 0
+        assert asked == ["/v1/lease/l-1/self"]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # --- tags and listing --------------------------------------------------------------------------

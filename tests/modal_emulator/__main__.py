@@ -3,9 +3,9 @@
     python -m tests.modal_emulator --port N --network NAME
 
 Prints one JSON line on stdout once it serves (`server_url` for `MODAL_SERVER_URL`,
-`control_url`, `ca_file` for `SSL_CERT_FILE`, `token_id`, `instance`, and
-`token_secret` when it made one up), then serves until SIGINT or SIGTERM, and removes
-every container it made on the way out. The token pair comes from
+`control_url`, `ca_file` for `SSL_CERT_FILE`, `token_id`, `instance`, `network`,
+`network_gateway`, and `token_secret` when it made one up), then serves until SIGINT
+or SIGTERM, and removes every container it made on the way out. The token pair comes from
 `MODAL_EMULATOR_TOKEN_ID` / `MODAL_EMULATOR_TOKEN_SECRET` when set (never from the
 command line), else is made up.
 """

@@ -104,6 +104,13 @@ class Containers:
             )
             self._network_made = True
 
+    def gateway(self) -> str | None:
+        """The host's address on the network: how a sandbox reaches a server on the host
+        (the scheduler's public URL, say)."""
+        network = self._client.networks.get(self.network or "bridge")
+        configs = network.attrs.get("IPAM", {}).get("Config") or [{}]
+        return configs[0].get("Gateway")
+
     # --- images and containers ---------------------------------------------------------
 
     def image_exists(self, reference: str) -> bool:

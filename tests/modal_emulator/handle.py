@@ -83,6 +83,13 @@ class ModalEmulator:
         """The emulator's CA (PEM), for `SSL_CERT_FILE` of whoever calls a tunnel."""
         return str(self.info["ca_file"])
 
+    @property
+    def network_gateway(self) -> str | None:
+        """The host's address on the sandboxes' network (for a scheduler's public URL that
+        its workers in sandboxes reach)."""
+        gateway = self.info.get("network_gateway")
+        return str(gateway) if gateway else None
+
     def client_env(self) -> dict[str, str]:
         """The environment a process with the `modal` client needs to use the emulator."""
         return {

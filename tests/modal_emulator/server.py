@@ -93,6 +93,7 @@ async def serve(
                 "token_id": config.token_id,
                 "instance": config.instance,
                 "network": config.network,
+                "network_gateway": await asyncio.to_thread(containers.gateway),
             }
         )
         await stop.wait()
