@@ -346,6 +346,26 @@ def test_tags_filter_the_list_which_pages_until_an_empty_page(
     assert ids({"pool": "p1"}) == [made[2].object_id, made[0].object_id]  # running ones only
 
 
+def test_listed_sandboxes_of_either_kind_can_be_terminated(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    """A provider's reconciliation: find its sandboxes by tag, end the ones it lost."""
+    owned = {"owner": "scheduler-1"}
+    made = [
+        modal.Sandbox.create(*WORKER, app=app, image=image, gpu="L4", tags=owned),
+        modal.Sandbox.create(*WORKER, app=app, image=image, tags=owned),
+    ]
+    listed = list(modal.Sandbox.list(app_id=app.app_id, tags=owned, client=client))
+    assert {s.object_id for s in listed} == {s.object_id for s in made}
+    for sandbox in listed:
+        assert sandbox.returncode is None
+        sandbox.terminate()
+    assert list(modal.Sandbox.list(app_id=app.app_id, tags=owned, client=client)) == []
+    assert [emulator.sandbox(s.object_id)["result"]["returncode"] for s in made] == [137, 137]
+    terminated = {c["rpc"] for c in emulator.calls() if c["rpc"].startswith("SandboxTerminate")}
+    assert terminated == {"SandboxTerminate", "SandboxTerminateV2"}  # each by its own kind
+
+
 # --- the end of a sandbox ----------------------------------------------------------------------
 
 
