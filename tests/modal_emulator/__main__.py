@@ -52,6 +52,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         help=f"also accept this modal client version (checked: {CHECKED_CLIENT_VERSION})",
     )
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop (and remove its containers) when the process that started it is gone",
+    )
     parser.add_argument("--log-level", default="WARNING")
     return parser.parse_args(argv)
 
@@ -85,12 +90,23 @@ def main(argv: list[str] | None = None) -> int:
             info["token_secret"] = token_secret
         print(json.dumps(info), flush=True)
 
+    async def watch_parent(stop: asyncio.Event) -> None:
+        parent = os.getppid()
+        while os.getppid() == parent:  # a test process killed -9 leaves no emulator behind
+            await asyncio.sleep(1)
+        stop.set()
+
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await serve(config, ready, stop)
+        watcher = asyncio.ensure_future(watch_parent(stop)) if args.exit_with_parent else None
+        try:
+            await serve(config, ready, stop)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
 
     asyncio.run(run())
     return 0

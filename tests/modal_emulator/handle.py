@@ -115,6 +115,7 @@ class ModalEmulator:
             self.instance,
             "--tunnel-host",
             self.tunnel_host,
+            "--exit-with-parent",
             *(["--network", self.network] if self.network else []),
             *self.extra_args,
         ]
