@@ -120,6 +120,7 @@ def test_an_app_is_created_once_and_found_again(client: modal.Client) -> None:
     found = modal.App.lookup("apps-once", client=client)
     assert made.app_id is not None and made.app_id.startswith("ap-")
     assert found.app_id == made.app_id
+    assert modal.App.lookup(made.app_id, client=client).app_id == made.app_id
     with pytest.raises(modal.exception.NotFoundError):
         modal.App.lookup("never-made", client=client)
 

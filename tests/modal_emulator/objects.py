@@ -85,7 +85,9 @@ class ObjectRpcs:
         assert request is not None
         environment = environment_name(request.environment_name)
         key = (environment, request.app_name)
-        app = self.state.apps.get(key)
+        app = self.state.apps.get(key) or next(  # `App.lookup` also takes an app id
+            (a for a in self.state.apps.values() if a.app_id == request.app_name), None
+        )
         if app is None:
             if request.object_creation_type != _CREATE.OBJECT_CREATION_TYPE_CREATE_IF_MISSING:
                 raise GRPCError(
