@@ -55,6 +55,14 @@ class LeaseConflict(SchedulerError):
     status = 409
 
 
+class PastProviderDeadline(SchedulerError):
+    """A renewal past the time its provider itself ends the worker (Modal's sandbox
+    `timeout`): the lease keeps its expiry; `deadline` says when the worker goes."""
+
+    code = "past_provider_deadline"
+    status = 409
+
+
 class BodyTooLarge(SchedulerError):
     code = "body_too_large"
     status = 413

@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry.trace import Tracer
 from prometheus_client import Gauge
 
-from openalice_scheduler.errors import LeaseNotFound, Preempting
+from openalice_scheduler.errors import LeaseNotFound, PastProviderDeadline, Preempting
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.ids import is_lease_id
 from openalice_scheduler.lease_access import LeaseAccess
@@ -36,9 +36,9 @@ from openalice_scheduler.lifecycle.views import provider_view
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import MAX_TTL_SECONDS, GroupBy, LeaseRequest, LeaseState
-from openalice_scheduler.providers import Provider, WorkerInfo
+from openalice_scheduler.providers import BoundedProvider, Provider, WorkerInfo
 from openalice_scheduler.providers.probe import ReadyProbe
-from openalice_scheduler.store import LeaseRecord, LeaseStore
+from openalice_scheduler.store import LeaseRecord, LeaseStore, format_us
 from openalice_scheduler.store import usage as counting
 from openalice_scheduler.store.spending import DAY_US
 
@@ -191,9 +191,19 @@ class LeaseService:
             raise LeaseNotFound(f"lease {lease_id} is {state}; only an active lease renews")
         check_owner(record, owner)
         ttl = min(ttl_seconds or record.ttl_seconds, MAX_TTL_SECONDS)
-        renewed = await self.store.renew(
-            lease_id, states.RENEW, expires_at=now + ttl * 1_000_000, now=now
-        )
+        expires_at = now + ttl * 1_000_000
+        provider = self.core.by_name.get(record.provider)
+        if isinstance(provider, BoundedProvider):
+            deadline = record.created_at + int(provider.max_lifetime_seconds * 1e6)
+            if expires_at > deadline:
+                raise PastProviderDeadline(
+                    f"lease {lease_id} cannot be renewed past {format_us(deadline)}: "
+                    f"{record.provider} ends its worker then, whatever the scheduler does "
+                    f"(at most {provider.max_lifetime_seconds:g} s from its creation)",
+                    lease_id=lease_id,
+                    deadline=format_us(deadline),
+                )
+        renewed = await self.store.renew(lease_id, states.RENEW, expires_at=expires_at, now=now)
         if renewed is None:
             raise LeaseNotFound(f"lease {lease_id} ended while renewing")
         log.info("lease %s renewed until %s", lease_ref(renewed), renewed.wire()["expires_at"])

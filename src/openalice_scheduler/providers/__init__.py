@@ -9,6 +9,7 @@ from collections.abc import Callable
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
     Availability,
+    BoundedProvider,
     InstantProvider,
     PartialListing,
     PlacingProvider,
@@ -41,6 +42,12 @@ def _runpod(settings: Settings) -> Provider:
     return RunPodProvider(settings)
 
 
+def _modal(settings: Settings) -> Provider:
+    from openalice_scheduler.providers.modal import ModalProvider
+
+    return ModalProvider(settings)
+
+
 def _static(settings: Settings) -> Provider:
     from openalice_scheduler.prices import parse_prices
     from openalice_scheduler.providers.static import StaticProvider
@@ -57,6 +64,7 @@ REGISTRY: dict[str, Callable[[Settings], Provider]] = {
     "local-docker": _local_docker,
     "runpod": _runpod,
     "static": _static,
+    "modal": _modal,
 }
 
 
@@ -104,6 +112,11 @@ def _skip_reason(name: str, settings: Settings) -> str | None:
     key = settings.runpod_api_key
     if name == "runpod" and (key is None or not key.get_secret_value()):
         return "RUNPOD_API_KEY is not set"
+    secret = settings.modal_token_secret
+    if name == "modal" and (
+        not settings.modal_token_id or secret is None or not secret.get_secret_value()
+    ):
+        return "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET are not both set"
     return None
 
 
@@ -146,6 +159,7 @@ def _static_problems(settings: Settings) -> list[str]:
 __all__ = [
     "REGISTRY",
     "Availability",
+    "BoundedProvider",
     "InstantProvider",
     "PartialListing",
     "PlacingProvider",

@@ -194,3 +194,13 @@ class PlacingProvider(Provider, Protocol):
     place is recorded as the lease's `host`, and `spec.resource` names it to `provision`."""
 
     def placer(self, spec: WorkerSpec) -> Callable[[Set[str]], Placement]: ...
+
+
+@runtime_checkable
+class BoundedProvider(Provider, Protocol):
+    """A provider whose backend itself ends every worker a fixed time after its creation
+    (Modal: the sandbox's `timeout`), whatever the scheduler does: a lease on it lives at
+    most `max_lifetime_seconds` from its creation, renewals included. An acquire whose
+    TTL is longer is not served there, and a renewal past it is refused (409)."""
+
+    max_lifetime_seconds: float

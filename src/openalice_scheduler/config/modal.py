@@ -1,0 +1,67 @@
+"""Modal's settings (README, Workers on Modal)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings
+
+# What MODAL_PRICE_PER_HOUR is when unset, USD per hour: Modal's published per-second
+# rates (modal.com/pricing as of 2025; this host cannot reach it to check again) for a
+# sandbox of 1 physical core (0.0000131 $/s) and 2 GiB (0.00000222 $/GiB/s), about
+# 0.063 $/h, plus its GPU: L4 0.000222 $/s, L40S 0.000542 $/s, H100 0.001097 $/s.
+MODAL_DEFAULT_PRICES = "none=0.063,entry=0.86,mid=2.01,high=4.01"
+# Modal ends a sandbox at its `timeout`, at most 24 hours.
+MODAL_MAX_TIMEOUT_S = 86_400
+
+
+class ModalSettings(BaseSettings):
+    modal_token_id: str | None = None
+    modal_token_secret: SecretStr | None = None
+    modal_app_name: str = Field("openalice-scheduler", min_length=1, max_length=64)
+    modal_renderer_image: str = Field(
+        "openalice-demo-worker:latest", min_length=1, description="A registry reference."
+    )
+    modal_anim_image: str = Field("openalice-demo-worker:latest", min_length=1)
+    modal_renderer_command: str = Field(
+        "/bin/sh /entry.sh",
+        min_length=1,
+        description="What the sandbox runs (Modal runs no CMD of an image): shell words.",
+    )
+    modal_anim_command: str = Field("/bin/sh /entry.sh", min_length=1)
+    modal_gpu_types: str = Field(
+        "entry=L4,mid=L40S,high=H100",
+        description="Modal's GPU type per GPU class; `none` runs on CPU.",
+    )
+    modal_max_sandboxes: int = Field(0, ge=0, description="Cap on live sandboxes; 0 = none.")
+    modal_price_per_hour: str = Field(MODAL_DEFAULT_PRICES)
+    modal_sandbox_timeout_seconds: int = Field(
+        MODAL_MAX_TIMEOUT_S,
+        ge=60,
+        le=MODAL_MAX_TIMEOUT_S,
+        description="The deadline Modal itself enforces on every sandbox, counted from its "
+        "creation: the longest a lease on Modal may live, renewals included.",
+    )
+
+    @field_validator("modal_gpu_types")
+    @classmethod
+    def _gpu_types(cls, value: str) -> str:
+        parse_gpu_types(value)
+        return value
+
+    def modal_gpu_type(self, gpu_class: str) -> str | None:
+        """Modal's GPU type for `gpu_class` (None: CPU, or not served)."""
+        return parse_gpu_types(self.modal_gpu_types).get(gpu_class)
+
+
+def parse_gpu_types(value: str) -> dict[str, str]:
+    """`entry=L4,mid=L40S,high=H100` as {class: type}. ValueError naming the bad part."""
+    found: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        cls, sep, gpu = (x.strip() for x in part.partition("="))
+        if not sep or cls not in ("entry", "mid", "high") or not gpu:
+            raise ValueError(
+                f"{part[:64]!r} is not class=TYPE with a class of entry, mid or high "
+                "(e.g. entry=L4,mid=L40S,high=H100)"
+            )
+        found[cls] = gpu
+    return found

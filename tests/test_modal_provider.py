@@ -1,0 +1,173 @@
+"""Workers on Modal (issue 26), against the Modal emulator (tests/modal_emulator/): the
+scheduler as a process with the official `modal` client pointed at the emulator, each
+sandbox a real Docker container of the demo worker reached through its TLS tunnel."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.harness import WORKER_IMAGE, Scheduler, wait_for
+from tests.modal_emulator import ModalEmulator
+
+Make = Callable[..., Scheduler]
+PRICES = {"none": 0.063, "entry": 0.86}
+
+
+@pytest.fixture
+def modal(modal_server: ModalEmulator) -> ModalEmulator:
+    modal_server.reset()
+    return modal_server
+
+
+def on_modal(make_scheduler: Make, emulator: ModalEmulator, **env: str) -> Scheduler:
+    env.setdefault("PROVIDERS", "modal")
+    return make_scheduler(
+        **emulator.client_env(),
+        MODAL_APP_NAME=f"oa-tests-{emulator.token_id[-6:]}",
+        MODAL_RENDERER_IMAGE=WORKER_IMAGE,
+        MODAL_ANIM_IMAGE=WORKER_IMAGE,
+        RENDERER_READY_PATH="/healthz",
+        ANIM_READY_PATH="/healthz",
+        **env,
+    )
+
+
+def asked(emulator: ModalEmulator, lease: dict[str, Any]) -> dict[str, Any]:
+    """What the scheduler asked of Modal for `lease`'s sandbox."""
+    return emulator.sandbox(lease["provider_token"])
+
+
+def test_a_lease_on_modal_is_a_sandbox_reached_through_its_tunnel(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal, MODAL_SANDBOX_TIMEOUT_SECONDS="3600")
+    lease = sched.lease(kind="renderer", owner_id="me", ttl_seconds=600, env={"SCENE": "intro"})
+    assert lease["provider"] == "modal"
+    assert lease["endpoint"].startswith("https://")
+    assert lease["price_per_hour"] == PRICES["none"] and lease["gpu_type"] is None
+    # The worker itself answers through the tunnel, with its lease.
+    page = httpx.get(lease["endpoint"] + "/", verify=modal.ca_file, timeout=10).json()
+    assert page["lease_id"] == lease["lease_id"] and page["fence"] == lease["fence"]
+
+    sandbox = asked(modal, lease)
+    assert sandbox["image"] == WORKER_IMAGE and sandbox["timeout_secs"] == 3600
+    assert sandbox["gpu"] in (None, "")
+    assert sandbox["tags"]["openalice_lease"] == lease["lease_id"]
+    assert sandbox["tags"]["openalice_instance"] == sched.instance
+    # The env went as a secret: its keys are the worker's, no value is on record.
+    assert {"SCENE", "LEASE_ID", "LEASE_FENCE"} <= set(sandbox["env_keys"])
+    assert "intro" not in str(modal.state())
+
+    renewed = sched.http.post(
+        f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 900},
+        headers={"X-Lease-Owner": "me"},
+    )
+    assert renewed.status_code == 200, renewed.text
+    assert sched.release(lease["lease_id"], owner="me").status_code == 204
+    ended = asked(modal, lease)
+    assert ended["state"] == "ended" and ended["result"]["returncode"] == 137
+    done = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
+    assert done["state"] == "released" and done["cost"] is not None
+
+
+def test_each_gpu_class_asks_modal_for_its_gpu_type(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal, MODAL_GPU_TYPES="entry=L4,mid=L40S")
+    lease = sched.lease(kind="anim", gpu="entry", ttl_seconds=300)
+    assert asked(modal, lease)["gpu"] == "L4"
+    assert lease["gpu_type"] == "L4" and lease["price_per_hour"] == PRICES["entry"]
+    # A class with no type named is not served on Modal, and says why.
+    refused = sched.acquire(kind="anim", gpu="high")
+    assert refused.status_code == 503, refused.text
+    assert "MODAL_GPU_TYPES" in refused.json()["message"]
+    assert sched.release(lease["lease_id"]).status_code == 204
+
+
+def test_modal_ends_the_sandbox_at_its_deadline_with_no_scheduler_running(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal, MODAL_SANDBOX_TIMEOUT_SECONDS="120")
+    # A lease on Modal lives at most the sandbox's timeout: a longer TTL is not served
+    # there, and a renewal past it is refused, saying when the worker goes.
+    too_long = sched.acquire(kind="renderer", ttl_seconds=600)
+    assert too_long.status_code == 503, too_long.text
+    assert "MODAL_SANDBOX_TIMEOUT_SECONDS" in too_long.json()["message"]
+    lease = sched.lease(kind="renderer", ttl_seconds=60)
+    assert asked(modal, lease)["timeout_secs"] == 120
+    past = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 300})
+    assert past.status_code == 409, past.text
+    assert past.json()["error"] == "past_provider_deadline" and "deadline" in past.json()
+
+    sched.kill()  # no scheduler, and no guard runs
+    assert asked(modal, lease)["state"] == "running"
+    modal.advance_clock(121)
+    ended = wait_for(
+        lambda: (s := asked(modal, lease))["state"] == "ended" and s,
+        30,
+        what="Modal to end the sandbox at its deadline",
+    )
+    assert ended["result"]["returncode"] == 124  # Modal's own timeout
+
+
+def test_no_capacity_on_modal_falls_over_to_docker(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal, PROVIDERS="modal,local-docker")
+    modal.set_no_capacity(True)
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    assert lease["provider"] == "local-docker"
+    assert [s for s in modal.sandboxes() if s["state"] != "ended"] == []
+    modal.set_no_capacity(False)
+    on_modal_now = sched.lease(kind="renderer", ttl_seconds=300)
+    assert on_modal_now["provider"] == "modal"
+
+
+def test_the_modal_token_is_in_no_log_and_no_error(make_scheduler: Make, modal: ModalEmulator) -> None:
+    secret = modal.token_secret
+    good = on_modal(make_scheduler, modal)
+    lease = good.lease(kind="renderer", ttl_seconds=300)
+    assert good.release(lease["lease_id"]).status_code == 204
+    # A wrong secret: the acquire fails, naming the problem, and never the secret.
+    wrong = on_modal(make_scheduler, modal, MODAL_TOKEN_SECRET="wrong-" + secret[::-1])
+    failed = wrong.acquire(kind="renderer", ttl_seconds=300)
+    assert failed.status_code in (502, 503), failed.text
+    assert "modal" in failed.text.lower()
+    for sched in (good, wrong):
+        assert secret not in sched.log() and secret[::-1] not in sched.log()
+    assert secret[::-1] not in failed.text
+    providers = good.http.get("/v1/providers").text
+    assert secret not in providers
+
+
+def test_a_scheduler_killed_mid_create_leaves_no_sandbox_behind(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal, RECONCILE_INTERVAL_SECONDS="1")
+    modal.set_schedule_delay(4)  # the create waits for its container
+    answers: list[Any] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(sched.acquire(kind="renderer", ttl_seconds=300)),
+        daemon=True,
+    )
+    caller.start()
+    wait_for(lambda: modal.sandboxes(), 30, what="the sandbox to be asked for")
+    sched.kill()
+    caller.join(30)
+    modal.set_schedule_delay(0)
+    sched.start()
+    # The restarted scheduler resolves the lease it was making, and its sandbox goes.
+    wait_for(
+        lambda: all(s["state"] == "ended" for s in modal.sandboxes()),
+        60,
+        what="the half-made sandbox to be terminated",
+    )
+    leases = sched.http.get("/v1/leases", params={"state": ["failed", "released"]}).json()
+    assert len(leases) == 1 and leases[0]["state"] == "failed"
+    # One sandbox for the one lease, never two.
+    assert len(modal.sandboxes()) == 1
