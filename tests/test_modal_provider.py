@@ -4,6 +4,8 @@ sandbox a real Docker container of the demo worker reached through its TLS tunne
 
 from __future__ import annotations
 
+import contextlib
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -11,8 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.guardproc import GuardProcess
 from tests.harness import WORKER_IMAGE, Scheduler, wait_for
 from tests.modal_emulator import ModalEmulator
+from tests.test_guard import leases_learned, only_the_expired_goes
 
 Make = Callable[..., Scheduler]
 PRICES = {"none": 0.063, "entry": 0.86}
@@ -25,16 +29,16 @@ def modal(modal_server: ModalEmulator) -> ModalEmulator:
 
 
 def on_modal(make_scheduler: Make, emulator: ModalEmulator, **env: str) -> Scheduler:
-    env.setdefault("PROVIDERS", "modal")
-    return make_scheduler(
+    settings = {
         **emulator.client_env(),
-        MODAL_APP_NAME=f"oa-tests-{emulator.token_id[-6:]}",
-        MODAL_RENDERER_IMAGE=WORKER_IMAGE,
-        MODAL_ANIM_IMAGE=WORKER_IMAGE,
-        RENDERER_READY_PATH="/healthz",
-        ANIM_READY_PATH="/healthz",
-        **env,
-    )
+        "PROVIDERS": "modal",
+        "MODAL_APP_NAME": f"oa-tests-{emulator.token_id[-6:]}",
+        "MODAL_RENDERER_IMAGE": WORKER_IMAGE,
+        "MODAL_ANIM_IMAGE": WORKER_IMAGE,
+        "RENDERER_READY_PATH": "/healthz",
+        "ANIM_READY_PATH": "/healthz",
+    }
+    return make_scheduler(**{**settings, **env})
 
 
 def asked(emulator: ModalEmulator, lease: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +55,8 @@ def test_a_lease_on_modal_is_a_sandbox_reached_through_its_tunnel(
     assert lease["endpoint"].startswith("https://")
     assert lease["price_per_hour"] == PRICES["none"] and lease["gpu_type"] is None
     # The worker itself answers through the tunnel, with its lease.
-    page = httpx.get(lease["endpoint"] + "/", verify=modal.ca_file, timeout=10).json()
+    trust = ssl.create_default_context(cafile=modal.ca_file)
+    page = httpx.get(lease["endpoint"] + "/", verify=trust, timeout=10).json()
     assert page["lease_id"] == lease["lease_id"] and page["fence"] == lease["fence"]
 
     sandbox = asked(modal, lease)
@@ -64,7 +69,8 @@ def test_a_lease_on_modal_is_a_sandbox_reached_through_its_tunnel(
     assert "intro" not in str(modal.state())
 
     renewed = sched.http.post(
-        f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 900},
+        f"/v1/lease/{lease['lease_id']}/renew",
+        json={"ttl_seconds": 900},
         headers={"X-Lease-Owner": "me"},
     )
     assert renewed.status_code == 200, renewed.text
@@ -128,7 +134,9 @@ def test_no_capacity_on_modal_falls_over_to_docker(
     assert on_modal_now["provider"] == "modal"
 
 
-def test_the_modal_token_is_in_no_log_and_no_error(make_scheduler: Make, modal: ModalEmulator) -> None:
+def test_the_modal_token_is_in_no_log_and_no_error(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
     secret = modal.token_secret
     good = on_modal(make_scheduler, modal)
     lease = good.lease(kind="renderer", ttl_seconds=300)
@@ -150,11 +158,12 @@ def test_a_scheduler_killed_mid_create_leaves_no_sandbox_behind(
 ) -> None:
     sched = on_modal(make_scheduler, modal, RECONCILE_INTERVAL_SECONDS="1")
     modal.set_schedule_delay(4)  # the create waits for its container
-    answers: list[Any] = []
-    caller = threading.Thread(
-        target=lambda: answers.append(sched.acquire(kind="renderer", ttl_seconds=300)),
-        daemon=True,
-    )
+
+    def acquire() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # its scheduler is killed under it
+            sched.acquire(kind="renderer", ttl_seconds=300)
+
+    caller = threading.Thread(target=acquire, daemon=True)
     caller.start()
     wait_for(lambda: modal.sandboxes(), 30, what="the sandbox to be asked for")
     sched.kill()
@@ -171,3 +180,89 @@ def test_a_scheduler_killed_mid_create_leaves_no_sandbox_behind(
     assert len(leases) == 1 and leases[0]["state"] == "failed"
     # One sandbox for the one lease, never two.
     assert len(modal.sandboxes()) == 1
+
+
+def test_a_warm_pool_on_modal_hands_its_sandbox_over(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal, WARM_POOL="renderer/none=1")
+    wait_for(
+        lambda: sched.http.get("/v1/leases", params={"state": "idle"}).json(),
+        60,
+        what="an idle sandbox in the pool",
+    )
+    [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
+    lease = sched.lease(kind="renderer", owner_id="warm", ttl_seconds=300, env={"SHOT": "7"})
+    assert lease["provider_token"] == idle["provider_token"]  # served warm
+    trust = ssl.create_default_context(cafile=modal.ca_file)
+    page = httpx.get(lease["endpoint"] + "/", verify=trust, timeout=10).json()
+    assert page["handoff"]["lease_id"] == lease["lease_id"]
+    assert page["handoff"]["env"] == {"SHOT": "7"}
+    assert lease["price_per_hour"] == PRICES["none"]
+    # The pool makes another on Modal.
+    wait_for(
+        lambda: len(sched.http.get("/v1/leases", params={"state": "idle"}).json()) == 1,
+        60,
+        what="the pool to refill",
+    )
+
+
+def test_modal_shows_in_providers_with_its_capacity(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal, MODAL_MAX_SANDBOXES="2", MODAL_GPU_TYPES="entry=L4")
+    [view] = sched.http.get("/v1/providers").json()
+    assert view["name"] == "modal" and view["healthy"], view
+    assert view["max_workers"] == 2
+    assert {gpu: use["capacity"] for gpu, use in view["gpu"].items()} == {"none": 2, "entry": 2}
+    held = [sched.lease(kind="renderer", ttl_seconds=300) for _ in range(2)]
+    view = sched.http.get("/v1/providers").json()[0]
+    assert view["in_use"] == 2 and view["gpu"]["none"]["in_use"] == 2
+    third = sched.acquire(kind="renderer", ttl_seconds=300)
+    assert third.status_code == 503, third.text  # MODAL_MAX_SANDBOXES holds
+    for lease in held:
+        assert sched.release(lease["lease_id"]).status_code == 204
+
+
+def test_the_guard_ends_a_modal_sandbox_when_the_scheduler_is_dead(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal)
+    guard = GuardProcess(sched).start()
+    try:
+
+        def alive(lease_id: str) -> bool:
+            return any(
+                s["tags"].get("openalice_lease") == lease_id and s["state"] != "ended"
+                for s in modal.sandboxes()
+            )
+
+        short, long, last = leases_learned(sched, guard, "modal")
+        sched.kill()
+        only_the_expired_goes(alive, short, long, last)
+        assert [s["result"]["returncode"] for s in modal.sandboxes() if s["state"] == "ended"] == [
+            137
+        ]  # terminated by the guard, well before Modal's own deadline
+    finally:
+        guard.kill()
+
+
+def test_a_live_caller_preempts_an_anim_sandbox_on_modal(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(
+        make_scheduler,
+        modal,
+        MODAL_MAX_SANDBOXES="1",
+        PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
+        PREEMPTION_GRACE_SECONDS="2",
+    )
+    victim = sched.lease(kind="renderer", priority_class="anim", ttl_seconds=300)
+    live = sched.acquire(kind="renderer", priority_class="live", wait_seconds=60)
+    assert live.status_code == 200, live.text
+    assert live.json()["lease"]["provider"] == "modal"
+    ended = sched.http.get(f"/v1/lease/{victim['lease_id']}").json()
+    assert ended["release_reason"] == "preempted"
+    assert asked(modal, victim)["state"] == "ended"
+    # Its worker was told through its tunnel before it went.
+    assert "its worker was not told" not in sched.log()
