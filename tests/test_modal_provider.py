@@ -266,3 +266,31 @@ def test_a_live_caller_preempts_an_anim_sandbox_on_modal(
     assert asked(modal, victim)["state"] == "ended"
     # Its worker was told through its tunnel before it went.
     assert "its worker was not told" not in sched.log()
+
+
+def test_a_transient_error_of_modal_is_retried_and_makes_one_sandbox(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal)
+    modal.fail_next("SandboxCreate*", calls=2, per_attempt=True)
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    creates = [c for c in modal.calls() if c["rpc"].startswith("SandboxCreate")]
+    assert [c["status"] for c in creates][:2] == ["UNAVAILABLE", "UNAVAILABLE"]
+    assert creates[-1]["status"] == "OK"
+    assert [s["sandbox_id"] for s in modal.sandboxes()] == [lease["provider_token"]]
+
+
+def test_a_terminate_that_fails_once_is_retried_until_the_sandbox_is_gone(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    sched = on_modal(make_scheduler, modal, SWEEP_INTERVAL_SECONDS="1")
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    modal.fail_terminate_once()
+    answer = sched.release(lease["lease_id"])
+    assert answer.status_code in (204, 502), answer.text
+    wait_for(
+        lambda: sched.http.get(f"/v1/lease/{lease['lease_id']}").json()["state"] == "released",
+        60,
+        what="the release to be retried",
+    )
+    assert asked(modal, lease)["state"] == "ended"
