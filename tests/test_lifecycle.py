@@ -291,6 +291,9 @@ def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
         ("PROVIDERS", {"PROVIDERS": ""}, []),
         ("PROVIDERS", {"PROVIDERS": "runpod"}, ["RUNPOD_API_KEY"]),
         ("PROVIDERS", {"PROVIDERS": "runpod", "RUNPOD_API_KEY": ""}, ["RUNPOD_API_KEY"]),
+        ("PROVIDERS", {"PROVIDERS": "modal", "MODAL_TOKEN_ID": "ak-1"}, ["MODAL_TOKEN_SECRET"]),
+        ("MODAL_GPU_TYPES", {"MODAL_GPU_TYPES": "entry:L4"}, ["'entry:L4'"]),
+        ("MODAL_SANDBOX_TIMEOUT_SECONDS", {"MODAL_SANDBOX_TIMEOUT_SECONDS": "90000"}, []),
         ("SCHEDULER_PORT", {"SCHEDULER_PORT": "x"}, []),
         ("LOCAL_DOCKER_MAX_WORKERS", {"LOCAL_DOCKER_MAX_WORKERS": "-1"}, []),
         # A check across variables (the model's own validator) names the variable once.
