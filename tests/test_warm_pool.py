@@ -55,8 +55,19 @@ def wait_idle(sched: Scheduler, n: int, timeout: float = 60, **labels: str) -> N
 def worker_page(container_id: str, engine: Any = None) -> dict[str, Any]:
     """What the worker serves at GET / (its index file, read inside the container)."""
     container = (engine or docker_client()).containers.get(container_id)
-    out = container.exec_run(["/bin/busybox", "cat", "/www/index.html"]).output
-    return dict(json.loads(out))
+    # An exec's output came back empty once under load (the page is written whole, by a
+    # rename): read again before calling it a fault, and show what was read.
+    for _ in range(20):
+        result = container.exec_run(["/bin/busybox", "cat", "/www/index.html"])
+        if result.exit_code == 0 and result.output.strip():
+            break
+        time.sleep(0.25)
+    try:
+        return dict(json.loads(result.output))
+    except ValueError:
+        raise AssertionError(
+            f"the worker's page is not JSON (exit {result.exit_code}): {result.output[:300]!r}"
+        ) from None
 
 
 def ids(sched: Scheduler) -> set[str]:

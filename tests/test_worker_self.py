@@ -65,6 +65,7 @@ def test_the_self_endpoint_answers_one_lease_to_its_own_token(
         "state": "active",
         "expires_at": a["expires_at"],
         "fence": a["fence"],
+        "preempt_at": None,
     }
     # A renewal moves the deadline the worker reads.
     renewed = sched.http.post(

@@ -27,13 +27,14 @@ from openalice_scheduler.errors import (
 )
 from openalice_scheduler.ids import new_lease_id
 from openalice_scheduler.lifecycle import admission, states
-from openalice_scheduler.lifecycle.admission import Displacing, InLine, reservation_terms
+from openalice_scheduler.lifecycle.admission import InLine, reservation_terms
 from openalice_scheduler.lifecycle.attempt import Attempt, Supply
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.line import Waiter, retry_after
 from openalice_scheduler.lifecycle.making import destroy_quietly, make_worker
 from openalice_scheduler.lifecycle.pooling import Pool
+from openalice_scheduler.lifecycle.preempting import displace
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import LeaseRequest, LeaseState
 from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec
@@ -48,7 +49,6 @@ from openalice_scheduler.store import (
     Terms,
     to_us,
 )
-from openalice_scheduler.store.waiters import WaitingRow
 from openalice_scheduler.tracing import span_attributes
 
 # The service's lines, as ever (operators filter by logger name).
@@ -100,7 +100,7 @@ class Acquiring:
         return record
 
     async def _acquire_once(
-        self, request: LeaseRequest, caller: Waiter, displace: bool = True
+        self, request: LeaseRequest, caller: Waiter, may_displace: bool = True
     ) -> LeaseRecord:
         core = self.core
         attempt = self._attempt(request, caller)
@@ -123,9 +123,9 @@ class Acquiring:
         finally:
             core.in_flight.discard(lease_id)
         caller.providers = tuple(attempt.eligible)
-        if displace and attempt.full and await self._displace(attempt):
+        if may_displace and attempt.full and await displace(self.core, self.ending, attempt):
             # Room after all (a lease ended meanwhile): tried once more, now.
-            return await self._acquire_once(request, caller, displace=False)
+            return await self._acquire_once(request, caller, may_displace=False)
         if attempt.written:
             # Failed, or out of capacity everywhere it was tried: the row ends failed.
             error = "; ".join((attempt.failures or attempt.reasons).values())
@@ -201,50 +201,10 @@ class Acquiring:
         )
         return record
 
-    # --- preemption -------------------------------------------------------------------
-
-    async def _displace(self, attempt: Attempt) -> bool:
-        """A caller of a class that preempts, willing to wait, found every provider full
-        and no idle pool worker: one lease of a lower, preemptible class is displaced
-        for it (admission.preempt), on the first provider, in the policy's order, where
-        one's end makes room. The victim's worker is told at once and goes after the
-        grace; its capacity is then this caller's. Whether there was room after all."""
-        core, caller, request = self.core, attempt.caller, attempt.request
-        cls = core.priorities.classes.get(caller.priority_class)
-        if cls is None or not cls.preempts or request.wait_seconds <= 0 or caller.claims:
-            return False
-        by = (
-            f"{request.owner_id}/{request.correlation_id}"
-            if request.owner_id and request.correlation_id
-            else caller.waiter_id
-        )
-        for provider, terms in attempt.full:
-            ask = Displacing(
-                by=by,
-                cls=cls,
-                classes=core.priorities.classes,
-                row=_row(caller),
-                grace_us=int(core.preemption_grace * 1e6),
-                now=core.now_us(),
-            )
-            outcome, victim = await core.store.reserve(
-                attempt.new,
-                admission.preempt(attempt.new, provider.name, terms, ask, states.PREEMPT),
-            )
-            if outcome == "room":
-                return True
-            if victim is None:
-                continue
-            caller.claims = victim.lease_id
-            if outcome == "displaced":
-                self.ending.preempted(victim, cls.name)
-            return False
-        return False
-
     # --- the line, as the other replicas see it ---------------------------------------
 
     async def _entered(self, caller: Waiter) -> None:
-        await self.core.store.waiters.enter(_row(caller))
+        await self.core.store.waiters.enter(caller.row())
 
     async def _left(self, caller: Waiter, outcome: str) -> None:
         await self.core.store.waiters.leave(caller.waiter_id)
@@ -463,23 +423,6 @@ class Instant:
             attempt.over_budget.append(exc)
             return None
         return record
-
-
-def _row(caller: Waiter) -> WaitingRow:
-    """`caller` as the other replicas see it in the line."""
-    return WaitingRow(
-        waiter_id=caller.waiter_id,
-        priority=caller.priority,
-        arrived_at=caller.arrived_at,
-        kind=caller.kind,
-        gpu=caller.gpu,
-        region=caller.region,
-        owner_id=caller.owner,
-        correlation_id=caller.correlation,
-        priority_class=caller.priority_class,
-        providers=caller.providers,
-        until=caller.until,
-    )
 
 
 async def _at_capacity(

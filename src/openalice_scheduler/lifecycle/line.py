@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from openalice_scheduler.errors import LineFull, NoProviderAvailable, ShuttingDown
 from openalice_scheduler.metrics import Metrics
+from openalice_scheduler.store.waiters import WaitingRow
 
 # The waiting line's lines, as ever (operators filter by logger name).
 log = logging.getLogger("openalice_scheduler.waiting")
@@ -66,6 +67,23 @@ class Waiter:
     @property
     def rank(self) -> tuple[int, int, int]:
         return (-self.priority, self.arrived_at, self._seq)
+
+    def row(self) -> WaitingRow:
+        """This caller as the other replicas see it in the line (the store's
+        `waiters`)."""
+        return WaitingRow(
+            waiter_id=self.waiter_id,
+            priority=self.priority,
+            arrived_at=self.arrived_at,
+            kind=self.kind,
+            gpu=self.gpu,
+            region=self.region,
+            owner_id=self.owner,
+            correlation_id=self.correlation,
+            priority_class=self.priority_class,
+            providers=self.providers,
+            until=self.until,
+        )
 
 
 class CapacityQueue:
