@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -294,3 +295,43 @@ def test_a_terminate_that_fails_once_is_retried_until_the_sandbox_is_gone(
         what="the release to be retried",
     )
     assert asked(modal, lease)["state"] == "ended"
+
+
+def test_an_orphan_sandbox_of_this_scheduler_is_terminated_and_others_are_left(
+    make_scheduler: Make, modal: ModalEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sched = on_modal(make_scheduler, modal, RECONCILE_INTERVAL_SECONDS="1")
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    app_name = sched.env["MODAL_APP_NAME"]
+    for key, value in modal.client_env().items():
+        monkeypatch.setenv(key, value)
+    import modal as modal_client  # the official client, as another program would use it
+
+    with modal_client.Client.from_credentials(modal.token_id, modal.token_secret) as client:
+        app = modal_client.App.lookup(app_name, client=client)
+        image = modal_client.Image.from_registry(WORKER_IMAGE)
+        # A sandbox with this scheduler's tags and a lease its store never had...
+        orphan = modal_client.Sandbox.create(
+            "/bin/sh",
+            "/entry.sh",
+            app=app,
+            image=image,
+            client=client,
+            tags={"openalice_instance": sched.instance, "openalice_lease": str(uuid.uuid4())},
+        )
+        # ...and one of another instance, which is none of its business.
+        other = modal_client.Sandbox.create(
+            "/bin/sh",
+            "/entry.sh",
+            app=app,
+            image=image,
+            client=client,
+            tags={"openalice_instance": "someone-else", "openalice_lease": str(uuid.uuid4())},
+        )
+    wait_for(
+        lambda: modal.sandbox(orphan.object_id)["state"] == "ended",
+        60,
+        what="the orphan to be terminated",
+    )
+    assert modal.sandbox(other.object_id)["state"] == "running"
+    assert asked(modal, lease)["state"] == "running"
