@@ -215,8 +215,10 @@ class ModalProvider:
     # --- helpers -------------------------------------------------------------------------
 
     def sandbox_name(self, lease_id: str) -> str:
-        """The sandbox's name in the app: one per lease, so a retried create finds it."""
-        return f"oa-{self.instance}-{lease_id}"[:63]
+        """The sandbox's name in the app: one per lease, so that a retried create is
+        refused instead of making a second sandbox (the lease id whole: at most 60
+        characters, under Modal's 64)."""
+        return f"oa-{self.instance[:20]}-{lease_id}"
 
     async def _list(self, tags: dict[str, str]) -> list[Any]:
         client, app = await self._connect()
