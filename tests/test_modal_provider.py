@@ -348,3 +348,30 @@ def test_an_orphan_sandbox_of_this_scheduler_is_terminated_and_others_are_left(
     )
     assert modal.sandbox(other.object_id)["state"] == "running"
     assert asked(modal, lease)["state"] == "running"
+
+
+def test_with_a_warm_pool_a_lease_on_modal_keeps_back_the_pool_s_idle_time(
+    make_scheduler: Make, modal: ModalEmulator
+) -> None:
+    # A pool's sandbox is made before its lease: it may be a provision and the pool's
+    # idle time older than the lease, so the lease's bound is that much shorter.
+    sched = on_modal(
+        make_scheduler,
+        modal,
+        WARM_POOL="renderer/none=1",
+        MODAL_SANDBOX_TIMEOUT_SECONDS="1300",
+        WARM_POOL_MAX_IDLE_SECONDS="100",
+        PROVISION_TIMEOUT_SECONDS="100",
+    )
+    wait_for(
+        lambda: sched.http.get("/v1/leases", params={"state": "idle"}).json(),
+        60,
+        what="an idle sandbox in the pool",
+    )
+    assert sched.acquire(kind="renderer", ttl_seconds=1200).status_code == 503
+    lease = sched.lease(kind="renderer", ttl_seconds=600)
+    assert asked(modal, lease)["timeout_secs"] == 1300
+    renew = f"/v1/lease/{lease['lease_id']}/renew"
+    assert sched.http.post(renew, json={"ttl_seconds": 1000}).status_code == 200
+    past = sched.http.post(renew, json={"ttl_seconds": 1150})
+    assert past.status_code == 409 and past.json()["error"] == "past_provider_deadline"

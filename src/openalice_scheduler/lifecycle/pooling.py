@@ -32,7 +32,7 @@ from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.making import destroy_quietly, make_worker
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
-from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec
+from openalice_scheduler.providers import BoundedProvider, InstantProvider, Provider, WorkerSpec
 from openalice_scheduler.store import AtCapacity, Behind, LeaseRecord, NewLease, OverBudget, to_us
 from openalice_scheduler.store.pool import PoolStore
 from openalice_scheduler.tracing import span_attributes
@@ -65,6 +65,13 @@ class Pool:
         self.core = core
         self.ending = ending
         self.store = PoolStore(core.store)
+        # The longest TTL a pool worker may serve: a provider that ends its workers
+        # itself (BoundedProvider) bounds its leases; a longer request goes cold, where
+        # each provider says whether it can serve it.
+        self.max_ttl_s = min(
+            (p.max_lifetime_seconds for p in core.providers if isinstance(p, BoundedProvider)),
+            default=math.inf,
+        )
         self.targets = {key: n for key, n in targets.items() if n > 0}
         self.handoff = handoff
         self.max_idle_us = int(max_idle_seconds * 1e6)
@@ -254,9 +261,15 @@ class Pool:
 
     def serves(self, request: LeaseRequest) -> bool:
         """Whether the pool keeps workers for `request`: its kind and GPU class have a
-        target, their hand-off works, and it asks for no region (the pool's have none)."""
+        target, their hand-off works, it asks for no region (the pool's have none), and
+        its TTL is within what a pool worker may serve (`max_ttl_s`)."""
         kind, gpu = request.kind.value, request.gpu.value
-        return request.region is None and kind not in self.disabled and (kind, gpu) in self.targets
+        return (
+            request.region is None
+            and kind not in self.disabled
+            and (kind, gpu) in self.targets
+            and request.ttl_seconds <= self.max_ttl_s
+        )
 
     async def obtain(self, attempt: Attempt) -> LeaseRecord | None:
         """An idle worker for the attempt's request, handed off and active; None when the

@@ -58,7 +58,14 @@ class ModalProvider:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.max_workers = settings.modal_max_sandboxes
-        self.max_lifetime_seconds: float = float(settings.modal_sandbox_timeout_seconds)
+        # A lease's life counts from its `created_at`. A cold lease's sandbox is made
+        # after that; a warm-pool sandbox before (while warming and idle: at most a
+        # provision and WARM_POOL_MAX_IDLE_SECONDS), so with a pool that much is kept
+        # back: a lease never outlives the sandbox Modal ends.
+        pooled = settings.warm_pool_max_idle_seconds + settings.provision_timeout_seconds
+        self.max_lifetime_seconds: float = settings.modal_sandbox_timeout_seconds - (
+            pooled if settings.warm_pool else 0.0
+        )
         self.instance = settings.scheduler_instance
         self.prices = parse_prices(settings.modal_price_per_hour)
         self.images = {
@@ -72,7 +79,6 @@ class ModalProvider:
         self.ports = settings.worker_ports
         self._client: modal.Client | None = None
         self._app: modal.App | None = None
-        self._health: Availability | None = None
 
     # --- the client and the app ------------------------------------------------------
 
@@ -106,8 +112,8 @@ class ModalProvider:
         if lifetime > self.max_lifetime_seconds:
             return Availability(
                 False,
-                f"a lease on modal lives at most MODAL_SANDBOX_TIMEOUT_SECONDS = "
-                f"{self.max_lifetime_seconds:g} s",
+                f"a lease on modal lives at most {self.max_lifetime_seconds:g} s "
+                "(MODAL_SANDBOX_TIMEOUT_SECONDS, less the warm pool's idle time)",
             )
         if spec.region is not None:
             return Availability(False, "modal serves no region (leave region unset)")
