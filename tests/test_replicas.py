@@ -412,6 +412,14 @@ def test_a_replica_whose_every_connection_waits_still_heartbeats(replicas: Repli
     assert holder.stdin is not None
     holder.stdin.write(f"SELECT pg_advisory_lock({advisory_key('provider:static')});\n")
     holder.stdin.flush()
+    # Held before the burst starts (under load psql took longer to start than the burst
+    # to be served, and no acquire waited).
+    held = (
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'psql' "
+        "AND a.datname = current_database()"
+    )
+    wait_for(lambda: int(sql(held)) >= 1, 30, interval=0.1, what="the provider's lock held")
     answers: list[httpx.Response] = []
     calls = threading.Thread(
         target=lambda: answers.extend(burst(split(45, [busy], {"kind": "renderer"})))
