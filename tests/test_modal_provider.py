@@ -19,6 +19,7 @@ from tests.guardproc import GuardProcess
 from tests.harness import WORKER_IMAGE, Scheduler, wait_for
 from tests.modal_emulator import ModalEmulator
 from tests.test_guard import leases_learned, only_the_expired_goes
+from tests.test_warm_pool import wait_idle
 
 Make = Callable[..., Scheduler]
 PRICES = {"none": 0.063, "entry": 0.86}
@@ -201,11 +202,7 @@ def test_a_warm_pool_on_modal_hands_its_sandbox_over(
     make_scheduler: Make, modal: ModalEmulator
 ) -> None:
     sched = on_modal(make_scheduler, modal, WARM_POOL="renderer/none=1")
-    wait_for(
-        lambda: sched.http.get("/v1/leases", params={"state": "idle"}).json(),
-        60,
-        what="an idle sandbox in the pool",
-    )
+    wait_idle(sched, 1)
     [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
     lease = sched.lease(kind="renderer", owner_id="warm", ttl_seconds=300, env={"SHOT": "7"})
     assert lease["provider_token"] == idle["provider_token"]  # served warm
@@ -214,11 +211,7 @@ def test_a_warm_pool_on_modal_hands_its_sandbox_over(
     assert page["handoff"]["env"] == {"SHOT": "7"}
     assert lease["price_per_hour"] == PRICES["none"]
     # The pool makes another on Modal.
-    wait_for(
-        lambda: len(sched.http.get("/v1/leases", params={"state": "idle"}).json()) == 1,
-        60,
-        what="the pool to refill",
-    )
+    wait_idle(sched, 1)
 
 
 def test_modal_shows_in_providers_with_its_capacity(
@@ -363,11 +356,7 @@ def test_with_a_warm_pool_a_lease_on_modal_keeps_back_the_pool_s_idle_time(
         WARM_POOL_MAX_IDLE_SECONDS="100",
         PROVISION_TIMEOUT_SECONDS="100",
     )
-    wait_for(
-        lambda: sched.http.get("/v1/leases", params={"state": "idle"}).json(),
-        60,
-        what="an idle sandbox in the pool",
-    )
+    wait_idle(sched, 1)
     assert sched.acquire(kind="renderer", ttl_seconds=1200).status_code == 503
     lease = sched.lease(kind="renderer", ttl_seconds=600)
     assert asked(modal, lease)["timeout_secs"] == 1300

@@ -20,7 +20,14 @@ import httpx
 import pytest
 
 from tests.harness import HTTP, SECRET, Scheduler, wait_for
-from tests.test_lease_features import WAITING, acquire_in_thread, log_count, lookup, renew
+from tests.test_lease_features import (
+    WAITING,
+    acquire_in_thread,
+    log_count,
+    lookup,
+    parse_time,
+    renew,
+)
 from tests.test_replicas import Replicas, burst, replicas  # noqa: F401 - a fixture
 from tests.test_warm_pool import POOL_ENV, wait_idle
 from tests.test_worker_self import _address, image, reachable  # noqa: F401 - a fixture
@@ -31,10 +38,6 @@ CLASSES = {
     "OWNER_PRIORITY_CLASSES": "live-control=live,anim=anim",
 }
 PREEMPTIONS = "scheduler_preemptions_total"
-
-
-def parse_time(value: str) -> datetime:
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def state_of(sched: Scheduler, lease_id: str) -> str:
