@@ -283,6 +283,14 @@ def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
         "DOCKER_NETWORK": f"oa-cfg-{uuid.uuid4().hex[:8]}",
         "LOCAL_GPU_DEVICES": "",
     }
+    # A kubeconfig that reads well, with one context: `K8S_CONTEXT=nope` names none.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: here\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: here, context: {cluster: c, user: u}}]\n"
+    )
     cases: list[tuple[str, dict[str, str | None], list[str]]] = [
         ("INTERNAL_SECRET", {"INTERNAL_SECRET": None}, []),
         ("INTERNAL_SECRET", {"INTERNAL_SECRET": ""}, []),
@@ -294,6 +302,20 @@ def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
         ("PROVIDERS", {"PROVIDERS": "modal", "MODAL_TOKEN_ID": "ak-1"}, ["MODAL_TOKEN_SECRET"]),
         ("MODAL_GPU_TYPES", {"MODAL_GPU_TYPES": "entry:L4"}, ["'entry:L4'"]),
         ("MODAL_SANDBOX_TIMEOUT_SECONDS", {"MODAL_SANDBOX_TIMEOUT_SECONDS": "90000"}, []),
+        ("PROVIDERS", {"PROVIDERS": "kubernetes"}, ["KUBECONFIG"]),
+        ("K8S_GPU_CLASSES", {"K8S_GPU_CLASSES": "entry=nvidia.com/gpu"}, ["resource:count"]),
+        ("K8S_NAMESPACE", {"K8S_NAMESPACE": "Not_A_Name"}, ["'Not_A_Name'"]),
+        ("K8S_POD_DEADLINE_SECONDS", {"K8S_POD_DEADLINE_SECONDS": "10"}, []),
+        (
+            "KUBECONFIG",
+            {"PROVIDERS": "kubernetes", "KUBECONFIG": str(tmp_path / "no-such-kubeconfig")},
+            ["no-such-kubeconfig"],
+        ),
+        (
+            "K8S_CONTEXT",
+            {"PROVIDERS": "kubernetes", "KUBECONFIG": str(kubeconfig), "K8S_CONTEXT": "nope"},
+            ["'nope'"],
+        ),
         ("SCHEDULER_PORT", {"SCHEDULER_PORT": "x"}, []),
         ("LOCAL_DOCKER_MAX_WORKERS", {"LOCAL_DOCKER_MAX_WORKERS": "-1"}, []),
         # A check across variables (the model's own validator) names the variable once.

@@ -17,6 +17,7 @@ from pydantic_settings import SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from openalice_scheduler.config.kubernetes import KubernetesSettings
 from openalice_scheduler.config.modal import ModalSettings
 from openalice_scheduler.config.priorities import PrioritySettings
 from openalice_scheduler.config.runpod import RunPodSettings
@@ -25,7 +26,7 @@ KNOWN_LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "off")
 MIN_SECRET_LENGTH = 16
 
 
-class Settings(RunPodSettings, ModalSettings, PrioritySettings):
+class Settings(RunPodSettings, ModalSettings, KubernetesSettings, PrioritySettings):
     model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)
 
     internal_secret: SecretStr = Field(

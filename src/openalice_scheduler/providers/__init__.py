@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
@@ -48,6 +50,12 @@ def _modal(settings: Settings) -> Provider:
     return ModalProvider(settings)
 
 
+def _kubernetes(settings: Settings) -> Provider:
+    from openalice_scheduler.providers.kubernetes import KubernetesProvider
+
+    return KubernetesProvider(settings)
+
+
 def _static(settings: Settings) -> Provider:
     from openalice_scheduler.prices import parse_prices
     from openalice_scheduler.providers.static import StaticProvider
@@ -65,6 +73,7 @@ REGISTRY: dict[str, Callable[[Settings], Provider]] = {
     "runpod": _runpod,
     "static": _static,
     "modal": _modal,
+    "kubernetes": _kubernetes,
 }
 
 
@@ -84,6 +93,8 @@ def configuration_problems(settings: Settings) -> list[str]:
         problems += _static_problems(settings)
     if "local-docker" in names and settings.docker_hosts:
         problems += _fleet_problems(settings)
+    if "kubernetes" in names:
+        problems += _kubernetes_problems(settings)
     skipped = {name: reason for name in names if (reason := _skip_reason(name, settings))}
     if names and not problems and len(skipped) == len(set(names)):
         why = "; ".join(f"{name} skipped: {reason}" for name, reason in skipped.items())
@@ -117,7 +128,37 @@ def _skip_reason(name: str, settings: Settings) -> str | None:
         not settings.modal_token_id or secret is None or not secret.get_secret_value()
     ):
         return "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET are not both set"
+    if name == "kubernetes" and not _kubeconfig_given():
+        return "no in-cluster service account, KUBECONFIG unset and no ~/.kube/config"
     return None
+
+
+def _kubeconfig_given() -> bool:
+    """Whether the Kubernetes way of finding a cluster has anything to find: the pod's
+    service account, KUBECONFIG, or the default file."""
+    account = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    default = Path("~/.kube/config").expanduser()
+    return account.is_file() or bool(os.environ.get("KUBECONFIG")) or default.is_file()
+
+
+def _kubernetes_problems(settings: Settings) -> list[str]:
+    """The kubeconfig given cannot be read, or has no context K8S_CONTEXT (or no
+    current one). Nothing is asked of the cluster."""
+    from lightkube import ConfigError
+
+    from openalice_scheduler.providers.kubernetes import load_config
+
+    if not _kubeconfig_given():
+        return []  # skipped with a warning, as a provider without credentials
+    try:
+        load_config(settings)
+    except ConfigError as exc:
+        where = os.environ.get("KUBECONFIG", "~/.kube/config")
+        name = "K8S_CONTEXT" if "ontext" in str(exc) else "KUBECONFIG"
+        return [f"{name}: {exc} (kubernetes, KUBECONFIG={where})"]
+    except (OSError, ValueError) as exc:  # unreadable, or not YAML of a kubeconfig
+        return [f"kubernetes: the kubeconfig cannot be read: {type(exc).__name__}: {exc}"[:300]]
+    return []
 
 
 def _fleet_problems(settings: Settings) -> list[str]:

@@ -1,0 +1,6 @@
+"""Workers on Kubernetes: a lease is a Pod (provider.py), made of objects.py's Pod and
+Secret."""
+
+from openalice_scheduler.providers.kubernetes.provider import KubernetesProvider, load_config
+
+__all__ = ["KubernetesProvider", "load_config"]

@@ -1,0 +1,159 @@
+"""What a lease is made of on Kubernetes, and how its pod's status reads: the Pod and
+the Secret the provider creates (lightkube's typed models), and the few facts of a pod's
+status the provider acts on. No API is called here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lightkube.models.core_v1 import (
+    Container,
+    ContainerPort,
+    EnvFromSource,
+    HTTPGetAction,
+    PodSpec,
+    Probe,
+    ResourceRequirements,
+    SecretEnvSource,
+)
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.core_v1 import Pod, Secret
+
+from openalice_scheduler.config.kubernetes import GpuRequest
+
+# The labels every pod and secret of this scheduler carries.
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "openalice-scheduler"
+LABEL_INSTANCE = "openalice.io/instance"
+LABEL_STORE = "openalice.io/store"
+LABEL_LEASE = "openalice.io/lease"
+LABEL_KIND = "openalice.io/kind"
+LABEL_GPU = "openalice.io/gpu"
+# The worker's container in its pod.
+CONTAINER = "worker"
+# Waiting reasons of a container that will not start without someone changing something:
+# its image cannot be had, or its spec cannot be run.
+NEVER_STARTS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    """Everything a lease's pod is made of, besides its worker's environment."""
+
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    image: str
+    port: int
+    ready_path: str | None
+    gpu: GpuRequest | None
+    deadline_seconds: int
+    grace_seconds: int
+
+
+def pod(plan: PodPlan) -> Pod:
+    """The lease's Pod: one container, never restarted, ended by the kubelet at its
+    deadline; its environment comes from the Secret of the same name (never the spec)."""
+    resources = None
+    if plan.gpu is not None:
+        resources = ResourceRequirements(limits={plan.gpu.resource: str(plan.gpu.count)})
+    probe = None
+    if plan.ready_path is not None:
+        probe = Probe(
+            httpGet=HTTPGetAction(path=plan.ready_path, port=plan.port),
+            periodSeconds=1,
+            failureThreshold=1,
+        )
+    return Pod(
+        metadata=ObjectMeta(name=plan.name, namespace=plan.namespace, labels=plan.labels),
+        spec=PodSpec(
+            restartPolicy="Never",
+            activeDeadlineSeconds=plan.deadline_seconds,
+            terminationGracePeriodSeconds=plan.grace_seconds,
+            # The worker has no business with the cluster's API, nor with its services.
+            automountServiceAccountToken=False,
+            enableServiceLinks=False,
+            nodeSelector=(plan.gpu.node_selector or None) if plan.gpu else None,
+            containers=[
+                Container(
+                    name=CONTAINER,
+                    image=plan.image,
+                    ports=[ContainerPort(containerPort=plan.port, name="http")],
+                    envFrom=[EnvFromSource(secretRef=SecretEnvSource(name=plan.name))],
+                    resources=resources,
+                    readinessProbe=probe,
+                )
+            ],
+        ),
+    )
+
+
+def secret(plan: PodPlan, owner_uid: str, env: Mapping[str, str]) -> Secret:
+    """The Secret holding the worker's environment, owned by its pod: Kubernetes' garbage
+    collector removes it with the pod, whoever deletes the pod."""
+    return Secret(
+        metadata=ObjectMeta(
+            name=plan.name,
+            namespace=plan.namespace,
+            labels=plan.labels,
+            ownerReferences=[
+                OwnerReference(apiVersion="v1", kind="Pod", name=plan.name, uid=owner_uid)
+            ],
+        ),
+        type="Opaque",
+        stringData=dict(env),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodState:
+    """What the provider acts on in a pod's status."""
+
+    phase: str
+    ip: str | None
+    ready: bool
+    ending: bool
+    # The scheduler's words, while the pod is not placed for want of room.
+    unschedulable: str | None
+    # A container that will not start: its reason and message.
+    never_starts: str | None
+    # Why the pod ended, when it has.
+    ended: str | None
+
+
+def state(obj: Pod) -> PodState:
+    status = obj.status
+    phase = (status.phase if status else None) or "Pending"
+    conditions = {c.type: c for c in (status.conditions or [])} if status else {}
+    ready = conditions.get("Ready")
+    scheduled = conditions.get("PodScheduled")
+    unschedulable = None
+    if (
+        scheduled is not None
+        and scheduled.status == "False"
+        and scheduled.reason == "Unschedulable"
+    ):
+        unschedulable = scheduled.message or "unschedulable"
+    never_starts = None
+    ended = None
+    for container in (status.containerStatuses or []) if status else []:
+        waiting = container.state.waiting if container.state else None
+        if waiting is not None and waiting.reason in NEVER_STARTS:
+            never_starts = f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": ")
+        terminated = container.state.terminated if container.state else None
+        if terminated is not None:
+            ended = f"exit code {terminated.exitCode} ({terminated.reason or 'no reason'})"
+    if phase in ("Failed", "Succeeded") and status is not None and status.reason:
+        ended = f"{status.reason}: {status.message or ''}".rstrip(": ")
+    return PodState(
+        phase=phase,
+        ip=status.podIP if status else None,
+        ready=ready is not None and ready.status == "True",
+        ending=obj.metadata is not None and obj.metadata.deletionTimestamp is not None,
+        unschedulable=unschedulable,
+        never_starts=never_starts,
+        ended=ended if phase in ("Failed", "Succeeded") else None,
+    )

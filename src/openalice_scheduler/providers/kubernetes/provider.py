@@ -1,0 +1,379 @@
+"""Workers on Kubernetes (README, Workers on Kubernetes): a lease is a Pod, made through
+lightkube's async client, configured the Kubernetes way (the pod's service account when
+the scheduler runs in a cluster, else KUBECONFIG and K8S_CONTEXT).
+
+- The pod (objects.py) runs the kind's image, never restarted, with the GPU class's
+  extended resource as its limit and its node selector (K8S_GPU_CLASSES); the worker's
+  environment is a Secret of the pod's name, owned by the pod (removed with it by
+  Kubernetes' garbage collector), never in the pod spec. The pod's name is made of the
+  lease id: a create retried after a lost answer, or by a restarted scheduler, finds the
+  lease's one pod (409) instead of making a second.
+- The endpoint is `http://<pod IP>:<port>`, for callers in the cluster; the provision
+  returns once the pod is Running and Ready, and the service then probes it too.
+- The deadline lives in the kubelet: `activeDeadlineSeconds` is K8S_POD_DEADLINE_SECONDS,
+  counted from the pod's start, so the kubelet ends it even when no scheduler and no
+  guard runs. Kubernetes lets a running pod's deadline be lowered, never raised: a
+  lease on Kubernetes lives at most that long from its creation, renewals included
+  (`max_lifetime_seconds`; a renewal past it is a 409), as on Modal.
+- A pod still unschedulable after K8S_SCHEDULE_TIMEOUT_SECONDS is deleted and the
+  acquire goes to the next provider (ProviderOutOfCapacity, in the scheduler's words);
+  an image that cannot be pulled is a ProviderError at once. Transient API errors (429,
+  5xx, a dropped connection) are retried with backoff (stamina); 404 on delete is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import httpx
+import stamina
+from lightkube import AsyncClient, ConfigError, KubeConfig
+from lightkube.config.kubeconfig import SingleConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Pod, Secret
+
+from openalice_scheduler.config import Settings
+from openalice_scheduler.errors import ProviderError, ProviderOutOfCapacity
+from openalice_scheduler.models import GpuClass
+from openalice_scheduler.prices import parse_prices
+from openalice_scheduler.providers.base import (
+    Availability,
+    ProviderStatus,
+    Worker,
+    WorkerInfo,
+    WorkerSpec,
+    worker_env,
+)
+from openalice_scheduler.providers.kubernetes import objects
+from openalice_scheduler.providers.kubernetes.objects import (
+    LABEL_GPU,
+    LABEL_INSTANCE,
+    LABEL_KIND,
+    LABEL_LEASE,
+    LABEL_MANAGED_BY,
+    LABEL_STORE,
+    MANAGED_BY,
+    PodPlan,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# How often a starting pod is looked at: at first, and at most.
+_POLL_FIRST_S, _POLL_MAX_S = 0.1, 1.0
+# The label of the node's GPU product (NVIDIA's GPU feature discovery), when a class's
+# node selector names it: recorded as the lease's gpu_type.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def load_config(settings: Settings) -> SingleConfig:
+    """The cluster and credentials: the pod's service account in a cluster, else the
+    kubeconfig file (KUBECONFIG, or ~/.kube/config) at K8S_CONTEXT or its current
+    context. ConfigError saying why not."""
+    config = KubeConfig.from_env()
+    single = config.get(context_name=settings.k8s_context)
+    assert single is not None  # get() raises when it finds nothing
+    return single
+
+
+def _transient(exc: Exception) -> bool:
+    """Whether a failed API call is worth trying again: the API server was busy or
+    briefly away, or the connection dropped."""
+    if isinstance(exc, ApiError):
+        return exc.status.code in (429, 500, 502, 503, 504)
+    return isinstance(exc, httpx.TransportError)
+
+
+class KubernetesProvider:
+    name = "kubernetes"
+    resource_label = "pods"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.namespace = settings.k8s_namespace
+        self.max_workers = settings.k8s_max_pods
+        # A lease's life counts from its `created_at`; its pod's deadline from the pod's
+        # start, which is later for a cold lease. A warm-pool pod starts before its lease
+        # (while warming and idle: at most a provision and WARM_POOL_MAX_IDLE_SECONDS),
+        # so with a pool that much is kept back: a lease never outlives its pod.
+        pooled = settings.warm_pool_max_idle_seconds + settings.provision_timeout_seconds
+        self.max_lifetime_seconds: float = settings.k8s_pod_deadline_seconds - (
+            pooled if settings.warm_pool else 0.0
+        )
+        self.instance = settings.scheduler_instance
+        self.prices = parse_prices(settings.k8s_price_per_hour)
+        self.images = {"renderer": settings.k8s_renderer_image, "anim": settings.k8s_anim_image}
+        self.ports = settings.worker_ports
+        self.ready_paths = settings.ready_paths
+        self._client: AsyncClient | None = None
+
+    # --- the Provider contract -----------------------------------------------------------
+
+    def exclusive_resources(self, spec: WorkerSpec) -> Sequence[str] | None:
+        return None
+
+    def serves(self, gpu: GpuClass) -> bool:
+        return gpu == GpuClass.none or self.settings.k8s_gpu_class(gpu.value) is not None
+
+    async def available(self, spec: WorkerSpec) -> Availability:
+        lifetime = (spec.expires_at - datetime.now(UTC)).total_seconds()
+        if lifetime > self.max_lifetime_seconds:
+            return Availability(
+                False,
+                f"a lease on kubernetes lives at most {self.max_lifetime_seconds:g} s "
+                "(K8S_POD_DEADLINE_SECONDS, less the warm pool's idle time)",
+            )
+        if spec.region is not None and spec.region != self.settings.k8s_region:
+            served = self.settings.k8s_region
+            return Availability(
+                False,
+                f"kubernetes serves region {served}"
+                if served
+                else "kubernetes serves no region (K8S_REGION is unset)",
+            )
+        if not self.serves(spec.gpu):
+            return Availability(False, f"K8S_GPU_CLASSES names no resource for gpu={spec.gpu}")
+        return Availability(True)
+
+    async def provision(self, spec: WorkerSpec) -> Worker:
+        plan = self.plan(spec)
+        created = await self._create_pod(plan, spec.lease_id)
+        try:
+            assert created.metadata is not None and created.metadata.uid is not None
+            await self._create_secret(objects.secret(plan, created.metadata.uid, worker_env(spec)))
+            ip = await self._wait_ready(plan.name)
+        except BaseException:
+            await asyncio.shield(self._delete(plan.name, grace=0))
+            raise
+        endpoint = f"http://{ip}:{plan.port}"
+        log.info(
+            "lease %s: Kubernetes pod %s/%s at %s", spec.lease_id, self.namespace, plan.name, ip
+        )
+        return Worker(
+            endpoint=endpoint,
+            provider_token=plan.name,
+            probe_url=endpoint,
+            gpu_type=plan.gpu.node_selector.get(GPU_PRODUCT_LABEL) if plan.gpu else None,
+            price_per_hour=self.prices.get(spec.gpu.value),
+        )
+
+    async def release(self, provider_token: str, lease_id: str) -> None:
+        if provider_token:
+            await self._delete(provider_token)
+            return
+        # A provision cut short: whatever pod carries the lease's label.
+        for pod in await self._list({LABEL_LEASE: lease_id}):
+            assert pod.metadata is not None and pod.metadata.name is not None
+            await self._delete(pod.metadata.name)
+
+    async def list_workers(self) -> Mapping[str, list[WorkerInfo]] | None:
+        found: dict[str, list[WorkerInfo]] = {}
+        for pod in await self._list({}):
+            meta = pod.metadata
+            assert meta is not None and meta.name is not None
+            lease_id = (meta.labels or {}).get(LABEL_LEASE)
+            if lease_id is None:
+                continue
+            now = objects.state(pod)
+            found.setdefault(lease_id, []).append(
+                WorkerInfo(
+                    lease_id=lease_id,
+                    provider_token=meta.name,
+                    running=now.phase in ("Pending", "Running") and not now.ending,
+                    store_id=(meta.labels or {}).get(LABEL_STORE),
+                )
+            )
+        return found
+
+    async def price(self, spec: WorkerSpec) -> float | None:
+        return self.prices.get(spec.gpu.value)
+
+    async def status(self) -> ProviderStatus:
+        try:
+            pods = await self._list({})
+        except ProviderError as exc:
+            return ProviderStatus(False, exc.message)
+        capacity: dict[str, int | None] = {
+            gpu.value: (self.max_workers or None) for gpu in GpuClass if self.serves(gpu)
+        }
+        detail = f"{len(pods)} pods in namespace {self.namespace}"
+        return ProviderStatus(True, detail, capacity)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    # --- the pod -------------------------------------------------------------------------
+
+    def pod_name(self, lease_id: str) -> str:
+        """The lease's pod (and Secret): one per lease, so that a create retried finds it
+        (a DNS-1123 name: the instance and the lease id, at most 79 characters)."""
+        return f"oa-{self.instance}-{lease_id.lower()}"
+
+    def plan(self, spec: WorkerSpec) -> PodPlan:
+        kind = spec.kind.value
+        labels = {
+            LABEL_MANAGED_BY: MANAGED_BY,
+            LABEL_INSTANCE: self.instance,
+            LABEL_LEASE: spec.lease_id,
+            LABEL_KIND: kind,
+            LABEL_GPU: spec.gpu.value,
+        }
+        if spec.store_id:
+            labels[LABEL_STORE] = spec.store_id
+        return PodPlan(
+            name=self.pod_name(spec.lease_id),
+            namespace=self.namespace,
+            labels=labels,
+            image=self.images[kind],
+            port=self.ports[kind],
+            ready_path=self.ready_paths[kind],
+            gpu=None if spec.gpu == GpuClass.none else self.settings.k8s_gpu_class(spec.gpu.value),
+            deadline_seconds=self.settings.k8s_pod_deadline_seconds,
+            grace_seconds=self.settings.k8s_termination_grace_seconds,
+        )
+
+    async def _create_pod(self, plan: PodPlan, lease_id: str) -> Pod:
+        client = self._connect()
+        try:
+            return await self._call(lambda: client.create(objects.pod(plan)))
+        except httpx.TransportError as exc:
+            raise _error(f"creating pod {plan.name}", exc) from None
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise _error(f"creating pod {plan.name}", exc) from None
+        # A create answered before (its answer lost) or by another attempt: the lease's pod.
+        found = await self._get(plan.name)
+        labels = (found.metadata.labels or {}) if found and found.metadata else {}
+        if found is None or labels.get(LABEL_LEASE) != lease_id:
+            raise ProviderError(f"kubernetes: pod {plan.name} exists and is not this lease's")
+        return found
+
+    async def _create_secret(self, obj: Secret) -> None:
+        client = self._connect()
+        try:
+            await self._call(lambda: client.create(obj))
+        except httpx.TransportError as exc:
+            raise _error("creating the worker's secret", exc) from None
+        except ApiError as exc:
+            if exc.status.code != 409:  # 409: made by an earlier try of this very call
+                # The API's message may quote what was sent: only its reason is told.
+                raise ProviderError(
+                    f"kubernetes: creating the worker's secret: {exc.status.code} "
+                    f"{exc.status.reason}"
+                ) from None
+
+    async def _wait_ready(self, name: str) -> str:
+        """The pod's IP once it is Running and Ready. ProviderOutOfCapacity when it is
+        still unschedulable after K8S_SCHEDULE_TIMEOUT_SECONDS; ProviderError when it ends
+        or its container will not start."""
+        started = time.monotonic()
+        interval = _POLL_FIRST_S
+        while True:
+            found = await self._get(name)
+            if found is None:
+                raise ProviderError(f"kubernetes: pod {name} was deleted while starting")
+            now = objects.state(found)
+            if now.phase == "Running" and now.ready and now.ip:
+                return now.ip
+            if now.ended is not None or now.ending:
+                raise ProviderError(f"kubernetes: pod {name} ended while starting: {now.ended}")
+            if now.never_starts is not None:
+                raise ProviderError(f"kubernetes: pod {name} will not start: {now.never_starts}")
+            waited = time.monotonic() - started
+            if (
+                now.unschedulable is not None
+                and waited >= self.settings.k8s_schedule_timeout_seconds
+            ):
+                raise ProviderOutOfCapacity(
+                    f"kubernetes: pod unschedulable for {waited:.0f} s: {now.unschedulable}"
+                )
+            await asyncio.sleep(interval)
+            interval = min(interval * 1.5, _POLL_MAX_S)
+
+    # --- API calls -----------------------------------------------------------------------
+
+    def _connect(self) -> AsyncClient:
+        if self._client is None:
+            try:
+                config = load_config(self.settings)
+            except ConfigError as exc:
+                raise ProviderError(f"kubernetes: configuration: {exc}") from None
+            self._client = AsyncClient(
+                config=config,
+                namespace=self.namespace,
+                field_manager=MANAGED_BY,
+                timeout=httpx.Timeout(15.0),
+                trust_env=False,
+            )
+        return self._client
+
+    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        """One API call, tried again with backoff while it fails transiently."""
+        async for attempt in stamina.retry_context(
+            on=_transient, attempts=6, timeout=30.0, wait_initial=0.1, wait_max=2.0
+        ):
+            with attempt:
+                return await call()
+        raise AssertionError("unreachable: retry_context raises its last error")
+
+    async def _get(self, name: str) -> Pod | None:
+        client = self._connect()
+        try:
+            return await self._call(lambda: client.get(Pod, name, namespace=self.namespace))
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise _error(f"reading pod {name}", exc) from None
+        except httpx.TransportError as exc:
+            raise _error(f"reading pod {name}", exc) from None
+
+    async def _list(self, labels: dict[str, str]) -> list[Pod]:
+        client = self._connect()
+        selector: dict[str, Any] = {LABEL_INSTANCE: self.instance, **labels}
+
+        async def listed() -> list[Pod]:
+            return [
+                pod async for pod in client.list(Pod, namespace=self.namespace, labels=selector)
+            ]
+
+        try:
+            return await self._call(listed)
+        except (ApiError, httpx.TransportError) as exc:
+            raise _error("listing pods", exc) from None
+
+    async def _delete(self, name: str, grace: int | None = None) -> None:
+        """Delete the pod (with its own grace period unless `grace` is given) and its
+        Secret; one already gone is success."""
+        for resource in (Pod, Secret):
+            await self._delete_one(resource, name, grace)
+
+    async def _delete_one(
+        self, resource: type[Pod] | type[Secret], name: str, grace: int | None
+    ) -> None:
+        client = self._connect()
+        doing = f"deleting {resource.__name__.lower()} {name}"
+        try:
+            await self._call(
+                lambda: client.delete(resource, name, namespace=self.namespace, grace_period=grace)
+            )
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise _error(doing, exc) from None
+        except httpx.TransportError as exc:
+            raise _error(doing, exc) from None
+
+
+def _error(doing: str, exc: BaseException) -> ProviderError:
+    """A ProviderError for a failed API call: its status and the API's message (the
+    client's messages never carry the credentials)."""
+    if isinstance(exc, ApiError):
+        detail = f"{exc.status.code} {exc.status.reason}: {(exc.status.message or '')[:200]}"
+    else:
+        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return ProviderError(f"kubernetes: {doing}: {detail}")

@@ -1,0 +1,403 @@
+"""Workers on Kubernetes (issue 27), against the Kubernetes emulator (tests/k8s_emulator/):
+the scheduler as a process with lightkube pointed at the emulator through a kubeconfig
+file, as a user would, each pod a real Docker container of the demo worker, started,
+probed, ended at its deadline and deleted with its grace period by the emulator's test
+kubelet. Every test runs under the Role the README gives (the emulator refuses any
+other verb with 403), and one test checks that the code uses exactly that Role's verbs."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.guardproc import GuardProcess
+from tests.harness import WORKER_IMAGE, Scheduler, wait_for
+from tests.k8s_emulator import KubeEmulator
+from tests.test_guard import leases_learned, only_the_expired_goes
+from tests.test_warm_pool import wait_idle
+
+Make = Callable[..., Scheduler]
+README = Path(__file__).resolve().parents[1] / "README.md"
+NAMESPACE = "openalice"
+L4 = "entry=nvidia.com/gpu:1@nvidia.com/gpu.product=NVIDIA-L4"
+
+
+def readme_role() -> dict[str, Any]:
+    """The Role the README gives the scheduler's service account."""
+    text = README.read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL):
+        for doc in yaml.safe_load_all(block):
+            if isinstance(doc, dict) and doc.get("kind") == "Role":
+                return doc
+    raise AssertionError("the README gives no Role")
+
+
+@pytest.fixture
+def kube(kube_server: KubeEmulator) -> KubeEmulator:
+    kube_server.reset()
+    kube_server.set_rbac(readme_role()["rules"])
+    return kube_server
+
+
+def on_k8s(make_scheduler: Make, emulator: KubeEmulator, **env: str) -> Scheduler:
+    settings = {
+        "PROVIDERS": "kubernetes",
+        "KUBECONFIG": str(emulator.kubeconfig_path),
+        "K8S_RENDERER_IMAGE": WORKER_IMAGE,
+        "K8S_ANIM_IMAGE": WORKER_IMAGE,
+        "K8S_GPU_CLASSES": L4,
+        "K8S_PRICE_PER_HOUR": "none=0.05,entry=0.7",
+        "K8S_TERMINATION_GRACE_SECONDS": "3",
+        "RENDERER_READY_PATH": "/healthz",
+        "ANIM_READY_PATH": "/healthz",
+    }
+    return make_scheduler(**{**settings, **env})
+
+
+def pod_of(emulator: KubeEmulator, lease: dict[str, Any]) -> dict[str, Any] | None:
+    """The lease's pod as the API holds it (None: gone)."""
+    return emulator.pod(lease["provider_token"], NAMESPACE)
+
+
+def pods_of(emulator: KubeEmulator, lease_id: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in emulator.pods(NAMESPACE)
+        if p["metadata"].get("labels", {}).get("openalice.io/lease") == lease_id
+    ]
+
+
+def secrets_of(emulator: KubeEmulator, lease_id: str) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in emulator.secrets(NAMESPACE)
+        if s["metadata"].get("labels", {}).get("openalice.io/lease") == lease_id
+    ]
+
+
+def gone(emulator: KubeEmulator, lease: dict[str, Any]) -> bool:
+    return not pods_of(emulator, lease["lease_id"]) and not secrets_of(emulator, lease["lease_id"])
+
+
+def test_a_lease_on_kubernetes_is_a_pod_reached_at_its_ip(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube, K8S_POD_DEADLINE_SECONDS="3600")
+    lease = sched.lease(kind="renderer", owner_id="me", ttl_seconds=600, env={"SCENE": "intro"})
+    assert lease["provider"] == "kubernetes"
+    pod = pod_of(kube, lease)
+    assert pod is not None and pod["status"]["phase"] == "Running"
+    assert lease["endpoint"] == f"http://{pod['status']['podIP']}:8080"
+    # The worker itself answers at its pod's IP, with its lease and the caller's env.
+    page = httpx.get(lease["endpoint"] + "/", timeout=10).json()
+    assert page["lease_id"] == lease["lease_id"] and page["fence"] == lease["fence"]
+    assert lease["price_per_hour"] == 0.05 and lease["gpu_type"] is None
+
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] == 3600
+    assert spec["automountServiceAccountToken"] is False
+    labels = pod["metadata"]["labels"]
+    assert labels["openalice.io/lease"] == lease["lease_id"]
+    assert labels["openalice.io/instance"] == sched.instance
+    assert labels["openalice.io/store"]
+    # The env is in the Secret only, owned by the pod; the pod spec names the Secret.
+    [container] = spec["containers"]
+    assert "env" not in container and "intro" not in str(pod)
+    assert container["envFrom"] == [{"secretRef": {"name": pod["metadata"]["name"]}}]
+    [secret] = secrets_of(kube, lease["lease_id"])
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+    env = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert env["SCENE"] == "intro" and env["LEASE_ID"] == lease["lease_id"]
+
+    renewed = sched.http.post(
+        f"/v1/lease/{lease['lease_id']}/renew",
+        json={"ttl_seconds": 900},
+        headers={"X-Lease-Owner": "me"},
+    )
+    assert renewed.status_code == 200, renewed.text
+    assert sched.release(lease["lease_id"], owner="me").status_code == 204
+    wait_for(lambda: gone(kube, lease), 30, what="the pod and its secret to go")
+    done = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
+    assert done["state"] == "released" and done["cost"] is not None
+    # The kubeconfig's token is nowhere in the scheduler's log.
+    assert kube.token not in sched.log()
+
+
+def test_a_gpu_class_asks_for_its_resource_on_its_nodes(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube)
+    lease = sched.lease(kind="anim", gpu="entry", ttl_seconds=300)
+    pod = pod_of(kube, lease)
+    assert pod is not None
+    [container] = pod["spec"]["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert lease["gpu_type"] == "NVIDIA-L4" and lease["price_per_hour"] == 0.7
+    # A class with no resource named is not served on Kubernetes, and says why.
+    refused = sched.acquire(kind="anim", gpu="high")
+    assert refused.status_code == 503, refused.text
+    assert "K8S_GPU_CLASSES" in refused.json()["message"]
+    assert sched.release(lease["lease_id"]).status_code == 204
+
+
+def test_the_kubelet_ends_the_pod_at_its_deadline_with_no_scheduler_and_no_guard(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube, K8S_POD_DEADLINE_SECONDS="120")
+    guard = GuardProcess(sched).start()
+    # A lease on Kubernetes lives at most the pod's deadline: a longer TTL is not served
+    # there, and a renewal past it is refused, saying when the worker goes.
+    too_long = sched.acquire(kind="renderer", ttl_seconds=600)
+    assert too_long.status_code == 503, too_long.text
+    assert "K8S_POD_DEADLINE_SECONDS" in too_long.json()["message"]
+    lease = sched.lease(kind="renderer", ttl_seconds=60)
+    past = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 300})
+    assert past.status_code == 409, past.text
+    assert past.json()["error"] == "past_provider_deadline"
+
+    sched.kill()
+    guard.kill()  # neither the scheduler nor the guard runs
+    pod = pod_of(kube, lease)
+    assert pod is not None and pod["spec"]["activeDeadlineSeconds"] == 120
+    assert pod["status"]["phase"] == "Running"
+    kube.advance_clock(121)
+    ended = wait_for(
+        lambda: (p := pod_of(kube, lease)) and p["status"]["phase"] == "Failed" and p,
+        30,
+        what="the kubelet to end the pod at its deadline",
+    )
+    assert ended["status"]["reason"] == "DeadlineExceeded"
+    name = ended["metadata"]["name"]
+    assert all(c["pod"] != name or not c["running"] for c in kube.containers())
+
+
+def test_an_unschedulable_pod_sends_the_acquire_to_the_next_provider(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(
+        make_scheduler,
+        kube,
+        PROVIDERS="kubernetes,local-docker",
+        K8S_SCHEDULE_TIMEOUT_SECONDS="1",
+        LOCAL_DOCKER_MAX_WORKERS="1",
+    )
+    kube.set_nodes([{"name": "cpu-1", "labels": {}, "allocatable": {"cpu": "8", "pods": "110"}}])
+    lease = sched.lease(kind="anim", gpu="none", ttl_seconds=300)
+    assert lease["provider"] == "kubernetes"  # no GPU asked: it fits
+    moved = sched.acquire(kind="anim", gpu="entry", ttl_seconds=300)
+    # No node has the GPU: after the timeout the pod is deleted; Docker has no GPU either.
+    assert moved.status_code == 503, moved.text
+    message = moved.json()["message"]
+    assert "kubernetes" in message and "nvidia.com/gpu" in message, message
+    wait_for(
+        lambda: (
+            [
+                p
+                for p in kube.pods(NAMESPACE)
+                if p["metadata"]["labels"]["openalice.io/gpu"] == "entry"
+            ]
+            == []
+        ),
+        30,
+        what="the unschedulable pod to be deleted",
+    )
+    # The CPU lease's pod is full up to K8S_MAX_PODS? No: the next one goes to Docker
+    # when Kubernetes cannot place it.
+    kube.set_nodes([])
+    elsewhere = sched.lease(kind="anim", gpu="none", ttl_seconds=300)
+    assert elsewhere["provider"] == "local-docker"
+
+
+def test_a_scheduler_killed_mid_create_leaves_one_pod_and_no_secret_behind(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube, RECONCILE_INTERVAL_SECONDS="1")
+    kube.pause_kubelet()  # the pod is made, its container waits
+
+    def acquire() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # its scheduler is killed under it
+            sched.acquire(kind="renderer", ttl_seconds=300)
+
+    caller = threading.Thread(target=acquire, daemon=True)
+    caller.start()
+    wait_for(lambda: kube.secrets(NAMESPACE), 30, what="the pod and its secret to be made")
+    sched.kill()
+    caller.join(30)
+    [pod] = kube.pods(NAMESPACE)
+    lease_id = pod["metadata"]["labels"]["openalice.io/lease"]
+    kube.resume_kubelet()
+    sched.start()
+    # The restarted scheduler resolves the lease it was making; its pod and secret go.
+    wait_for(lambda: not kube.pods(NAMESPACE), 60, what="the half-made pod to be deleted")
+    wait_for(lambda: not kube.secrets(NAMESPACE), 30, what="its secret to be collected")
+    leases = sched.http.get("/v1/leases", params={"state": ["failed", "released"]}).json()
+    assert [(x["lease_id"], x["state"]) for x in leases] == [(lease_id, "failed")]
+    creates = [r for r in kube.requests() if r["verb"] == "create" and r["resource"] == "pods"]
+    assert len(creates) == 1  # one pod for the one lease, never two
+
+
+def test_an_image_that_never_starts_fails_the_acquire_and_leaves_nothing(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    missing = "registry.invalid/openalice/missing:1"
+    sched = on_k8s(make_scheduler, kube, K8S_RENDERER_IMAGE=missing)
+    kube.set_unpullable([missing])
+    failed = sched.acquire(kind="renderer", ttl_seconds=300)
+    assert failed.status_code in (502, 503), failed.text
+    assert "ErrImagePull" in failed.json()["message"] or "ImagePullBackOff" in failed.text
+    wait_for(lambda: not kube.pods(NAMESPACE) and not kube.secrets(NAMESPACE), 30, what="cleanup")
+
+
+def test_api_errors_are_retried_and_make_one_pod(make_scheduler: Make, kube: KubeEmulator) -> None:
+    sched = on_k8s(make_scheduler, kube)
+    kube.fail_next(2, 503, verb="create", resource="pods")
+    kube.fail_next(1, 429, verb="delete", resource="pods")
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    creates = [r for r in kube.requests() if r["verb"] == "create" and r["resource"] == "pods"]
+    assert [r["code"] for r in creates] == [503, 503, 201]
+    assert [p["metadata"]["name"] for p in kube.pods(NAMESPACE)] == [lease["provider_token"]]
+    assert sched.release(lease["lease_id"]).status_code == 204
+    deletes = [r for r in kube.requests() if r["verb"] == "delete" and r["resource"] == "pods"]
+    assert [r["code"] for r in deletes] == [429, 200]
+    wait_for(lambda: gone(kube, lease), 30, what="the pod to go")
+
+
+def test_a_warm_pool_on_kubernetes_hands_its_pod_over(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube, WARM_POOL="renderer/none=1")
+    wait_idle(sched, 1)
+    [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
+    lease = sched.lease(kind="renderer", owner_id="warm", ttl_seconds=300, env={"SHOT": "7"})
+    assert lease["provider_token"] == idle["provider_token"]  # served warm
+    page = httpx.get(lease["endpoint"] + "/", timeout=10).json()
+    assert page["handoff"]["lease_id"] == lease["lease_id"]
+    assert page["handoff"]["env"] == {"SHOT": "7"}
+    wait_idle(sched, 1)  # the pool makes another pod
+
+
+def test_kubernetes_shows_in_providers_and_k8s_max_pods_holds(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube, K8S_MAX_PODS="2")
+    [view] = sched.http.get("/v1/providers").json()
+    assert view["name"] == "kubernetes" and view["healthy"], view
+    assert view["max_workers"] == 2
+    assert {gpu: use["capacity"] for gpu, use in view["gpu"].items()} == {"none": 2, "entry": 2}
+    held = [sched.lease(kind="renderer", ttl_seconds=300) for _ in range(2)]
+    third = sched.acquire(kind="renderer", ttl_seconds=300)
+    assert third.status_code == 503, third.text
+    for lease in held:
+        assert sched.release(lease["lease_id"]).status_code == 204
+    # An API that refuses the scheduler's credentials shows as unhealthy, saying why.
+    kube.fail_next(5, 503, verb="list", resource="pods")
+    view = sched.http.get("/v1/providers").json()[0]
+    assert not view["healthy"] and "503" in view["detail"], view
+
+
+def test_the_guard_deletes_an_expired_lease_s_pod_when_the_scheduler_is_dead(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube)
+    guard = GuardProcess(sched).start()
+    try:
+
+        def alive(lease_id: str) -> bool:
+            return any(
+                p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+                for p in pods_of(kube, lease_id)
+            )
+
+        short, long, last = leases_learned(sched, guard, "kubernetes")
+        sched.kill()
+        only_the_expired_goes(alive, short, long, last)
+    finally:
+        guard.kill()
+
+
+def test_a_live_caller_preempts_an_anim_pod_deleted_with_its_grace_period(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(
+        make_scheduler,
+        kube,
+        K8S_MAX_PODS="1",
+        PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
+        PREEMPTION_GRACE_SECONDS="2",
+    )
+    victim = sched.lease(kind="renderer", priority_class="anim", ttl_seconds=300)
+    live = sched.acquire(kind="renderer", priority_class="live", wait_seconds=60)
+    assert live.status_code == 200, live.text
+    assert live.json()["lease"]["provider"] == "kubernetes"
+    ended = sched.http.get(f"/v1/lease/{victim['lease_id']}").json()
+    assert ended["release_reason"] == "preempted"
+    assert "its worker was not told" not in sched.log()
+    # Deleted with the pod's own grace period (K8S_TERMINATION_GRACE_SECONDS), after
+    # the notice: SIGTERM, then the kubelet's kill.
+    [delete] = [
+        r
+        for r in kube.requests()
+        if r["verb"] == "delete"
+        and r["resource"] == "pods"
+        and r["name"] == victim["provider_token"]
+    ]
+    assert delete["grace"] in (None, 3), delete
+    wait_for(lambda: gone(kube, victim), 30, what="the victim's pod to go")
+
+
+def test_an_orphan_pod_of_this_scheduler_is_deleted_and_others_are_left(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube, RECONCILE_INTERVAL_SECONDS="1")
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    from lightkube import Client, KubeConfig
+    from lightkube.models.core_v1 import Container, PodSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Pod
+
+    client = Client(config=KubeConfig.from_file(kube.kubeconfig_path), namespace=NAMESPACE)
+
+    def pod(name: str, instance: str) -> Pod:
+        labels = {"openalice.io/instance": instance, "openalice.io/lease": str(uuid.uuid4())}
+        spec = PodSpec(containers=[Container(name="worker", image=WORKER_IMAGE)])
+        return Pod(metadata=ObjectMeta(name=name, labels=labels), spec=spec)
+
+    # A pod with this scheduler's labels and a lease its store never had, and one of
+    # another instance, which is none of its business.
+    client.create(pod("orphan", sched.instance))
+    client.create(pod("someone-elses", "someone-else"))
+    wait_for(lambda: kube.pod("orphan", NAMESPACE) is None, 60, what="the orphan to go")
+    assert kube.pod("someone-elses", NAMESPACE) is not None
+    assert pod_of(kube, lease) is not None
+
+
+def test_the_code_uses_exactly_the_verbs_of_the_readme_s_role(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube, RECONCILE_INTERVAL_SECONDS="1")
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    assert sched.http.get("/v1/providers").json()[0]["healthy"]
+    assert sched.release(lease["lease_id"]).status_code == 204
+    wait_for(lambda: gone(kube, lease), 30, what="the pod to go")
+    used = {(r["resource"], r["verb"]) for r in kube.requests() if r["code"] < 400}
+    granted = {
+        (resource, verb)
+        for rule in readme_role()["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert used == granted
+    assert all(rule["apiGroups"] == [""] for rule in readme_role()["rules"])
+    # Whatever the Role does not grant is refused: the emulator enforces it.
+    assert not [r for r in kube.requests() if r["code"] == 403]
