@@ -1,6 +1,6 @@
 """Fixtures: a real Docker engine, the demo worker image, an engine that accepts GPU
 device requests, schedulers as processes, a migrated store on each database, and the
-RunPod and Modal emulators."""
+RunPod, Modal and Kubernetes emulators."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from openalice_scheduler.store import open_store
 from tests.engines import PrivateEngine
 from tests.harness import REPO, WORKER_IMAGE, Scheduler, database_url, docker_client
+from tests.k8s_emulator import KubeEmulator
 from tests.modal_emulator import ModalEmulator
 from tests.postgres import PrivatePostgres
 from tests.runpod_emulator import RunPodEmulator
@@ -102,6 +103,16 @@ def modal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModalEmul
     `modal_server.client_env()` is what a process with the `modal` client needs."""
     log = tmp_path_factory.mktemp("modal") / "emulator.log"
     with ModalEmulator(network=f"oa-modal-{uuid.uuid4().hex[:8]}", log_path=log) as emulator:
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def kube_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeEmulator]:
+    """One Kubernetes API emulator (with its test kubelet) per test module, on a Docker
+    network of its own (its log in the module's temp directory); every container it made
+    is removed at the end. `kube_server.kubeconfig_path` is the kubeconfig a client uses."""
+    log = tmp_path_factory.mktemp("k8s") / "emulator.log"
+    with KubeEmulator(network=f"oa-k8s-{uuid.uuid4().hex[:8]}", log_path=log) as emulator:
         yield emulator
 
 

@@ -171,15 +171,20 @@ def test_the_kubelet_ends_the_pod_at_its_deadline_with_no_scheduler_and_no_guard
     pod = pod_of(kube, lease)
     assert pod is not None and pod["spec"]["activeDeadlineSeconds"] == 120
     assert pod["status"]["phase"] == "Running"
-    kube.advance_clock(121)
-    ended = wait_for(
-        lambda: (p := pod_of(kube, lease)) and p["status"]["phase"] == "Failed" and p,
-        30,
-        what="the kubelet to end the pod at its deadline",
-    )
+    assert kube.advance_clock(121) == [f"{NAMESPACE}/{pod['metadata']['name']}"]
+    ended = pod_of(kube, lease)
+    assert ended is not None and ended["status"]["phase"] == "Failed"
     assert ended["status"]["reason"] == "DeadlineExceeded"
-    name = ended["metadata"]["name"]
-    assert all(c["pod"] != name or not c["running"] for c in kube.containers())
+    # Its container is stopped: the worker no longer runs.
+    wait_for(
+        lambda: all(
+            c["state"] != "running"
+            for c in kube.containers()
+            if c["pod"] == pod["metadata"]["name"]
+        ),
+        30,
+        what="the pod's container to stop",
+    )
 
 
 def test_an_unschedulable_pod_sends_the_acquire_to_the_next_provider(
@@ -192,14 +197,19 @@ def test_an_unschedulable_pod_sends_the_acquire_to_the_next_provider(
         K8S_SCHEDULE_TIMEOUT_SECONDS="1",
         LOCAL_DOCKER_MAX_WORKERS="1",
     )
-    kube.set_nodes([{"name": "cpu-1", "labels": {}, "allocatable": {"cpu": "8", "pods": "110"}}])
+    # The cluster's one L4 node has no GPU left.
+    product = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    kube.set_nodes(
+        [{"name": "gpu-1", "labels": product, "allocatable": {"cpu": "8", "pods": "110"}}]
+    )
     lease = sched.lease(kind="anim", gpu="none", ttl_seconds=300)
     assert lease["provider"] == "kubernetes"  # no GPU asked: it fits
     moved = sched.acquire(kind="anim", gpu="entry", ttl_seconds=300)
     # No node has the GPU: after the timeout the pod is deleted; Docker has no GPU either.
     assert moved.status_code == 503, moved.text
     message = moved.json()["message"]
-    assert "kubernetes" in message and "nvidia.com/gpu" in message, message
+    unschedulable = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    assert f"kubernetes: pod unschedulable for 1 s: {unschedulable}" in message, message
     wait_for(
         lambda: (
             [
@@ -212,8 +222,7 @@ def test_an_unschedulable_pod_sends_the_acquire_to_the_next_provider(
         30,
         what="the unschedulable pod to be deleted",
     )
-    # The CPU lease's pod is full up to K8S_MAX_PODS? No: the next one goes to Docker
-    # when Kubernetes cannot place it.
+    # With no node at all, a CPU pod cannot be placed either: Docker serves it.
     kube.set_nodes([])
     elsewhere = sched.lease(kind="anim", gpu="none", ttl_seconds=300)
     assert elsewhere["provider"] == "local-docker"
@@ -300,10 +309,11 @@ def test_kubernetes_shows_in_providers_and_k8s_max_pods_holds(
     assert third.status_code == 503, third.text
     for lease in held:
         assert sched.release(lease["lease_id"]).status_code == 204
-    # An API that refuses the scheduler's credentials shows as unhealthy, saying why.
-    kube.fail_next(5, 503, verb="list", resource="pods")
+    # A Role without `list` shows as unhealthy, in the API's words.
+    kube.set_rbac([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}])
     view = sched.http.get("/v1/providers").json()[0]
-    assert not view["healthy"] and "503" in view["detail"], view
+    assert not view["healthy"] and "403 Forbidden" in view["detail"], view
+    assert 'cannot list resource "pods"' in view["detail"]
 
 
 def test_the_guard_deletes_an_expired_lease_s_pod_when_the_scheduler_is_dead(
@@ -352,7 +362,7 @@ def test_a_live_caller_preempts_an_anim_pod_deleted_with_its_grace_period(
         and r["resource"] == "pods"
         and r["name"] == victim["provider_token"]
     ]
-    assert delete["grace"] in (None, 3), delete
+    assert delete["grace_period"] == 3, delete
     wait_for(lambda: gone(kube, victim), 30, what="the victim's pod to go")
 
 
@@ -401,3 +411,49 @@ def test_the_code_uses_exactly_the_verbs_of_the_readme_s_role(
     assert all(rule["apiGroups"] == [""] for rule in readme_role()["rules"])
     # Whatever the Role does not grant is refused: the emulator enforces it.
     assert not [r for r in kube.requests() if r["code"] == 403]
+
+
+def test_a_pod_deleted_behind_the_scheduler_s_back_is_released_as_gone(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube)
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    from lightkube import Client, KubeConfig
+    from lightkube.resources.core_v1 import Pod
+
+    client = Client(config=KubeConfig.from_file(kube.kubeconfig_path), namespace=NAMESPACE)
+    client.delete(Pod, lease["provider_token"], grace_period=0)
+    wait_for(lambda: gone(kube, lease), 30, what="the pod and its secret to go")
+    # The release's delete answers 404: the worker is gone, which is what was asked.
+    assert sched.release(lease["lease_id"]).status_code == 204
+    assert sched.http.get(f"/v1/lease/{lease['lease_id']}").json()["state"] == "released"
+    codes = [
+        r["code"]
+        for r in kube.requests()
+        if r["verb"] == "delete" and r["name"] == lease["provider_token"]
+    ]
+    assert 404 in codes
+
+
+def test_k8s_gpu_classes_read_resource_count_and_node_labels() -> None:
+    from openalice_scheduler.config.kubernetes import GpuRequest, parse_gpu_classes
+
+    parsed = parse_gpu_classes(
+        "entry=nvidia.com/gpu:1@nvidia.com/gpu.product=NVIDIA-L4@pool=spot, high=amd.com/gpu:2"
+    )
+    assert parsed == {
+        "entry": GpuRequest(
+            "nvidia.com/gpu", 1, {"nvidia.com/gpu.product": "NVIDIA-L4", "pool": "spot"}
+        ),
+        "high": GpuRequest("amd.com/gpu", 2, {}),
+    }
+    for bad, named in [
+        ("entry=nvidia.com/gpu", "resource:count"),
+        ("huge=nvidia.com/gpu:1", "'huge=nvidia.com/gpu:1'"),
+        ("entry=nvidia.com/gpu:0", "at least 1"),
+        ("entry=nvidia.com/gpu:1@product", "'product'"),
+        ("entry=nvidia.com/gpu:1@a=b c", "'a=b c'"),
+        ("entry=x:1,entry=y:1", "entry is given twice"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            parse_gpu_classes(bad)

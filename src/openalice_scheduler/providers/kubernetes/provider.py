@@ -291,7 +291,7 @@ class KubernetesProvider:
                 and waited >= self.settings.k8s_schedule_timeout_seconds
             ):
                 raise ProviderOutOfCapacity(
-                    f"kubernetes: pod unschedulable for {waited:.0f} s: {now.unschedulable}"
+                    f"pod unschedulable for {waited:.0f} s: {now.unschedulable}"
                 )
             await asyncio.sleep(interval)
             interval = min(interval * 1.5, _POLL_MAX_S)

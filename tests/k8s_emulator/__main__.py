@@ -1,0 +1,111 @@
+"""Run the emulator as its own process:
+
+    python -m tests.k8s_emulator --port N --network NAME
+
+Prints one JSON line on stdout once it serves (`server_url`, `control_url`, `ca_file`,
+`instance`, `network`, `host_ip`, `user`, and `token` when it made one up), then serves
+until SIGINT or SIGTERM, and removes every container it made on the way out. The bearer
+token comes from `K8S_EMULATOR_TOKEN` when set (never from the command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .access import DEFAULT_USER
+from .server import EmulatorConfig, serve
+
+
+def _json_arg(text: str) -> Any:
+    return json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.k8s_emulator", description=__doc__)
+    parser.add_argument("--port", type=int, default=0, help="HTTPS API port on 127.0.0.1")
+    parser.add_argument("--control-port", type=int, default=0, help="control API port")
+    parser.add_argument(
+        "--network",
+        default=None,
+        help="Docker network of the pods' containers (made if missing, then removed at "
+        "exit); default: Docker's default bridge",
+    )
+    parser.add_argument("--instance", default=None, help="label value of its containers")
+    parser.add_argument("--state-dir", type=Path, default=None, help="for the CA (default: temp)")
+    parser.add_argument("--user", default=DEFAULT_USER, help="the token's user (RBAC messages)")
+    parser.add_argument(
+        "--namespace", action="append", default=[], help="one more namespace (repeatable)"
+    )
+    parser.add_argument("--nodes", type=_json_arg, default=None, help="JSON list (or @file)")
+    parser.add_argument("--rbac", type=_json_arg, default=None, help="Role rules, JSON (or @file)")
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop (and remove its containers) when the process that started it is gone",
+    )
+    parser.add_argument("--log-level", default="WARNING")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    given = os.environ.get("K8S_EMULATOR_TOKEN")
+    token = given or secrets.token_urlsafe(24)
+    config = EmulatorConfig(
+        instance=args.instance or secrets.token_hex(5),
+        token=token,
+        state_dir=args.state_dir or Path(tempfile.mkdtemp(prefix="k8s-emulator-")),
+        network=args.network,
+        port=args.port,
+        control_port=args.control_port,
+        user=args.user,
+        namespaces=args.namespace,
+        nodes=args.nodes,
+        rbac=args.rbac,
+    )
+
+    def ready(info: dict[str, Any]) -> None:
+        if not given:
+            info["token"] = token
+        print(json.dumps(info), flush=True)
+
+    async def watch_parent(stop: asyncio.Event) -> None:
+        parent = os.getppid()
+        while os.getppid() == parent:  # a test process killed -9 leaves no emulator behind
+            await asyncio.sleep(1)
+        stop.set()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        watcher = asyncio.ensure_future(watch_parent(stop)) if args.exit_with_parent else None
+        try:
+            await serve(config, ready, stop)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

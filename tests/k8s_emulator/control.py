@@ -1,0 +1,179 @@
+"""Test-only control API on loopback (plain HTTP, JSON): the tests' hands, not the
+client's traffic. It needs no credentials and is not in the audit list.
+
+- `GET  /_emulator/healthz`
+- `GET  /_emulator/state`: nodes, switches, clock offset, namespaces.
+- `GET  /_emulator/objects/{pods|secrets}[?namespace=]`: full objects (also terminating).
+- `GET  /_emulator/requests`: the audit list (verb, resource, namespace, name, code,
+  grace_period for pod deletes, label_selector for lists).
+- `GET  /_emulator/containers`: the Docker containers made, with their pods.
+- `POST /_emulator/clock {"advance": s}`: move the clock; answers after the kubelet has
+  acted, `{"now", "ended": [namespace/name of pods ended by their deadline]}`.
+- `POST /_emulator/nodes {"nodes": [...]}`, `/_emulator/unpullable {"images": [...]}`,
+  `/_emulator/kubelet {"paused": bool}`, `/_emulator/rbac {"rules": [...] | null}`,
+  `/_emulator/namespaces {"name": ...}`, `/_emulator/faults {"n", "code", "verb",
+  "resource", "retry_after", "message"}` (or `{"clear": true}`), `/_emulator/sync`
+  (one whole kubelet pass), `/_emulator/reset`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from .access import Access, Fault
+from .kubelet import Kubelet
+from .scheduling import validate_nodes
+from .store import Store
+
+_FAULT_CODES = (400, 403, 404, 409, 429, 500, 503)
+
+
+def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Application:
+    routes = web.RouteTableDef()
+
+    async def body(request: web.Request) -> dict[str, Any]:
+        try:
+            data = await request.json() if request.can_read_body else {}
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise web.HTTPBadRequest(text="a JSON object is expected")
+        return data
+
+    @routes.get("/_emulator/healthz")
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    @routes.get("/_emulator/state")
+    async def state(_request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "nodes": kubelet.nodes,
+                "paused": kubelet.paused,
+                "unpullable": sorted(kubelet.unpullable),
+                "rbac": access.rules,
+                "faults": [vars(f) for f in access.faults],
+                "clock_offset": store.clock_offset,
+                "now": store.now(),
+                "namespaces": sorted(store.namespaces),
+                "revision": store.revision,
+            }
+        )
+
+    @routes.get("/_emulator/objects/{resource}")
+    async def objects(request: web.Request) -> web.Response:
+        resource = request.match_info["resource"]
+        if resource not in ("pods", "secrets"):
+            raise web.HTTPNotFound()
+        return web.json_response(store.list(resource, request.query.get("namespace")))
+
+    @routes.get("/_emulator/requests")
+    async def requests(_request: web.Request) -> web.Response:
+        return web.json_response(access.audit)
+
+    @routes.get("/_emulator/containers")
+    async def containers(_request: web.Request) -> web.Response:
+        return web.json_response(await asyncio.to_thread(kubelet.runtime.containers))
+
+    @routes.post("/_emulator/clock")
+    async def clock(request: web.Request) -> web.Response:
+        advance = (await body(request)).get("advance")
+        if not isinstance(advance, (int, float)) or advance < 0:
+            raise web.HTTPBadRequest(text="advance: a number of seconds >= 0")
+        failed_before = {_key(p) for p in store.list("pods", None) if _deadline(p)}
+        store.clock_offset += float(advance)
+        await kubelet.settle()
+        ended = [_key(p) for p in store.list("pods", None) if _deadline(p)]
+        return web.json_response(
+            {"now": store.now(), "ended": [k for k in ended if k not in failed_before]}
+        )
+
+    @routes.post("/_emulator/nodes")
+    async def nodes(request: web.Request) -> web.Response:
+        try:
+            kubelet.nodes = validate_nodes(list((await body(request)).get("nodes") or []))
+        except (ValueError, TypeError) as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from exc
+        await kubelet.settle()
+        return web.json_response(kubelet.nodes)
+
+    @routes.post("/_emulator/unpullable")
+    async def unpullable(request: web.Request) -> web.Response:
+        kubelet.unpullable = {str(i) for i in (await body(request)).get("images") or []}
+        kubelet.wake()
+        return web.json_response(sorted(kubelet.unpullable))
+
+    @routes.post("/_emulator/kubelet")
+    async def pause(request: web.Request) -> web.Response:
+        kubelet.paused = bool((await body(request)).get("paused"))
+        await kubelet.settle()
+        return web.json_response({"paused": kubelet.paused})
+
+    @routes.post("/_emulator/rbac")
+    async def rbac(request: web.Request) -> web.Response:
+        rules = (await body(request)).get("rules")
+        if rules is not None and not (
+            isinstance(rules, list) and all(isinstance(r, dict) for r in rules)
+        ):
+            raise web.HTTPBadRequest(text="rules: a list of {apiGroups, resources, verbs} or null")
+        access.rules = rules
+        return web.json_response({"rules": rules})
+
+    @routes.post("/_emulator/namespaces")
+    async def namespaces(request: web.Request) -> web.Response:
+        name = str((await body(request)).get("name") or "")
+        if not name:
+            raise web.HTTPBadRequest(text="name is required")
+        store.add_namespace(name)
+        return web.json_response(sorted(store.namespaces))
+
+    @routes.post("/_emulator/faults")
+    async def faults(request: web.Request) -> web.Response:
+        data = await body(request)
+        if data.get("clear"):
+            access.faults = []
+            return web.json_response([])
+        code = data.get("code")
+        n = data.get("n", 1)
+        if code not in _FAULT_CODES or not isinstance(n, int) or n < 1:
+            raise web.HTTPBadRequest(text=f"code one of {_FAULT_CODES}, n >= 1")
+        access.faults.append(
+            Fault(
+                remaining=n,
+                code=code,
+                verb=data.get("verb"),
+                resource=data.get("resource"),
+                retry_after=int(data.get("retry_after", 1)),
+                message=data.get("message"),
+            )
+        )
+        return web.json_response([vars(f) for f in access.faults])
+
+    @routes.post("/_emulator/sync")
+    async def sync(_request: web.Request) -> web.Response:
+        await kubelet.settle()
+        return web.json_response({"ok": True})
+
+    @routes.post("/_emulator/reset")
+    async def reset(_request: web.Request) -> web.Response:
+        await kubelet.reset()
+        store.reset()
+        access.rules = None
+        access.faults = []
+        access.audit.clear()
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.add_routes(routes)
+    return app
+
+
+def _key(pod: dict[str, Any]) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def _deadline(pod: dict[str, Any]) -> bool:
+    return pod["status"].get("reason") == "DeadlineExceeded"

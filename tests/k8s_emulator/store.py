@@ -1,0 +1,185 @@
+"""The API server's objects: namespaces, pods and secrets, their resource versions, the
+watch event log, and garbage collection by owner reference.
+
+All in one asyncio loop: handlers, the kubelet and the control API change objects only
+through `Store`, which bumps `metadata.resourceVersion` (one counter for everything, as
+etcd's revision), tells watchers, and calls `on_change` (the kubelet's wake-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .kstatus import ApiError
+from .selectors import Matcher
+
+DEFAULT_NAMESPACES = ("default", "openalice")
+KINDS = {"pods": "Pod", "secrets": "Secret"}
+_EVENT_LOG = 5000
+
+
+def rfc3339(seconds: float) -> str:
+    moment = datetime.datetime.fromtimestamp(int(seconds), datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> float:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(eq=False)
+class Watcher:
+    resource: str
+    namespace: str | None
+    match: Matcher
+    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+
+
+class Store:
+    def __init__(self, namespaces: list[str] | None = None) -> None:
+        self.clock_offset = 0.0
+        self.on_change: Callable[[], None] = lambda: None
+        self.start_namespaces = [*DEFAULT_NAMESPACES, *(namespaces or [])]
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the start: its namespaces only, no objects, no watchers, no clock move."""
+        self.namespaces: dict[str, str] = {}
+        for name in self.start_namespaces:
+            self.add_namespace(name)
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.revision = getattr(self, "revision", 0)
+        self.events: deque[tuple[int, str, str, dict[str, Any]]] = deque(maxlen=_EVENT_LOG)
+        self.clock_offset = 0.0
+        for watcher in getattr(self, "watchers", set()):
+            watcher.queue.put_nowait(None)
+        self.watchers: set[Watcher] = set()
+
+    # --- time and versions -------------------------------------------------------------
+
+    def now(self) -> float:
+        """The emulator's clock: wall time plus what `advance_clock` added."""
+        return time.time() + self.clock_offset
+
+    def timestamp(self) -> str:
+        return rfc3339(self.now())
+
+    def _next_version(self) -> str:
+        self.revision += 1
+        return str(self.revision)
+
+    @property
+    def oldest_version(self) -> int:
+        return self.events[0][0] if self.events else self.revision
+
+    # --- namespaces --------------------------------------------------------------------
+
+    def add_namespace(self, name: str) -> None:
+        self.namespaces.setdefault(name, str(uuid.uuid4()))
+
+    def check_namespace(self, namespace: str) -> None:
+        if namespace not in self.namespaces:
+            raise ApiError(
+                404,
+                f'namespaces "{namespace}" not found',
+                details={"name": namespace, "kind": "namespaces"},
+            )
+
+    # --- objects -----------------------------------------------------------------------
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((resource, namespace, name))
+
+    def list(
+        self, resource: str, namespace: str | None, match: Matcher | None = None
+    ) -> list[dict[str, Any]]:
+        found = [
+            obj
+            for (res, ns, _), obj in self.objects.items()
+            if res == resource and (namespace is None or ns == namespace)
+        ]
+        found = [o for o in found if match is None or match(o)]
+        return sorted(found, key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))
+
+    def add(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        key = (resource, meta["namespace"], meta["name"])
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = self.timestamp()
+        meta["resourceVersion"] = self._next_version()
+        self.objects[key] = obj
+        self._publish(resource, "ADDED", obj)
+        return obj
+
+    def update(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        meta["resourceVersion"] = self._next_version()
+        self.objects[(resource, meta["namespace"], meta["name"])] = obj
+        self._publish(resource, "MODIFIED", obj)
+        return obj
+
+    def remove(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Remove the object, then (background propagation) every object it owns."""
+        obj = self.objects.pop((resource, namespace, name), None)
+        if obj is None:
+            return None
+        obj["metadata"]["resourceVersion"] = self._next_version()
+        self._publish(resource, "DELETED", obj)
+        uid = obj["metadata"]["uid"]
+        for (res, ns, child), other in list(self.objects.items()):
+            owners = other["metadata"].get("ownerReferences") or []
+            if ns == namespace and any(o.get("uid") == uid for o in owners):
+                self.remove(res, ns, child)
+        return obj
+
+    # --- watches -----------------------------------------------------------------------
+
+    def _publish(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
+        snapshot = copy.deepcopy(obj)
+        version = int(snapshot["metadata"]["resourceVersion"])
+        self.events.append((version, resource, kind, snapshot))
+        for watcher in list(self.watchers):
+            if watcher.resource == resource and self._concerns(watcher, snapshot):
+                watcher.queue.put_nowait({"type": kind, "object": snapshot})
+        self.on_change()
+
+    @staticmethod
+    def _concerns(watcher: Watcher, obj: dict[str, Any]) -> bool:
+        meta = obj["metadata"]
+        if watcher.namespace is not None and meta["namespace"] != watcher.namespace:
+            return False
+        return watcher.match(obj)
+
+    def watch(
+        self, resource: str, namespace: str | None, match: Matcher, since: str | None
+    ) -> Watcher:
+        """A watcher, its queue primed as the API does: from `since` (a resourceVersion)
+        the events after it (410 Expired when the log no longer has them); without one
+        (or "0"), ADDED for each object that matches now."""
+        watcher = Watcher(resource, namespace, match)
+        if since in (None, "", "0"):
+            for obj in self.list(resource, namespace, match):
+                watcher.queue.put_nowait({"type": "ADDED", "object": copy.deepcopy(obj)})
+        else:
+            try:
+                version = int(str(since))
+            except ValueError as exc:
+                raise ApiError(400, f'invalid resource version: "{since}"') from exc
+            if version < self.oldest_version - 1 and self.events:
+                raise ApiError(410, f"too old resource version: {version} ({self.oldest_version})")
+            for event_version, res, kind, obj in self.events:
+                if event_version > version and res == resource and self._concerns(watcher, obj):
+                    watcher.queue.put_nowait({"type": kind, "object": copy.deepcopy(obj)})
+        self.watchers.add(watcher)
+        return watcher
+
+    def unwatch(self, watcher: Watcher) -> None:
+        self.watchers.discard(watcher)
