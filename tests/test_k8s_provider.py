@@ -392,15 +392,35 @@ def test_an_orphan_pod_of_this_scheduler_is_deleted_and_others_are_left(
     assert pod_of(kube, lease) is not None
 
 
+def test_a_create_whose_answer_was_lost_finds_the_lease_s_one_pod(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube)
+    # The API server makes the pod, and its answer is lost: the create is tried again,
+    # answers 409, and the provider takes the pod of that name as the lease's own.
+    kube.fail_next(1, 500, verb="create", resource="pods", after=True)
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    creates = [
+        r["code"] for r in kube.requests() if r["verb"] == "create" and r["resource"] == "pods"
+    ]
+    assert creates == [500, 409]
+    assert [p["metadata"]["name"] for p in kube.pods(NAMESPACE)] == [lease["provider_token"]]
+    assert httpx.get(lease["endpoint"] + "/", timeout=10).json()["lease_id"] == lease["lease_id"]
+
+
 def test_the_code_uses_exactly_the_verbs_of_the_readme_s_role(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     sched = on_k8s(make_scheduler, kube, RECONCILE_INTERVAL_SECONDS="1")
+    # Every call the provider makes: a create answered 409 (its first answer lost) is
+    # followed by a read of the pod; the start is watched; reconciliation lists; a
+    # release deletes the pod and its secret.
+    kube.fail_next(1, 500, verb="create", resource="pods", after=True)
     lease = sched.lease(kind="renderer", ttl_seconds=300)
     assert sched.http.get("/v1/providers").json()[0]["healthy"]
     assert sched.release(lease["lease_id"]).status_code == 204
     wait_for(lambda: gone(kube, lease), 30, what="the pod to go")
-    used = {(r["resource"], r["verb"]) for r in kube.requests() if r["code"] < 400}
+    used = {(r["resource"], r["verb"]) for r in kube.requests()}
     granted = {
         (resource, verb)
         for rule in readme_role()["rules"]

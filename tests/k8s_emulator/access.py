@@ -64,6 +64,9 @@ class Fault:
     resource: str | None = None
     retry_after: int = 1
     message: str | None = None
+    # The request is carried out, and only its answer is the error: an answer lost on
+    # the way (the client cannot tell whether it happened).
+    after: bool = False
 
     def matches(self, info: RequestInfo) -> bool:
         return (self.verb is None or self.verb == info.verb) and (
@@ -86,7 +89,8 @@ class Access:
             given.strip().encode(), self.token.encode()
         )
 
-    def fault_for(self, info: RequestInfo) -> ApiError | None:
+    def fault_for(self, info: RequestInfo) -> tuple[ApiError, bool] | None:
+        """The error to answer `info` with, and whether only after carrying it out."""
         for fault in self.faults:
             if fault.remaining > 0 and fault.matches(info):
                 fault.remaining -= 1
@@ -100,7 +104,7 @@ class Access:
                     )
                 if fault.message:
                     error.message = fault.message
-                return error
+                return error, fault.after
         return None
 
     def authorize(self, info: RequestInfo) -> None:

@@ -51,10 +51,12 @@ async def _gate(request: web.Request, handler: Any) -> web.StreamResponse:
         if not access.authenticate(request):
             raise ApiError(401, "Unauthorized")
         fault = access.fault_for(info)
-        if fault is not None:
-            raise fault
+        if fault is not None and not fault[1]:
+            raise fault[0]
         access.authorize(info)
         response = await handler(request)
+        if fault is not None:  # carried out, and the answer lost
+            raise fault[0]
     except ApiError as error:
         access.record(info, error.code, **request["extra"])
         log.info("%s %s -> %s", request.method, request.path, error.code)

@@ -11,7 +11,7 @@ client's traffic. It needs no credentials and is not in the audit list.
   acted, `{"now", "ended": [namespace/name of pods ended by their deadline]}`.
 - `POST /_emulator/nodes {"nodes": [...]}`, `/_emulator/unpullable {"images": [...]}`,
   `/_emulator/kubelet {"paused": bool}`, `/_emulator/rbac {"rules": [...] | null}`,
-  `/_emulator/namespaces {"name": ...}`, `/_emulator/faults {"n", "code", "verb",
+  `/_emulator/namespaces {"name": ...}`, `/_emulator/faults {"n", "code", "verb", "after",
   "resource", "retry_after", "message"}` (or `{"clear": true}`), `/_emulator/sync`
   (one whole kubelet pass), `/_emulator/reset`.
 """
@@ -148,6 +148,7 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
                 resource=data.get("resource"),
                 retry_after=int(data.get("retry_after", 1)),
                 message=data.get("message"),
+                after=bool(data.get("after", False)),
             )
         )
         return web.json_response([vars(f) for f in access.faults])

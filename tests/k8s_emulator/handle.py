@@ -314,9 +314,11 @@ class KubeEmulator:
         *,
         retry_after: int = 1,
         message: str | None = None,
+        after: bool = False,
     ) -> None:
         """The next `n` API requests (of `verb` on `resource`, when given) answer `code`
-        (429 with Retry-After, 500, 503, ...) as a real Status."""
+        (429 with Retry-After, 500, 503, ...) as a real Status; with `after`, each is
+        carried out first and only its answer is lost."""
         self._post(
             "/_emulator/faults",
             {
@@ -326,6 +328,7 @@ class KubeEmulator:
                 "resource": resource,
                 "retry_after": retry_after,
                 "message": message,
+                "after": after,
             },
         )
 

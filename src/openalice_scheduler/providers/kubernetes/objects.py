@@ -11,9 +11,7 @@ from lightkube.models.core_v1 import (
     Container,
     ContainerPort,
     EnvFromSource,
-    HTTPGetAction,
     PodSpec,
-    Probe,
     ResourceRequirements,
     SecretEnvSource,
 )
@@ -48,7 +46,6 @@ class PodPlan:
     labels: dict[str, str]
     image: str
     port: int
-    ready_path: str | None
     gpu: GpuRequest | None
     deadline_seconds: int
     grace_seconds: int
@@ -56,17 +53,13 @@ class PodPlan:
 
 def pod(plan: PodPlan) -> Pod:
     """The lease's Pod: one container, never restarted, ended by the kubelet at its
-    deadline; its environment comes from the Secret of the same name (never the spec)."""
+    deadline; its environment comes from the Secret of the same name (never the spec).
+    It has no readiness probe of its own: the kubelet probes at most once a second, so
+    its Ready condition says the container started, and the scheduler's own probe
+    (RENDERER_READY_PATH, probe.py) says when the worker answers, as for every provider."""
     resources = None
     if plan.gpu is not None:
         resources = ResourceRequirements(limits={plan.gpu.resource: str(plan.gpu.count)})
-    probe = None
-    if plan.ready_path is not None:
-        probe = Probe(
-            httpGet=HTTPGetAction(path=plan.ready_path, port=plan.port),
-            periodSeconds=1,
-            failureThreshold=1,
-        )
     return Pod(
         metadata=ObjectMeta(name=plan.name, namespace=plan.namespace, labels=plan.labels),
         spec=PodSpec(
@@ -84,7 +77,6 @@ def pod(plan: PodPlan) -> Pod:
                     ports=[ContainerPort(containerPort=plan.port, name="http")],
                     envFrom=[EnvFromSource(secretRef=SecretEnvSource(name=plan.name))],
                     resources=resources,
-                    readinessProbe=probe,
                 )
             ],
         ),

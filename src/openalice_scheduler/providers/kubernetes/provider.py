@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ from lightkube import AsyncClient, ConfigError, KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.types import OnErrorAction, OnErrorResult
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderOutOfCapacity
@@ -63,8 +64,6 @@ from openalice_scheduler.providers.kubernetes.objects import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# How often a starting pod is looked at: at first, and at most.
-_POLL_FIRST_S, _POLL_MAX_S = 0.1, 1.0
 # The label of the node's GPU product (NVIDIA's GPU feature discovery), when a class's
 # node selector names it: recorded as the lease's gpu_type.
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -108,7 +107,6 @@ class KubernetesProvider:
         self.prices = parse_prices(settings.k8s_price_per_hour)
         self.images = {"renderer": settings.k8s_renderer_image, "anim": settings.k8s_anim_image}
         self.ports = settings.worker_ports
-        self.ready_paths = settings.ready_paths
         self._client: AsyncClient | None = None
 
     # --- the Provider contract -----------------------------------------------------------
@@ -145,7 +143,7 @@ class KubernetesProvider:
         try:
             assert created.metadata is not None and created.metadata.uid is not None
             await self._create_secret(objects.secret(plan, created.metadata.uid, worker_env(spec)))
-            ip = await self._wait_ready(plan.name)
+            ip = await self._wait_ready(created)
         except BaseException:
             await asyncio.shield(self._delete(plan.name, grace=0))
             raise
@@ -232,7 +230,6 @@ class KubernetesProvider:
             labels=labels,
             image=self.images[kind],
             port=self.ports[kind],
-            ready_path=self.ready_paths[kind],
             gpu=None if spec.gpu == GpuClass.none else self.settings.k8s_gpu_class(spec.gpu.value),
             deadline_seconds=self.settings.k8s_pod_deadline_seconds,
             grace_seconds=self.settings.k8s_termination_grace_seconds,
@@ -268,33 +265,68 @@ class KubernetesProvider:
                     f"{exc.status.reason}"
                 ) from None
 
-    async def _wait_ready(self, name: str) -> str:
-        """The pod's IP once it is Running and Ready. ProviderOutOfCapacity when it is
-        still unschedulable after K8S_SCHEDULE_TIMEOUT_SECONDS; ProviderError when it ends
-        or its container will not start."""
+    async def _wait_ready(self, created: Pod) -> str:
+        """The pod's IP once it is Running and Ready, heard from a watch of the pod.
+        ProviderOutOfCapacity when it is still unschedulable K8S_SCHEDULE_TIMEOUT_SECONDS
+        after its creation; ProviderError when it ends, goes, or will not start."""
+        assert created.metadata is not None and created.metadata.name is not None
+        name = created.metadata.name
         started = time.monotonic()
-        interval = _POLL_FIRST_S
+        changes = self._changes(name, created.metadata.resourceVersion)
+        pod: Pod | None = created
+        try:
+            while True:
+                if pod is None:
+                    raise ProviderError(f"kubernetes: pod {name} was deleted while starting")
+                now = objects.state(pod)
+                if now.phase == "Running" and now.ready and now.ip:
+                    return now.ip
+                if now.ended is not None or now.ending:
+                    raise ProviderError(f"kubernetes: pod {name} ended while starting: {now.ended}")
+                if now.never_starts is not None:
+                    raise ProviderError(
+                        f"kubernetes: pod {name} will not start: {now.never_starts}"
+                    )
+                limit = None
+                if now.unschedulable is not None:
+                    limit = started + self.settings.k8s_schedule_timeout_seconds - time.monotonic()
+                try:
+                    async with asyncio.timeout(max(0.0, limit) if limit is not None else None):
+                        pod = await anext(changes)
+                except TimeoutError:
+                    waited = time.monotonic() - started
+                    raise ProviderOutOfCapacity(
+                        f"pod unschedulable for {waited:.0f} s: {now.unschedulable}"
+                    ) from None
+        finally:
+            await changes.aclose()
+
+    async def _changes(self, name: str, version: str | None) -> AsyncGenerator[Pod | None, None]:
+        """The pod each time it changes after `version` (None once it is deleted), from a
+        watch; a transient error is retried from the last version heard (lightkube), and
+        a version too old to watch from (410 Gone) is read again and watched from there."""
+        client = self._connect()
         while True:
-            found = await self._get(name)
-            if found is None:
-                raise ProviderError(f"kubernetes: pod {name} was deleted while starting")
-            now = objects.state(found)
-            if now.phase == "Running" and now.ready and now.ip:
-                return now.ip
-            if now.ended is not None or now.ending:
-                raise ProviderError(f"kubernetes: pod {name} ended while starting: {now.ended}")
-            if now.never_starts is not None:
-                raise ProviderError(f"kubernetes: pod {name} will not start: {now.never_starts}")
-            waited = time.monotonic() - started
-            if (
-                now.unschedulable is not None
-                and waited >= self.settings.k8s_schedule_timeout_seconds
-            ):
-                raise ProviderOutOfCapacity(
-                    f"pod unschedulable for {waited:.0f} s: {now.unschedulable}"
-                )
-            await asyncio.sleep(interval)
-            interval = min(interval * 1.5, _POLL_MAX_S)
+            try:
+                async for kind, pod in client.watch(
+                    Pod,
+                    namespace=self.namespace,
+                    fields={"metadata.name": name},
+                    resource_version=version,
+                    on_error=_watch_error,
+                ):
+                    yield None if kind == "DELETED" else pod
+                return  # not reached: lightkube watches again when the server ends a watch
+            except ApiError as exc:
+                if exc.status.code != 410:
+                    raise _error(f"watching pod {name}", exc) from None
+            except httpx.TransportError as exc:
+                raise _error(f"watching pod {name}", exc) from None
+            again = await self._get(name)
+            yield again
+            if again is None or again.metadata is None:
+                return
+            version = again.metadata.resourceVersion
 
     # --- API calls -----------------------------------------------------------------------
 
@@ -367,6 +399,14 @@ class KubernetesProvider:
                 raise _error(doing, exc) from None
         except httpx.TransportError as exc:
             raise _error(doing, exc) from None
+
+
+def _watch_error(exc: Exception, count: int) -> OnErrorResult:
+    """A watch that failed transiently is made again (from the last version heard), up to
+    5 times in a row with backoff; anything else ends it with the error."""
+    if _transient(exc) and count <= 5:
+        return OnErrorResult(OnErrorAction.RETRY, sleep=min(0.1 * 2**count, 2.0))
+    return OnErrorResult(OnErrorAction.RAISE)
 
 
 def _error(doing: str, exc: BaseException) -> ProviderError:
