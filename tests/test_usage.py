@@ -117,6 +117,20 @@ def _cli(sched: Scheduler, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_a_cost_is_rounded_once_where_it_is_shown() -> None:
+    # Held 0.9027666 s at 0.6 $/h: 0.000150461 $, 0.0002 to the hundredth of a cent.
+    # The API once rounded it to 0.00015 first, which the command showed as 0.0001.
+    from openalice_scheduler.api.usage import _figures
+    from openalice_scheduler.cli.usage import _amount
+    from openalice_scheduler.store.usage import Tally
+
+    tally = Tally()
+    tally.add(live=False, held=902_766, price=0.6)
+    figures = _figures(tally)
+    assert figures.cost == tally.cost
+    assert _amount(figures.cost) == "0.0002"
+
+
 def test_usage_command_shows_spend_per_owner(priced: Scheduler) -> None:
     ended = priced.lease(owner_id="anim")
     assert priced.release(ended["lease_id"], owner="anim").status_code == 204

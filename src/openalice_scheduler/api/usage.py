@@ -126,6 +126,6 @@ def _instant(value: str, name: str) -> int:
 
 
 def _figures(t: counting.Tally) -> UsageFigures:
-    return UsageFigures(
-        leases=t.leases, live=t.live, lease_hours=round(t.lease_hours, 6), cost=round(t.cost, 6)
-    )
+    """A group's figures as computed, not rounded: whoever shows them rounds once (a
+    cost of 0.000150461 rounded here to 0.00015 showed as 0.0001, not 0.0002)."""
+    return UsageFigures(leases=t.leases, live=t.live, lease_hours=t.lease_hours, cost=t.cost)

@@ -24,6 +24,7 @@ the scheduler runs in a cluster, else KUBECONFIG and K8S_CONTEXT).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -145,7 +146,10 @@ class KubernetesProvider:
             await self._create_secret(objects.secret(plan, created.metadata.uid, worker_env(spec)))
             ip = await self._wait_ready(created)
         except BaseException:
-            await asyncio.shield(self._delete(plan.name, grace=0))
+            # Nothing half-made is left that this call knows of (the service's release
+            # after a failed provision tries again, should the API be away now).
+            with contextlib.suppress(ProviderError):
+                await asyncio.shield(self._delete(plan.name, grace=0))
             raise
         endpoint = f"http://{ip}:{plan.port}"
         log.info(
