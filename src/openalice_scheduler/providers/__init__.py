@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
@@ -134,11 +133,9 @@ def _skip_reason(name: str, settings: Settings) -> str | None:
 
 
 def _kubeconfig_given() -> bool:
-    """Whether the Kubernetes way of finding a cluster has anything to find: the pod's
-    service account, KUBECONFIG, or the default file."""
-    account = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-    default = Path("~/.kube/config").expanduser()
-    return account.is_file() or bool(os.environ.get("KUBECONFIG")) or default.is_file()
+    from openalice_scheduler.providers.kubernetes import config_given
+
+    return config_given()
 
 
 def _kubernetes_problems(settings: Settings) -> list[str]:

@@ -26,15 +26,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import stamina
 from lightkube import AsyncClient, ConfigError, KubeConfig
-from lightkube.config.kubeconfig import SingleConfig
+from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT, SingleConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import OnErrorAction, OnErrorResult
@@ -70,12 +72,25 @@ T = TypeVar("T")
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
+def config_given() -> bool:
+    """Whether the Kubernetes way of finding a cluster has anything to find: the pod's
+    service account, KUBECONFIG, or the default file."""
+    account = Path(SERVICE_ACCOUNT, "token")
+    default = Path(DEFAULT_KUBECONFIG).expanduser()
+    return account.is_file() or bool(os.environ.get("KUBECONFIG")) or default.is_file()
+
+
 def load_config(settings: Settings) -> SingleConfig:
-    """The cluster and credentials: the pod's service account in a cluster, else the
-    kubeconfig file (KUBECONFIG, or ~/.kube/config) at K8S_CONTEXT or its current
-    context. ConfigError saying why not."""
-    config = KubeConfig.from_env()
-    single = config.get(context_name=settings.k8s_context)
+    """The cluster and credentials: the pod's service account in a cluster (K8S_CONTEXT
+    does not apply there), else the kubeconfig file (KUBECONFIG, or ~/.kube/config) at
+    K8S_CONTEXT or its current context. ConfigError saying why not."""
+    try:
+        config = KubeConfig.from_service_account()
+        context = None
+    except ConfigError:
+        config = KubeConfig.from_file(os.environ.get("KUBECONFIG", DEFAULT_KUBECONFIG))
+        context = settings.k8s_context
+    single = config.get(context_name=context)
     assert single is not None  # get() raises when it finds nothing
     return single
 
