@@ -39,7 +39,7 @@ def run(settings: Settings) -> None:
     if not providers:
         raise StartupError(
             "invalid configuration: PROVIDERS names no provider whose "
-            "workers the guard could destroy (local-docker, runpod)"
+            "workers the guard could destroy (local-docker, runpod, modal, kubernetes)"
         )
     state_file = Path(settings.guard_state_file)
     try:
