@@ -291,6 +291,8 @@ def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: here, context: {cluster: c, user: u}}]\n"
     )
+    garbled = tmp_path / "garbled-kubeconfig"
+    garbled.write_text("clusters: [unclosed\n")
     cases: list[tuple[str, dict[str, str | None], list[str]]] = [
         ("INTERNAL_SECRET", {"INTERNAL_SECRET": None}, []),
         ("INTERNAL_SECRET", {"INTERNAL_SECRET": ""}, []),
@@ -310,6 +312,11 @@ def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
             "KUBECONFIG",
             {"PROVIDERS": "kubernetes", "KUBECONFIG": str(tmp_path / "no-such-kubeconfig")},
             ["no-such-kubeconfig"],
+        ),
+        (
+            "KUBECONFIG",
+            {"PROVIDERS": "kubernetes", "KUBECONFIG": str(garbled)},
+            ["not a readable kubeconfig", "ParserError"],
         ),
         (
             "K8S_CONTEXT",

@@ -147,14 +147,15 @@ def _kubernetes_problems(settings: Settings) -> list[str]:
 
     if not _kubeconfig_given():
         return []  # skipped with a warning, as a provider without credentials
+    where = os.environ.get("KUBECONFIG", "~/.kube/config")
     try:
         load_config(settings)
-    except ConfigError as exc:
-        where = os.environ.get("KUBECONFIG", "~/.kube/config")
-        name = "K8S_CONTEXT" if "ontext" in str(exc) else "KUBECONFIG"
+    except ConfigError as exc:  # no such file, context or current context
+        name = "K8S_CONTEXT" if str(exc).startswith(("Context", "No current")) else "KUBECONFIG"
         return [f"{name}: {exc} (kubernetes, KUBECONFIG={where})"]
-    except (OSError, ValueError) as exc:  # unreadable, or not YAML of a kubeconfig
-        return [f"kubernetes: the kubeconfig cannot be read: {type(exc).__name__}: {exc}"[:300]]
+    except Exception as exc:  # noqa: BLE001 - unreadable, not YAML, not a kubeconfig
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}".rstrip(": ")
+        return [f"KUBECONFIG: {where} is not a readable kubeconfig ({why})"]
     return []
 
 
