@@ -209,7 +209,8 @@ def test_an_unschedulable_pod_sends_the_acquire_to_the_next_provider(
     assert moved.status_code == 503, moved.text
     message = moved.json()["message"]
     unschedulable = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
-    assert f"kubernetes: pod unschedulable for 1 s: {unschedulable}" in message, message
+    after = "after 1 s (K8S_SCHEDULE_TIMEOUT_SECONDS)"
+    assert f"kubernetes: pod unschedulable {after}: {unschedulable}" in message, message
     wait_for(
         lambda: (
             [

@@ -313,9 +313,9 @@ class KubernetesProvider:
                     async with asyncio.timeout(max(0.0, limit) if limit is not None else None):
                         pod = await anext(changes)
                 except TimeoutError:
-                    waited = time.monotonic() - started
                     raise ProviderOutOfCapacity(
-                        f"pod unschedulable for {waited:.0f} s: {now.unschedulable}"
+                        f"pod unschedulable after {self.settings.k8s_schedule_timeout_seconds:g} "
+                        f"s (K8S_SCHEDULE_TIMEOUT_SECONDS): {now.unschedulable}"
                     ) from None
         finally:
             await changes.aclose()
