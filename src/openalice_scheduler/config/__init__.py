@@ -313,7 +313,7 @@ class Settings(RunPodSettings, ModalSettings, KubernetesSettings, PrioritySettin
                 raise ValueError(f"{device.strip()!r} is not a GPU index or UUID")
         return value
 
-    @field_validator("local_docker_price_per_hour", "static_price_per_hour")
+    @field_validator("local_docker_price_per_hour", "static_price_per_hour", "k8s_price_per_hour")
     @classmethod
     def _prices_syntax(cls, value: str) -> str:
         from openalice_scheduler.prices import parse_prices

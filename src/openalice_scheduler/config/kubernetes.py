@@ -76,14 +76,6 @@ class KubernetesSettings(BaseSettings):
         parse_gpu_classes(value)
         return value
 
-    @field_validator("k8s_price_per_hour")
-    @classmethod
-    def _prices(cls, value: str) -> str:
-        from openalice_scheduler.prices import parse_prices
-
-        parse_prices(value)
-        return value
-
     def k8s_gpu_class(self, gpu_class: str) -> GpuRequest | None:
         """The pod's resource and node selector for `gpu_class` (None: not served)."""
         return parse_gpu_classes(self.k8s_gpu_classes).get(gpu_class)

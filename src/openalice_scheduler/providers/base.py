@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
+from openalice_scheduler.config import Settings
 from openalice_scheduler.models import GpuClass, WorkerKind
 from openalice_scheduler.store.records import Placement
 
@@ -204,3 +205,26 @@ class BoundedProvider(Provider, Protocol):
     TTL is longer is not served there, and a renewal past it is refused (409)."""
 
     max_lifetime_seconds: float
+
+
+def lease_bound(worker_lifetime_seconds: float, settings: Settings) -> float:
+    """A BoundedProvider's `max_lifetime_seconds` when its backend ends every worker
+    `worker_lifetime_seconds` after the worker's start. A lease's life counts from its
+    `created_at`: a cold lease's worker starts after that, a warm-pool worker before it
+    (while warming and idle: at most a provision and WARM_POOL_MAX_IDLE_SECONDS), so with
+    a pool that much is kept back, and a lease never outlives its worker."""
+    pooled = settings.warm_pool_max_idle_seconds + settings.provision_timeout_seconds
+    return worker_lifetime_seconds - (pooled if settings.warm_pool else 0.0)
+
+
+def past_bound(spec: WorkerSpec, provider: BoundedProvider, setting: str) -> Availability | None:
+    """Why `provider` cannot serve `spec` when its TTL is longer than a lease there may
+    live (`setting` names what sets the bound); None when it is within."""
+    lifetime = (spec.expires_at - datetime.now(UTC)).total_seconds()
+    if lifetime <= provider.max_lifetime_seconds:
+        return None
+    return Availability(
+        False,
+        f"a lease on {provider.name} lives at most {provider.max_lifetime_seconds:g} s "
+        f"({setting}, less the warm pool's idle time)",
+    )

@@ -29,7 +29,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +50,8 @@ from openalice_scheduler.providers.base import (
     Worker,
     WorkerInfo,
     WorkerSpec,
+    lease_bound,
+    past_bound,
     worker_env,
 )
 from openalice_scheduler.providers.kubernetes import objects
@@ -111,14 +112,8 @@ class KubernetesProvider:
         self.settings = settings
         self.namespace = settings.k8s_namespace
         self.max_workers = settings.k8s_max_pods
-        # A lease's life counts from its `created_at`; its pod's deadline from the pod's
-        # start, which is later for a cold lease. A warm-pool pod starts before its lease
-        # (while warming and idle: at most a provision and WARM_POOL_MAX_IDLE_SECONDS),
-        # so with a pool that much is kept back: a lease never outlives its pod.
-        pooled = settings.warm_pool_max_idle_seconds + settings.provision_timeout_seconds
-        self.max_lifetime_seconds: float = settings.k8s_pod_deadline_seconds - (
-            pooled if settings.warm_pool else 0.0
-        )
+        # The kubelet ends a pod at its deadline, counted from the pod's start.
+        self.max_lifetime_seconds = lease_bound(settings.k8s_pod_deadline_seconds, settings)
         self.instance = settings.scheduler_instance
         self.prices = parse_prices(settings.k8s_price_per_hour)
         self.images = {"renderer": settings.k8s_renderer_image, "anim": settings.k8s_anim_image}
@@ -134,13 +129,8 @@ class KubernetesProvider:
         return gpu == GpuClass.none or self.settings.k8s_gpu_class(gpu.value) is not None
 
     async def available(self, spec: WorkerSpec) -> Availability:
-        lifetime = (spec.expires_at - datetime.now(UTC)).total_seconds()
-        if lifetime > self.max_lifetime_seconds:
-            return Availability(
-                False,
-                f"a lease on kubernetes lives at most {self.max_lifetime_seconds:g} s "
-                "(K8S_POD_DEADLINE_SECONDS, less the warm pool's idle time)",
-            )
+        if (too_long := past_bound(spec, self, "K8S_POD_DEADLINE_SECONDS")) is not None:
+            return too_long
         if spec.region is not None and spec.region != self.settings.k8s_region:
             served = self.settings.k8s_region
             return Availability(

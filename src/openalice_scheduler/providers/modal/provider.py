@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import shlex
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import modal
@@ -40,6 +39,8 @@ from openalice_scheduler.providers.base import (
     Worker,
     WorkerInfo,
     WorkerSpec,
+    lease_bound,
+    past_bound,
     worker_env,
 )
 
@@ -58,14 +59,8 @@ class ModalProvider:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.max_workers = settings.modal_max_sandboxes
-        # A lease's life counts from its `created_at`. A cold lease's sandbox is made
-        # after that; a warm-pool sandbox before (while warming and idle: at most a
-        # provision and WARM_POOL_MAX_IDLE_SECONDS), so with a pool that much is kept
-        # back: a lease never outlives the sandbox Modal ends.
-        pooled = settings.warm_pool_max_idle_seconds + settings.provision_timeout_seconds
-        self.max_lifetime_seconds: float = settings.modal_sandbox_timeout_seconds - (
-            pooled if settings.warm_pool else 0.0
-        )
+        # Modal ends a sandbox at its timeout, counted from its creation.
+        self.max_lifetime_seconds = lease_bound(settings.modal_sandbox_timeout_seconds, settings)
         self.instance = settings.scheduler_instance
         self.prices = parse_prices(settings.modal_price_per_hour)
         self.images = {
@@ -108,13 +103,8 @@ class ModalProvider:
         return None if gpu == GpuClass.none else self.settings.modal_gpu_type(gpu.value)
 
     async def available(self, spec: WorkerSpec) -> Availability:
-        lifetime = (spec.expires_at - datetime.now(UTC)).total_seconds()
-        if lifetime > self.max_lifetime_seconds:
-            return Availability(
-                False,
-                f"a lease on modal lives at most {self.max_lifetime_seconds:g} s "
-                "(MODAL_SANDBOX_TIMEOUT_SECONDS, less the warm pool's idle time)",
-            )
+        if (too_long := past_bound(spec, self, "MODAL_SANDBOX_TIMEOUT_SECONDS")) is not None:
+            return too_long
         if spec.region is not None:
             return Availability(False, "modal serves no region (leave region unset)")
         if spec.gpu != GpuClass.none and self.gpu_type(spec.gpu) is None:
