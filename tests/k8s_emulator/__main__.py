@@ -11,16 +11,16 @@ token comes from `K8S_EMULATOR_TOKEN` when set (never from the command line).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
 import secrets
-import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from tests.emulator_process import run_until_stopped
 
 from .access import DEFAULT_USER
 from .server import EmulatorConfig, serve
@@ -85,25 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             info["token"] = token
         print(json.dumps(info), flush=True)
 
-    async def watch_parent(stop: asyncio.Event) -> None:
-        parent = os.getppid()
-        while os.getppid() == parent:  # a test process killed -9 leaves no emulator behind
-            await asyncio.sleep(1)
-        stop.set()
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        watcher = asyncio.ensure_future(watch_parent(stop)) if args.exit_with_parent else None
-        try:
-            await serve(config, ready, stop)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-
-    asyncio.run(run())
+    run_until_stopped(lambda stop: serve(config, ready, stop), args.exit_with_parent)
     return 0
 
 

@@ -14,41 +14,24 @@ label, also when the process died without doing so.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
 import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-import docker
-import docker.errors
-import httpx
+from tests.emulator_process import EmulatorProcess, free_port
 
 from .runtime import LABEL_INSTANCE
 
-REPO = Path(__file__).resolve().parents[2]
-_START_TIMEOUT = 60.0
-_STOP_TIMEOUT = 30.0
 
+class KubeEmulator(EmulatorProcess):
+    title = "the Kubernetes emulator"
+    module = "tests.k8s_emulator"
+    instance_label = LABEL_INSTANCE
+    stop_timeout = 30.0
 
-def _free_port() -> int:
-    try:  # the test suite's own port blocks, when run by it
-        from tests.harness import free_port
-    except ImportError:  # pragma: no cover - used outside the suite
-        return 0
-    return free_port()
-
-
-class KubeEmulator:
     def __init__(
         self,
         *,
@@ -61,18 +44,14 @@ class KubeEmulator:
         log_level: str = "INFO",
         extra_args: tuple[str, ...] = (),
     ) -> None:
-        self.instance = "k" + secrets.token_hex(5)
+        super().__init__("k" + secrets.token_hex(5), log_path)
         self.network = network
-        self.log_path = log_path
         self.token = token or "kt-" + secrets.token_urlsafe(24)
         self.namespaces = namespaces
         self.nodes = nodes
         self.rbac = rbac
         self.log_level = log_level
         self.extra_args = extra_args
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.info: dict[str, Any] = {}
-        self._http: httpx.Client | None = None
         self._dir = Path(tempfile.mkdtemp(prefix="k8s-emulator-handle-"))
 
     # --- process -----------------------------------------------------------------------
@@ -81,10 +60,6 @@ class KubeEmulator:
     def server_url(self) -> str:
         """`https://127.0.0.1:<port>`: the cluster's API server."""
         return str(self.info["server_url"])
-
-    @property
-    def control_url(self) -> str:
-        return str(self.info["control_url"])
 
     @property
     def ca_file(self) -> str:
@@ -134,17 +109,12 @@ class KubeEmulator:
         path.chmod(0o600)
         return path
 
-    def start(self) -> KubeEmulator:
-        if self.proc is not None:
-            raise RuntimeError("the Kubernetes emulator is already running")
-        command = [
-            sys.executable,
-            "-m",
-            "tests.k8s_emulator",
+    def arguments(self) -> list[str]:
+        return [
             "--port",
-            str(_free_port()),
+            str(free_port()),
             "--control-port",
-            str(_free_port()),
+            str(free_port()),
             "--instance",
             self.instance,
             "--state-dir",
@@ -158,115 +128,17 @@ class KubeEmulator:
             *(["--rbac", json.dumps(self.rbac)] if self.rbac is not None else []),
             *self.extra_args,
         ]
-        env = {**os.environ, "K8S_EMULATOR_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        try:
-            self.proc = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log
-            )
-        finally:
-            if not isinstance(log, int):
-                log.close()
-        try:
-            self.info = self._read_ready_line()
-            self._http = httpx.Client(base_url=self.control_url, timeout=60)
-            self._wait_answering()
-            self.write_kubeconfig(self.kubeconfig_path)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def _read_ready_line(self) -> dict[str, Any]:
-        assert self.proc is not None and self.proc.stdout is not None
-        lines: list[bytes] = []
-        reader = threading.Thread(target=lambda: lines.append(self.proc.stdout.readline()))  # type: ignore[union-attr]
-        reader.daemon = True
-        reader.start()
-        reader.join(_START_TIMEOUT)
-        if not lines or not lines[0]:
-            raise RuntimeError(f"the Kubernetes emulator did not start ({self._exit_note()})")
-        return dict(json.loads(lines[0]))
+    def environment(self) -> dict[str, str]:
+        return {"K8S_EMULATOR_TOKEN": self.token}
 
-    def _wait_answering(self) -> None:
-        assert self._http is not None
-        deadline = time.monotonic() + _START_TIMEOUT
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if self._http.get("/_emulator/healthz").status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("the Kubernetes emulator's control API does not answer")
+    def started(self) -> None:
+        self.write_kubeconfig(self.kubeconfig_path)
 
-    def _exit_note(self) -> str:
-        code = self.proc.poll() if self.proc else None
-        note = "still running" if code is None else f"exited {code}"
-        if self.log_path and self.log_path.exists():
-            note += ":\n" + self.log_path.read_text(errors="replace")[-4000:]
-        return note
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(_STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-        if self._http is not None:
-            self._http.close()
-            self._http = None
-        self.remove_leftovers()
+    def stopped(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def remove_leftovers(self) -> int:
-        """Remove the instance's containers and network (by label); how many containers."""
-        client = docker.from_env(timeout=60)
-        try:
-            label = f"{LABEL_INSTANCE}={self.instance}"
-            found = client.api.containers(all=True, filters={"label": label})
-            for entry in found:
-                with contextlib.suppress(docker.errors.NotFound):
-                    client.api.remove_container(entry["Id"], force=True)
-            for network in client.networks.list(filters={"label": label}):
-                with contextlib.suppress(docker.errors.APIError):
-                    network.remove()
-            return len(found)
-        finally:
-            client.close()
-
-    def __enter__(self) -> KubeEmulator:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # --- control -----------------------------------------------------------------------
-
-    def _client(self) -> httpx.Client:
-        if self._http is None:
-            raise RuntimeError("the Kubernetes emulator is not running")
-        return self._http
-
-    def _get(self, path: str, **params: Any) -> Any:
-        response = self._client().get(path, params={k: v for k, v in params.items() if v})
-        response.raise_for_status()
-        return response.json()
-
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        response = self._client().post(path, json=body)
-        if response.status_code >= 400:
-            raise ValueError(f"{path} refused {body}: {response.status_code} {response.text}")
-        return response.json() if response.content else None
 
     def state(self) -> dict[str, Any]:
         """Nodes, switches, clock offset, namespaces."""

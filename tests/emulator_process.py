@@ -1,0 +1,228 @@
+"""What the suite's emulators of clouds (modal_emulator/, k8s_emulator/) share as
+processes: on the emulator's side, serving until SIGINT, SIGTERM or the end of the
+process that started it (`run_until_stopped`); on the test's side, the handle that
+starts it, waits until it answers and stops it (`EmulatorProcess`).
+
+An emulator is `python -m <module> …`: it prints one JSON line on stdout once it serves
+(with `control_url`, its control API, which answers `GET /_emulator/healthz`), and
+labels every Docker container and network it makes with its instance, so that all of
+them are found and removed by label, also after it died without doing so."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import docker
+import docker.errors
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+_START_TIMEOUT = 60.0
+
+
+# --- the emulator's side -------------------------------------------------------------------
+
+
+def run_until_stopped(
+    serve: Callable[[asyncio.Event], Awaitable[None]], exit_with_parent: bool
+) -> None:
+    """Run `serve(stop)` until `stop` is set: by SIGINT or SIGTERM, or, with
+    `exit_with_parent`, once the process that started this one is gone (a test process
+    killed -9 leaves no emulator behind)."""
+
+    async def watch_parent(stop: asyncio.Event) -> None:
+        parent = os.getppid()
+        while os.getppid() == parent:
+            await asyncio.sleep(1)
+        stop.set()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        watcher = asyncio.ensure_future(watch_parent(stop)) if exit_with_parent else None
+        try:
+            await serve(stop)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    asyncio.run(run())
+
+
+# --- the test's side -----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    try:  # the test suite's own port blocks, when run by it
+        from tests.harness import free_port as suite_port
+    except ImportError:  # pragma: no cover - used outside the suite
+        return 0
+    return suite_port()
+
+
+class EmulatorProcess:
+    """The handle on one emulator process. A subclass names it (`title`, `module`, the
+    Docker label of its instance, `instance_label`), gives its `arguments()` and
+    `environment()`, and may act once it answers (`started`) and once it is gone
+    (`stopped`)."""
+
+    title = "the emulator"
+    module = ""
+    instance_label = ""
+    stop_timeout = 20.0
+
+    def __init__(self, instance: str, log_path: Path | None) -> None:
+        self.instance = instance
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: dict[str, Any] = {}
+        self._http: httpx.Client | None = None
+
+    def arguments(self) -> list[str]:
+        """The command line after `python -m <module>`."""
+        return []
+
+    def environment(self) -> dict[str, str]:
+        """What the process gets in its environment besides the test's own (secrets:
+        never on a command line)."""
+        return {}
+
+    def started(self) -> None:
+        """Called once the emulator answers."""
+
+    def stopped(self) -> None:
+        """Called once the emulator and everything it made are gone."""
+
+    @property
+    def control_url(self) -> str:
+        return str(self.info["control_url"])
+
+    # --- process -----------------------------------------------------------------------
+
+    def start(self) -> Self:
+        if self.proc is not None:
+            raise RuntimeError(f"{self.title} is already running")
+        command = [sys.executable, "-m", self.module, *self.arguments()]
+        env = {**os.environ, **self.environment(), "PYTHONUNBUFFERED": "1"}
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log
+            )
+        finally:
+            if not isinstance(log, int):
+                log.close()
+        try:
+            self.info = self._read_ready_line()
+            self._http = httpx.Client(base_url=self.control_url, timeout=60)
+            self._wait_answering()
+            self.started()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _read_ready_line(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        stdout = self.proc.stdout
+        lines: list[bytes] = []
+        reader = threading.Thread(target=lambda: lines.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(_START_TIMEOUT)
+        if not lines or not lines[0]:
+            raise RuntimeError(f"{self.title} did not start ({self._exit_note()})")
+        return dict(json.loads(lines[0]))
+
+    def _wait_answering(self) -> None:
+        assert self._http is not None
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if self._http.get("/_emulator/healthz").status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.title}'s control API does not answer")
+
+    def _exit_note(self) -> str:
+        code = self.proc.poll() if self.proc else None
+        note = "still running" if code is None else f"exited {code}"
+        if self.log_path and self.log_path.exists():
+            note += ":\n" + self.log_path.read_text(errors="replace")[-4000:]
+        return note
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        self.remove_leftovers()
+        self.stopped()
+
+    def remove_leftovers(self) -> int:
+        """Remove the instance's containers and network (by label); how many containers."""
+        client = docker.from_env(timeout=60)
+        try:
+            label = f"{self.instance_label}={self.instance}"
+            found = client.api.containers(all=True, filters={"label": label})
+            for entry in found:
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_container(entry["Id"], force=True)
+            for network in client.networks.list(filters={"label": label}):
+                with contextlib.suppress(docker.errors.APIError):
+                    network.remove()
+            return len(found)
+        finally:
+            client.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- control -----------------------------------------------------------------------
+
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            raise RuntimeError(f"{self.title} is not running")
+        return self._http
+
+    def _get(self, path: str, **params: Any) -> Any:
+        response = self._client().get(path, params={k: v for k, v in params.items() if v})
+        response.raise_for_status()
+        return response.json()
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        response = self._client().post(path, json=body)
+        if response.status_code >= 400:
+            raise ValueError(f"{path} refused {body}: {response.status_code} {response.text}")
+        return response.json() if response.content else None
