@@ -19,50 +19,19 @@ own scheduling (seconds): these figures are the scheduler's share.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import WORKER_IMAGE, Service, summary  # noqa: E402
+from _cold_warm import COMMON, main  # noqa: E402
+from _common import WORKER_IMAGE, Service  # noqa: E402
 
 from tests.modal_emulator import ModalEmulator  # noqa: E402
-
-COMMON = {
-    "WARM_POOL": "renderer/none=1",
-    "RENDERER_READY_PATH": "/healthz",
-    "ANIM_READY_PATH": "/healthz",
-}
-
-
-def idle(service: Service) -> int:
-    answer = service.http.get("/v1/leases", params={"state": "idle"})
-    return len(answer.json())
-
-
-def timed(service: Service, kind: str) -> float:
-    started = time.perf_counter()
-    response = service.http.post("/v1/lease", json={"kind": kind, "ttl_seconds": 300})
-    took = time.perf_counter() - started
-    if response.status_code != 200:
-        raise RuntimeError(f"{kind} acquire answered {response.status_code}: {response.text}")
-    service.http.delete(f"/v1/lease/{response.json()['lease']['lease_id']}")
-    return took
-
-
-def wait_pool(service: Service, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while idle(service) < 1:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the pool did not refill")
-        time.sleep(0.1)
 
 
 @contextlib.contextmanager
@@ -85,32 +54,5 @@ def schedulers() -> Iterator[dict[str, Service]]:
             modal.cleanup()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    args = parser.parse_args()
-    figures: dict[str, dict[str, list[float]]] = {}
-    with schedulers() as services:
-        for service in services.values():
-            wait_pool(service)
-            timed(service, "anim")  # the first of each: network, image, app made
-        for _ in range(args.rounds):
-            for name, service in services.items():
-                got = figures.setdefault(name, {"cold": [], "warm": []})
-                got["cold"].append(timed(service, "anim"))
-                wait_pool(service)
-                got["warm"].append(timed(service, "renderer"))
-        for service in services.values():
-            wait_pool(service)
-    print(f"Acquire, request to answer, {args.rounds} rounds (2-core host)")
-    for name, got in figures.items():
-        for how in ("cold", "warm"):
-            stats: dict[str, Any] = summary(got[how])
-            print(
-                f"  {name:17s} {how}: p50 {stats['p50'] * 1e3:7.1f} ms   "
-                f"p99 {stats['p99'] * 1e3:7.1f} ms   max {stats['max'] * 1e3:7.1f} ms"
-            )
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, schedulers)
