@@ -24,7 +24,8 @@ from tests.guardproc import GuardProcess
 from tests.harness import WORKER_IMAGE, Scheduler, wait_for
 from tests.k8s_emulator import KubeEmulator
 from tests.test_guard import leases_learned, only_the_expired_goes
-from tests.test_warm_pool import wait_idle
+from tests.test_priorities import PREEMPTING, anim_preempted_for_live
+from tests.test_warm_pool import handed_over_warm, wait_idle
 
 Make = Callable[..., Scheduler]
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -287,13 +288,8 @@ def test_a_warm_pool_on_kubernetes_hands_its_pod_over(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     sched = on_k8s(make_scheduler, kube, WARM_POOL="renderer/none=1")
-    wait_idle(sched, 1)
-    [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
-    lease = sched.lease(kind="renderer", owner_id="warm", ttl_seconds=300, env={"SHOT": "7"})
-    assert lease["provider_token"] == idle["provider_token"]  # served warm
-    page = httpx.get(lease["endpoint"] + "/", timeout=10).json()
-    assert page["handoff"]["lease_id"] == lease["lease_id"]
-    assert page["handoff"]["env"] == {"SHOT": "7"}
+    # Handed over at the pod's IP.
+    handed_over_warm(sched, lambda held: httpx.get(held["endpoint"] + "/", timeout=10).json())
     wait_idle(sched, 1)  # the pool makes another pod
 
 
@@ -340,20 +336,8 @@ def test_the_guard_deletes_an_expired_lease_s_pod_when_the_scheduler_is_dead(
 def test_a_live_caller_preempts_an_anim_pod_deleted_with_its_grace_period(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
-    sched = on_k8s(
-        make_scheduler,
-        kube,
-        K8S_MAX_PODS="1",
-        PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
-        PREEMPTION_GRACE_SECONDS="2",
-    )
-    victim = sched.lease(kind="renderer", priority_class="anim", ttl_seconds=300)
-    live = sched.acquire(kind="renderer", priority_class="live", wait_seconds=60)
-    assert live.status_code == 200, live.text
-    assert live.json()["lease"]["provider"] == "kubernetes"
-    ended = sched.http.get(f"/v1/lease/{victim['lease_id']}").json()
-    assert ended["release_reason"] == "preempted"
-    assert "its worker was not told" not in sched.log()
+    sched = on_k8s(make_scheduler, kube, K8S_MAX_PODS="1", **PREEMPTING)
+    victim = anim_preempted_for_live(sched, "kubernetes")
     # Deleted with the pod's own grace period (K8S_TERMINATION_GRACE_SECONDS), after
     # the notice: SIGTERM, then the kubelet's kill.
     [delete] = [

@@ -19,7 +19,8 @@ from tests.guardproc import GuardProcess
 from tests.harness import WORKER_IMAGE, Scheduler, wait_for
 from tests.modal_emulator import ModalEmulator
 from tests.test_guard import leases_learned, only_the_expired_goes
-from tests.test_warm_pool import wait_idle
+from tests.test_priorities import PREEMPTING, anim_preempted_for_live
+from tests.test_warm_pool import handed_over_warm, wait_idle
 
 Make = Callable[..., Scheduler]
 PRICES = {"none": 0.063, "entry": 0.86}
@@ -202,13 +203,8 @@ def test_a_warm_pool_on_modal_hands_its_sandbox_over(
     make_scheduler: Make, modal: ModalEmulator
 ) -> None:
     sched = on_modal(make_scheduler, modal, WARM_POOL="renderer/none=1")
-    wait_idle(sched, 1)
-    [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
-    lease = sched.lease(kind="renderer", owner_id="warm", ttl_seconds=300, env={"SHOT": "7"})
-    assert lease["provider_token"] == idle["provider_token"]  # served warm
-    page = page_of(lease, modal)
-    assert page["handoff"]["lease_id"] == lease["lease_id"]
-    assert page["handoff"]["env"] == {"SHOT": "7"}
+    # Handed over through the tunnel.
+    lease = handed_over_warm(sched, lambda held: page_of(held, modal))
     assert lease["price_per_hour"] == PRICES["none"]
     # The pool makes another on Modal.
     wait_idle(sched, 1)
@@ -257,22 +253,10 @@ def test_the_guard_ends_a_modal_sandbox_when_the_scheduler_is_dead(
 def test_a_live_caller_preempts_an_anim_sandbox_on_modal(
     make_scheduler: Make, modal: ModalEmulator
 ) -> None:
-    sched = on_modal(
-        make_scheduler,
-        modal,
-        MODAL_MAX_SANDBOXES="1",
-        PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
-        PREEMPTION_GRACE_SECONDS="2",
-    )
-    victim = sched.lease(kind="renderer", priority_class="anim", ttl_seconds=300)
-    live = sched.acquire(kind="renderer", priority_class="live", wait_seconds=60)
-    assert live.status_code == 200, live.text
-    assert live.json()["lease"]["provider"] == "modal"
-    ended = sched.http.get(f"/v1/lease/{victim['lease_id']}").json()
-    assert ended["release_reason"] == "preempted"
+    sched = on_modal(make_scheduler, modal, MODAL_MAX_SANDBOXES="1", **PREEMPTING)
+    # Its worker is told through its tunnel before it goes.
+    victim = anim_preempted_for_live(sched, "modal")
     assert asked(modal, victim)["state"] == "ended"
-    # Its worker was told through its tunnel before it went.
-    assert "its worker was not told" not in sched.log()
 
 
 def test_a_transient_error_of_modal_is_retried_and_makes_one_sandbox(

@@ -40,6 +40,23 @@ CLASSES = {
 PREEMPTIONS = "scheduler_preemptions_total"
 
 
+# Preemption on a provider with room for one lease, its notice short.
+PREEMPTING = {"PRIORITY_CLASSES": CLASSES["PRIORITY_CLASSES"], "PREEMPTION_GRACE_SECONDS": "2"}
+
+
+def anim_preempted_for_live(sched: Scheduler, provider: str) -> dict[str, Any]:
+    """An anim lease, then a live caller who gets a worker on `provider` by preempting
+    it: the anim lease as it ended, its worker told first."""
+    victim = sched.lease(kind="renderer", priority_class="anim", ttl_seconds=300)
+    live = sched.acquire(kind="renderer", priority_class="live", wait_seconds=60)
+    assert live.status_code == 200, live.text
+    assert live.json()["lease"]["provider"] == provider
+    ended = dict(sched.http.get(f"/v1/lease/{victim['lease_id']}").json())
+    assert ended["release_reason"] == "preempted"
+    assert "its worker was not told" not in sched.log()
+    return ended
+
+
 def state_of(sched: Scheduler, lease_id: str) -> str:
     return str(lookup(sched, lease_id)["state"])
 

@@ -52,6 +52,21 @@ def wait_idle(sched: Scheduler, n: int, timeout: float = 60, **labels: str) -> N
     wait_for(lambda: idle(sched, **labels) == n, timeout, 0.1, what=f"{n} idle pool workers")
 
 
+def handed_over_warm(
+    sched: Scheduler, page: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    """A renderer lease (with env) served by the pool's idle worker, once there is one;
+    the worker's page (`page(lease)`) shows the hand-off with the lease and its env."""
+    wait_idle(sched, 1)
+    [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
+    lease = sched.lease(kind="renderer", owner_id="warm", ttl_seconds=300, env={"SHOT": "7"})
+    assert lease["provider_token"] == idle["provider_token"]  # served warm
+    shown = page(lease)
+    assert shown["handoff"]["lease_id"] == lease["lease_id"]
+    assert shown["handoff"]["env"] == {"SHOT": "7"}
+    return lease
+
+
 def worker_page(container_id: str, engine: Any = None) -> dict[str, Any]:
     """What the worker serves at GET / (its index file, read inside the container)."""
     container = (engine or docker_client()).containers.get(container_id)
