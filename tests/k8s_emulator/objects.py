@@ -351,42 +351,22 @@ def updated(resource: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str
     old_spec, new_spec = dict(old["spec"]), dict(new.get("spec") or {})
     old_deadline = old_spec.pop("activeDeadlineSeconds", None)
     new_deadline = new_spec.pop("activeDeadlineSeconds", None)
+
+    def deadline_invalid(why: str) -> ApiError:
+        return invalid("Pod", name, [("spec.activeDeadlineSeconds", "FieldValueInvalid", why)])
+
     if new_deadline is not None:
         if not 0 <= new_deadline <= 2**31 - 1:
-            raise invalid(
-                "Pod",
-                name,
-                [
-                    (
-                        "spec.activeDeadlineSeconds",
-                        "FieldValueInvalid",
-                        f"Invalid value: {new_deadline}: must be between 0 and 2147483647, inclusive",  # noqa: E501 - the API's own wording
-                    )
-                ],
+            raise deadline_invalid(  # the API's own wording, as below
+                f"Invalid value: {new_deadline}: must be between 0 and 2147483647, inclusive"
             )
         if old_deadline is not None and old_deadline < new_deadline:
-            raise invalid(
-                "Pod",
-                name,
-                [
-                    (
-                        "spec.activeDeadlineSeconds",
-                        "FieldValueInvalid",
-                        f"Invalid value: {new_deadline}: must be less than or equal to previous value",  # noqa: E501 - the API's own wording
-                    )
-                ],
+            raise deadline_invalid(
+                f"Invalid value: {new_deadline}: must be less than or equal to previous value"
             )
     elif old_deadline is not None:
-        raise invalid(
-            "Pod",
-            name,
-            [
-                (
-                    "spec.activeDeadlineSeconds",
-                    "FieldValueInvalid",
-                    'Invalid value: "null": must not update from a positive integer to nil value',
-                )
-            ],
+        raise deadline_invalid(
+            'Invalid value: "null": must not update from a positive integer to nil value'
         )
     if old_spec != new_spec:
         changed = sorted(
