@@ -9,51 +9,26 @@ crash. A container's end is heard from Docker's event stream (`die`), read in a 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable
 from typing import Any
 
-import docker
 import docker.errors
+
+from tests.emulator_docker import InstanceContainers
 
 LABEL_INSTANCE = "openalice.k8s-emulator.instance"
 LABEL_NAMESPACE = "openalice.k8s-emulator.pod-namespace"
 LABEL_POD = "openalice.k8s-emulator.pod"
 LABEL_UID = "openalice.k8s-emulator.pod-uid"
-_DOCKER_TIMEOUT = 120
 
 
-class Runtime:
+class Runtime(InstanceContainers):
     def __init__(self, instance: str, network: str | None) -> None:
-        self.instance = instance
-        self.network = network
-        self._client = docker.from_env(timeout=_DOCKER_TIMEOUT)
-        self._network_made = False
-        self._events: Any = None
-
-    def ensure_network(self) -> None:
-        if self.network is None:
-            return
-        try:
-            self._client.networks.get(self.network)
-        except docker.errors.NotFound:
-            self._client.networks.create(
-                self.network, driver="bridge", labels={LABEL_INSTANCE: self.instance}
-            )
-            self._network_made = True
+        super().__init__(LABEL_INSTANCE, instance, network, timeout=120)
 
     def host_ip(self) -> str:
         """The node's address: the host's on the pods' network (its gateway)."""
-        network = self._client.networks.get(self.network or "bridge")
-        configs = network.attrs.get("IPAM", {}).get("Config") or [{}]
-        return str(configs[0].get("Gateway") or "127.0.0.1")
-
-    def image_exists(self, reference: str) -> bool:
-        try:
-            self._client.images.get(reference)
-        except docker.errors.ImageNotFound:
-            return False
-        return True
+        return self.gateway() or "127.0.0.1"
 
     def run(
         self,
@@ -97,15 +72,6 @@ class Runtime:
         with contextlib.suppress(docker.errors.NotFound):
             self._client.api.stop(container_id, timeout=grace)
 
-    def remove(self, container_id: str) -> None:
-        try:
-            self._client.api.remove_container(container_id, force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if "already in progress" not in str(exc):
-                raise
-
     def exit_code(self, container_id: str) -> tuple[int, str, str] | None:
         """(exit code, started at, finished at) of a container that has ended."""
         try:
@@ -117,9 +83,6 @@ class Runtime:
         return int(state.get("ExitCode", -1)), state["StartedAt"], state["FinishedAt"]
 
     def containers(self) -> list[dict[str, Any]]:
-        found = self._client.api.containers(
-            all=True, filters={"label": f"{LABEL_INSTANCE}={self.instance}"}
-        )
         return [
             {
                 "id": entry["Id"],
@@ -130,44 +93,14 @@ class Runtime:
                 "image": entry.get("Image"),
                 "state": entry.get("State"),
             }
-            for entry in found
+            for entry in self.listed()
         ]
-
-    def remove_all(self) -> int:
-        found = self.containers()
-        for entry in found:
-            self.remove(entry["id"])
-        return len(found)
 
     def watch_exits(self, on_exit: Callable[[str, str, int], None]) -> None:
         """Call `on_exit(pod uid, container id, exit code)` (from a thread) as containers end."""
-        self._events = docker.from_env(timeout=None).events(
-            decode=True,
-            filters={
-                "type": "container",
-                "event": "die",
-                "label": f"{LABEL_INSTANCE}={self.instance}",
-            },
-        )
 
-        def read() -> None:
-            try:
-                for event in self._events:
-                    actor = event.get("Actor", {})
-                    attributes = actor.get("Attributes", {})
-                    uid = attributes.get(LABEL_UID)
-                    if uid:
-                        on_exit(uid, actor.get("ID", ""), int(attributes.get("exitCode", "-1")))
-            except Exception:  # noqa: BLE001 - the stream was closed at shutdown
-                return
+        def heard(labels: dict[str, str], container_id: str, code: int) -> None:
+            if uid := labels.get(LABEL_UID):
+                on_exit(uid, container_id, code)
 
-        threading.Thread(target=read, name="docker-events", daemon=True).start()
-
-    def close(self) -> None:
-        if self._events is not None:
-            self._events.close()
-        self.remove_all()
-        if self._network_made and self.network is not None:
-            with contextlib.suppress(docker.errors.APIError):
-                self._client.networks.get(self.network).remove()
-        self._client.close()
+        self.watch_dies(heard)

@@ -12,9 +12,7 @@ written below byte by byte) and makes it the entrypoint. Images need no shell fo
 
 from __future__ import annotations
 
-import contextlib
 import struct
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,8 @@ from typing import Any
 
 import docker
 import docker.errors
+
+from tests.emulator_docker import InstanceContainers
 
 LABEL_INSTANCE = "openalice.modal-emulator.instance"
 LABEL_SANDBOX = "openalice.modal-emulator.sandbox"
@@ -76,49 +76,16 @@ class ContainerSpec:
     extra_labels: dict[str, str] = field(default_factory=dict)
 
 
-class Containers:
+class Containers(InstanceContainers):
     """The emulator instance's containers on one Docker engine and network."""
 
     def __init__(self, instance: str, network: str | None, state_dir: Path) -> None:
-        self.instance = instance
-        self.network = network
-        self._client = docker.from_env(timeout=_DOCKER_TIMEOUT)
+        super().__init__(LABEL_INSTANCE, instance, network, timeout=_DOCKER_TIMEOUT)
         self._sleeper = state_dir / "sleep"
         self._sleeper.write_bytes(sleeper_elf())
         self._sleeper.chmod(0o755)
-        self._network_made = False
-        self._events: Any = None
-        self._events_thread: threading.Thread | None = None
 
-    # --- the network -------------------------------------------------------------------
-
-    def ensure_network(self) -> None:
-        """Use the network if it exists, else make it (and remove it at close)."""
-        if self.network is None:
-            return
-        try:
-            self._client.networks.get(self.network)
-        except docker.errors.NotFound:
-            self._client.networks.create(
-                self.network, driver="bridge", labels={LABEL_INSTANCE: self.instance}
-            )
-            self._network_made = True
-
-    def gateway(self) -> str | None:
-        """The host's address on the network: how a sandbox reaches a server on the host
-        (the scheduler's public URL, say)."""
-        network = self._client.networks.get(self.network or "bridge")
-        configs = network.attrs.get("IPAM", {}).get("Config") or [{}]
-        return configs[0].get("Gateway")
-
-    # --- images and containers ---------------------------------------------------------
-
-    def image_exists(self, reference: str) -> bool:
-        try:
-            self._client.images.get(reference)
-        except docker.errors.ImageNotFound:
-            return False
-        return True
+    # --- containers --------------------------------------------------------------------
 
     def run(self, spec: ContainerSpec) -> tuple[str, str]:
         """Create and start the sandbox's container; its id and address on the network."""
@@ -161,16 +128,6 @@ class Containers:
             raise
         return str(container.id), str(address)
 
-    def remove(self, container_id: str) -> None:
-        """Kill (SIGKILL) and remove; a container already gone is fine."""
-        try:
-            self._client.api.remove_container(container_id, force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if "already in progress" not in str(exc):
-                raise
-
     def exists(self, container_id: str) -> bool:
         try:
             self._client.api.inspect_container(container_id)
@@ -178,48 +135,13 @@ class Containers:
             return False
         return True
 
-    def remove_all(self) -> int:
-        """Remove every container of this instance (by label); how many there were."""
-        found = self._client.api.containers(
-            all=True, filters={"label": f"{LABEL_INSTANCE}={self.instance}"}
-        )
-        for entry in found:
-            self.remove(entry["Id"])
-        return len(found)
-
     # --- exits -------------------------------------------------------------------------
 
     def watch_exits(self, on_exit: Callable[[str, int], None]) -> None:
         """Call `on_exit(sandbox_id, exit_code)` (from a thread) as containers end."""
-        events_client = docker.from_env(timeout=None)
-        self._events = events_client.events(
-            decode=True,
-            filters={
-                "type": "container",
-                "event": "die",
-                "label": f"{LABEL_INSTANCE}={self.instance}",
-            },
-        )
 
-        def read() -> None:
-            try:
-                for event in self._events:
-                    attributes = event.get("Actor", {}).get("Attributes", {})
-                    sandbox_id = attributes.get(LABEL_SANDBOX)
-                    if sandbox_id:
-                        on_exit(sandbox_id, int(attributes.get("exitCode", "-1")))
-            except Exception:  # noqa: BLE001 - the stream was closed at shutdown
-                return
+        def heard(labels: dict[str, str], _container_id: str, code: int) -> None:
+            if sandbox_id := labels.get(LABEL_SANDBOX):
+                on_exit(sandbox_id, code)
 
-        self._events_thread = threading.Thread(target=read, name="docker-events", daemon=True)
-        self._events_thread.start()
-
-    def close(self) -> None:
-        if self._events is not None:
-            self._events.close()
-        self.remove_all()
-        if self._network_made and self.network is not None:
-            # Still in use by someone else's container: left as it is.
-            with contextlib.suppress(docker.errors.APIError):
-                self._client.networks.get(self.network).remove()
-        self._client.close()
+        self.watch_dies(heard)
