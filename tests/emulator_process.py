@@ -10,9 +10,11 @@ them are found and removed by label, also after it died without doing so."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -33,6 +35,40 @@ _START_TIMEOUT = 60.0
 
 
 # --- the emulator's side -------------------------------------------------------------------
+
+
+def arguments(
+    module: str, description: str | None, api: str, workers: str
+) -> argparse.ArgumentParser:
+    """The command line every emulator takes (`--port` of its `api`, `--control-port`,
+    `--network` of its `workers`' containers, `--instance`, `--state-dir`,
+    `--exit-with-parent`, `--log-level`); the emulator adds its own."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("--port", type=int, default=0, help=f"{api} port on 127.0.0.1 (0: any)")
+    parser.add_argument("--control-port", type=int, default=0, help="control API port (0: any)")
+    parser.add_argument(
+        "--network",
+        default=None,
+        help=f"Docker network of the {workers}' containers (made if missing, and then removed "
+        "at exit); default: Docker's default bridge",
+    )
+    parser.add_argument("--instance", default=None, help="label value of its containers")
+    parser.add_argument("--state-dir", type=Path, default=None, help="for the CA (default: temp)")
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop (and remove its containers) when the process that started it is gone",
+    )
+    parser.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def log_to_stderr(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
 
 
 def run_until_stopped(

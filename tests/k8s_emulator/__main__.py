@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.emulator_process import run_until_stopped
+from tests.emulator_process import arguments, log_to_stderr, run_until_stopped
 
 from .access import DEFAULT_USER
 from .server import EmulatorConfig, serve
@@ -31,40 +31,20 @@ def _json_arg(text: str) -> Any:
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.k8s_emulator", description=__doc__)
-    parser.add_argument("--port", type=int, default=0, help="HTTPS API port on 127.0.0.1")
-    parser.add_argument("--control-port", type=int, default=0, help="control API port")
-    parser.add_argument(
-        "--network",
-        default=None,
-        help="Docker network of the pods' containers (made if missing, then removed at "
-        "exit); default: Docker's default bridge",
-    )
-    parser.add_argument("--instance", default=None, help="label value of its containers")
-    parser.add_argument("--state-dir", type=Path, default=None, help="for the CA (default: temp)")
+    parser = arguments("tests.k8s_emulator", __doc__, "HTTPS API", "pods")
     parser.add_argument("--user", default=DEFAULT_USER, help="the token's user (RBAC messages)")
     parser.add_argument(
         "--namespace", action="append", default=[], help="one more namespace (repeatable)"
     )
     parser.add_argument("--nodes", type=_json_arg, default=None, help="JSON list (or @file)")
     parser.add_argument("--rbac", type=_json_arg, default=None, help="Role rules, JSON (or @file)")
-    parser.add_argument(
-        "--exit-with-parent",
-        action="store_true",
-        help="stop (and remove its containers) when the process that started it is gone",
-    )
-    parser.add_argument("--log-level", default="WARNING")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    log_to_stderr(args.log_level)
     given = os.environ.get("K8S_EMULATOR_TOKEN")
     token = given or secrets.token_urlsafe(24)
     config = EmulatorConfig(

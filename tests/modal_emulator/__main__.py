@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import secrets
 import sys
@@ -22,24 +21,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.emulator_process import run_until_stopped
+from tests.emulator_process import arguments, log_to_stderr, run_until_stopped
 
 from .server import LOOPBACK, EmulatorConfig, serve
 from .version import CHECKED_CLIENT_VERSION
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.modal_emulator", description=__doc__)
-    parser.add_argument("--port", type=int, default=0, help="gRPC port on 127.0.0.1 (0: any)")
-    parser.add_argument("--control-port", type=int, default=0, help="control API port (0: any)")
-    parser.add_argument(
-        "--network",
-        default=None,
-        help="Docker network of the sandboxes' containers (made if missing, and then removed "
-        "at exit); default: Docker's default bridge",
-    )
-    parser.add_argument("--instance", default=None, help="label value of its containers")
-    parser.add_argument("--state-dir", type=Path, default=None, help="for the CA (default: temp)")
+    parser = arguments("tests.modal_emulator", __doc__, "gRPC", "sandboxes")
     parser.add_argument(
         "--tunnel-host",
         default=LOOPBACK,
@@ -52,22 +41,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         help=f"also accept this modal client version (checked: {CHECKED_CLIENT_VERSION})",
     )
-    parser.add_argument(
-        "--exit-with-parent",
-        action="store_true",
-        help="stop (and remove its containers) when the process that started it is gone",
-    )
-    parser.add_argument("--log-level", default="WARNING")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    log_to_stderr(args.log_level)
     token_id = os.environ.get("MODAL_EMULATOR_TOKEN_ID") or "ak-" + secrets.token_hex(8)
     given_secret = os.environ.get("MODAL_EMULATOR_TOKEN_SECRET")
     token_secret = given_secret or "as-" + secrets.token_hex(16)
