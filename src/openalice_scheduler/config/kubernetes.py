@@ -76,10 +76,6 @@ class KubernetesSettings(BaseSettings):
         parse_gpu_classes(value)
         return value
 
-    def k8s_gpu_class(self, gpu_class: str) -> GpuRequest | None:
-        """The pod's resource and node selector for `gpu_class` (None: not served)."""
-        return parse_gpu_classes(self.k8s_gpu_classes).get(gpu_class)
-
 
 @dataclass(frozen=True, slots=True)
 class GpuRequest:

@@ -41,6 +41,7 @@ from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from openalice_scheduler.config import Settings
+from openalice_scheduler.config.kubernetes import parse_gpu_classes
 from openalice_scheduler.errors import ProviderError, ProviderOutOfCapacity
 from openalice_scheduler.models import GpuClass
 from openalice_scheduler.prices import parse_prices
@@ -116,6 +117,8 @@ class KubernetesProvider:
         self.max_lifetime_seconds = lease_bound(settings.k8s_pod_deadline_seconds, settings)
         self.instance = settings.scheduler_instance
         self.prices = parse_prices(settings.k8s_price_per_hour)
+        # Per GPU class its resource and node selector, read once (`none`: never named).
+        self.gpu_classes = parse_gpu_classes(settings.k8s_gpu_classes)
         self.images = {"renderer": settings.k8s_renderer_image, "anim": settings.k8s_anim_image}
         self.ports = settings.worker_ports
         self._client: AsyncClient | None = None
@@ -126,7 +129,7 @@ class KubernetesProvider:
         return None
 
     def serves(self, gpu: GpuClass) -> bool:
-        return gpu == GpuClass.none or self.settings.k8s_gpu_class(gpu.value) is not None
+        return gpu == GpuClass.none or gpu.value in self.gpu_classes
 
     async def available(self, spec: WorkerSpec) -> Availability:
         if (too_long := past_bound(spec, self, "K8S_POD_DEADLINE_SECONDS")) is not None:
@@ -239,7 +242,7 @@ class KubernetesProvider:
             labels=labels,
             image=self.images[kind],
             port=self.ports[kind],
-            gpu=None if spec.gpu == GpuClass.none else self.settings.k8s_gpu_class(spec.gpu.value),
+            gpu=self.gpu_classes.get(spec.gpu.value),
             deadline_seconds=self.settings.k8s_pod_deadline_seconds,
             grace_seconds=self.settings.k8s_termination_grace_seconds,
         )
