@@ -126,9 +126,32 @@ if [ "$delay" = 0 ]; then
 elif [ "$delay" != never ]; then
   ( /bin/busybox sleep "$delay" && echo ok > "$health" ) &
 fi
+# Ending on request, as a worker that crashes does (README, A worker lost after its
+# hand-out): /cgi-bin/exit?N makes the worker exit with code N; /cgi-bin/hog makes its
+# main process take HOG_MEGABYTES (default 256) of memory, which the kernel's OOM killer
+# ends when the container has a smaller memory limit (`docker update --memory`).
+/bin/busybox cat > /www/cgi-bin/exit <<'CGI'
+#!/bin/sh
+code=${QUERY_STRING:-1}
+case "$code" in ''|*[!0-9]*) code=1 ;; esac
+printf '%s\n' "$code" > /tmp/exit-code
+printf 'Content-Type: application/json\r\n\r\n{"exiting":%s}\n' "$code"
+/bin/busybox kill -USR2 1
+CGI
+/bin/busybox cat > /www/cgi-bin/hog <<'CGI'
+#!/bin/sh
+printf 'Content-Type: application/json\r\n\r\n{"hogging":true}\n'
+/bin/busybox kill -USR1 1
+CGI
+/bin/busybox chmod +x /www/cgi-bin/exit /www/cgi-bin/hog
+trap 'exit 0' TERM INT
+# A worker slow to listen: its container runs, its port answers nothing yet.
+[ "${LISTEN_DELAY_SECONDS:-0}" = 0 ] || /bin/busybox sleep "$LISTEN_DELAY_SECONDS"
 /bin/busybox nc -ll -p "${PORT:-8080}" -e /front &
 server=$!
 trap '/bin/busybox kill $server; exit 0' TERM INT
+trap 'hog=$(/bin/busybox head -c "${HOG_MEGABYTES:-256}m" /dev/zero | /bin/busybox tr "\0" x)' USR1
+trap '/bin/busybox kill $server' USR2
 # The worker's own deadline, with LEASE_SELF_URL (without it, it cannot learn of a
 # renewal, so it never stops itself). Every SELF_CHECK_SECONDS it asks the scheduler;
 # the latest answer is at GET /self.json. It stops (the server killed, the container
@@ -157,7 +180,9 @@ stop() { echo "demo worker: $*; stopping"; : > /tmp/stopped; /bin/busybox kill $
     fi
   done
 ) &
-wait $server
+# A trapped signal (USR1, USR2) ends `wait` early: wait again while the server runs.
+while /bin/busybox kill -0 $server 2>/dev/null; do wait $server; done
+[ -e /tmp/exit-code ] && exit "$(/bin/busybox cat /tmp/exit-code)"
 [ -e /tmp/stopped ] && exit 0   # stopped itself: a clean exit
 SH
 )

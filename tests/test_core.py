@@ -11,11 +11,18 @@ from pathlib import Path
 import pytest
 from opentelemetry.trace import NoOpTracer
 
-from openalice_scheduler.errors import LeaseNotFound, NoProviderAvailable
+from openalice_scheduler.errors import LeaseNotFound, NoProviderAvailable, WorkerLost
 from openalice_scheduler.lifecycle import LeaseService, states
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
 from openalice_scheduler.metrics import Metrics
-from openalice_scheduler.models import LeaseRequest, LeaseState, ReleaseReason, WorkerKind
+from openalice_scheduler.models import (
+    LeaseRequest,
+    LeaseState,
+    LostCause,
+    ReleaseReason,
+    WorkerKind,
+)
+from openalice_scheduler.providers import WorkerDeath, WorkerEnded
 from openalice_scheduler.providers.static import StaticProvider
 from openalice_scheduler.store import open_store
 from tests.harness import database_url
@@ -112,3 +119,28 @@ def test_every_state_is_reached_and_every_lease_can_end() -> None:
                     seen.add(target)
                     frontier.append(target)
         assert seen & states.FINAL, f"{start} cannot end"
+
+
+async def test_a_death_heard_twice_ends_the_lease_once_and_after_its_expiry_as_expired(
+    service: LeaseService, clock: Clock
+) -> None:
+    provider = service.providers[0]
+    death = WorkerEnded(None, "http://only:8080", WorkerDeath(LostCause.unknown, None, "gone"))
+    lease = await service.acquire(LeaseRequest(kind=WorkerKind.renderer, ttl_seconds=60))
+    # Heard twice (two replicas, or the stream and a listing): ended once.
+    assert await service.worker_ended(provider, death) is True
+    assert await service.worker_ended(provider, death) is False
+    ended = await service.get(lease.lease_id)
+    assert (ended.state, ended.release_reason, ended.lost_cause) == (
+        LeaseState.released,
+        ReleaseReason.lost,
+        "unknown",
+    )
+    with pytest.raises(WorkerLost, match="unknown"):
+        await service.renew(lease.lease_id, None, None)
+    # Its room is free at once; a death heard once the lease has expired is that expiry.
+    again = await service.acquire(LeaseRequest(kind=WorkerKind.renderer, ttl_seconds=60))
+    clock.move(60)
+    assert await service.worker_ended(provider, death) is True
+    late = await service.get(again.lease_id)
+    assert (late.release_reason, late.lost_cause) == (ReleaseReason.expired, None)

@@ -5,6 +5,7 @@ one scheduler placing workers on both."""
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import pytest
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers import configuration_problems
 from openalice_scheduler.providers.docker.hosts import HostConfig, parse_hosts
+from tests.dockerproxy import DockerProxy
 from tests.engines import PrivateEngine, make_tls_files
 from tests.harness import (
     INSTANCE_LABEL,
@@ -345,14 +347,25 @@ def test_a_bad_docker_hosts_is_refused_at_start_naming_each_problem(
 
 
 @pytest.mark.timeout(300)
-def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
+def test_an_unreachable_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     make_fleet: MakeFleet, engines: dict[str, PrivateEngine]
 ) -> None:
-    s = make_fleet(
-        "gpu1={gpu1} max=3; gpu2={gpu2} max=3",
-        SWEEP_INTERVAL_SECONDS="1",
-        RECONCILE_INTERVAL_SECONDS="1",
-    )
+    # gpu2 is reached through a proxy that can cut it off, as a host whose network is
+    # gone: its engine and its workers run on, unseen (no event, no listing). (A short
+    # path: a unix socket's is 107 bytes at most.)
+    where = Path(tempfile.mkdtemp(prefix="oa-cut-", dir="/tmp"))
+    with DockerProxy(where / "gpu2.sock", engines["gpu2"].sock).start() as cut:
+        s = make_fleet(
+            f"gpu1={{gpu1}} max=3; gpu2={cut.url} max=3",
+            SWEEP_INTERVAL_SECONDS="1",
+            RECONCILE_INTERVAL_SECONDS="1",
+        )
+        unreachable_engine_is_skipped(s, engines, cut)
+
+
+def unreachable_engine_is_skipped(
+    s: Scheduler, engines: dict[str, PrivateEngine], cut: DockerProxy
+) -> None:
     leases = [s.lease(kind="renderer") for _ in range(4)]
     assert hosts_of(leases) == ["gpu1", "gpu2", "gpu1", "gpu2"]
     kept, doomed = leases[1], leases[3]
@@ -360,7 +373,7 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
     def state(lease: dict[str, Any]) -> str:
         return state_of(s, lease)
 
-    # Traffic while gpu2 stops: acquire and release, one slot of each host free.
+    # Traffic while gpu2 goes: acquire and release, one slot of each host free.
     traffic: list[tuple[int, dict[str, Any] | None]] = []
     stopping = threading.Event()
 
@@ -372,12 +385,12 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
             if lease is not None:
                 traffic.append((s.release(lease["lease_id"]).status_code, lease))
 
-    down = engines["gpu2"].engine
-    assert down is not None
     worker = threading.Thread(target=pairs)
     worker.start()
     try:
-        down.stop()
+        wait_for(lambda: len(traffic) >= 4, 60, what="some traffic")
+        cut.stop()
+        wait_for(lambda: not fleet_view(s)["hosts"][1]["healthy"], 30, what="gpu2 seen unreachable")
     finally:
         stopping.set()
         worker.join(120)
@@ -394,7 +407,8 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
         assert failed.status_code == 502, failed.text
         assert failed.json()["error"] == "release_failed"
         assert state(doomed) == "releasing"
-        assert state(kept) == "active"  # gpu2's other lease keeps its state
+        # gpu2's other lease keeps its state: its worker is unseen, not dead.
+        assert state(kept) == "active"
         assert s.lease(kind="renderer")["host"] == "gpu1"
         full = s.acquire(kind="renderer")  # gpu1 is full and gpu2 down: no room
         assert full.status_code == 503, full.text
@@ -406,10 +420,11 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
         assert (gpu2["healthy"], gpu2["workers"]) == (False, None)
         assert "unreachable" in gpu2["detail"]
     finally:
-        if not down.answers():
-            down.start()
+        cut.start()
 
-    # Back: the sweeper finishes the release there on its own, and gpu2 serves again.
+    # Back: the sweeper finishes the release there on its own, and gpu2 serves again;
+    # the worker that ran on unseen still holds its lease (its event stream and the
+    # listings say it lives).
     wait_for(lambda: state(doomed) == "released", 90, interval=0.5, what="the retried release")
     assert doomed["lease_id"] not in on_engine(engines["gpu2"], s)
     assert kept["lease_id"] in on_engine(engines["gpu2"], s)
@@ -420,6 +435,7 @@ def test_a_stopped_engine_is_skipped_and_its_release_finishes_once_it_is_back(
         what="an acquire placed on gpu2 again",
     )
     assert back["host"] == "gpu2"
+    assert state(kept) == "active"
 
     # Nothing of the traffic is left: each of its leases ended, and its workers with it
     # (a release cut off is retried, a worker half-made on gpu2 destroyed as an orphan).
@@ -450,7 +466,7 @@ def test_after_kill_9_each_host_is_reconciled_once_it_answers(
     gpu1, gpu2 = engines["gpu1"], engines["gpu2"]
     gpu1.client.containers.get(container_of(gpu1, s, leases[2])).remove(force=True)
     gpu2.client.containers.get(container_of(gpu2, s, leases[1])).remove(force=True)
-    orphan = gpu2.client.containers.run(
+    gpu2.client.containers.run(
         WORKER_IMAGE,
         detach=True,
         labels={INSTANCE_LABEL: s.instance, LEASE_LABEL: str(uuid.uuid4())},
@@ -487,26 +503,33 @@ def test_after_kill_9_each_host_is_reconciled_once_it_answers(
         if not down.answers():
             down.start()
 
-    # gpu2 back: its vanished worker's lease is marked lost, its orphan destroyed.
+    # gpu2 back: its vanished worker's lease is marked lost, its orphan destroyed; and
+    # the worker its engine stopped on the way down (dockerd stops its containers) ends
+    # its lease too, `lost` as it `exited`, its container removed: a lease means a worker.
     wait_for(
-        lambda: state_of(again, leases[1]) == "released",
+        lambda: state_of(again, leases[1]) == state_of(again, leases[3]) == "released",
         60,
         interval=0.5,
-        what="gpu2's vanished worker marked lost",
+        what="gpu2's vanished and stopped workers marked lost",
     )
     wait_for(
-        lambda: orphan.id not in [c.id for c in gpu2.containers(s.instance)],
+        lambda: not gpu2.containers(s.instance),
         60,
         interval=0.5,
-        what="gpu2's orphan destroyed",
+        what="gpu2's orphan and stopped worker destroyed",
     )
     assert [state_of(again, lease) for lease in leases] == [
         "active",
         "released",
         "released",
-        "active",
+        "released",
     ]
-    assert on_engine(gpu2, again) == [leases[3]["lease_id"]]
+    ended = [again.http.get(f"/v1/lease/{lease['lease_id']}").json() for lease in leases[1:]]
+    assert [(e["release_reason"], e["lost_cause"]) for e in ended] == [
+        ("lost", "unknown"),
+        ("lost", "unknown"),
+        ("lost", "exited"),
+    ]
     assert on_engine(gpu1, again) == [leases[0]["lease_id"]]
 
 
@@ -584,3 +607,32 @@ async def test_a_fleet_lease_is_priced_at_its_own_hosts_price() -> None:
             assert (second.host, second.price) == ("plain", plain)
     finally:
         await fleet.close()
+
+
+def test_a_worker_killed_on_one_host_ends_its_lease_at_once(
+    make_fleet: MakeFleet, engines: dict[str, PrivateEngine]
+) -> None:
+    # Heard from gpu2's own event stream: no reconcile pass runs within the test.
+    s = make_fleet("gpu1={gpu1}; gpu2={gpu2}", RECONCILE_INTERVAL_SECONDS="3600")
+    on_gpu1, on_gpu2 = s.lease(kind="renderer"), s.lease(kind="renderer")
+    assert hosts_of([on_gpu1, on_gpu2]) == ["gpu1", "gpu2"]
+    gpu2 = engines["gpu2"]
+    gpu2.client.containers.get(container_of(gpu2, s, on_gpu2)).kill()
+    ended = wait_for(
+        lambda: (
+            (lease := s.http.get(f"/v1/lease/{on_gpu2['lease_id']}").json())["state"] == "released"
+            and lease
+        ),
+        30,
+        what="the lease on gpu2 ended",
+    )
+    assert (ended["release_reason"], ended["lost_cause"], ended["exit_code"]) == (
+        "lost",
+        "exited",
+        137,
+    )
+    assert ended["provider_token"].startswith("gpu2/")
+    wait_for(lambda: not on_engine(gpu2, s), 30, what="its remains removed from gpu2")
+    assert state_of(s, on_gpu1) == "active" and on_engine(engines["gpu1"], s) == [
+        on_gpu1["lease_id"]
+    ]

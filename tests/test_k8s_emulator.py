@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import ssl
 from collections.abc import Iterator
 from typing import Any
@@ -292,7 +293,8 @@ def test_the_deadline_fails_the_pod_and_removes_its_container_after_a_clock_move
     status = client.get(Pod, "timed").status
     assert (status.phase, status.reason) == ("Failed", "DeadlineExceeded")
     assert status.message == "Pod was active on the node longer than the specified deadline"
-    wait_for(lambda: kube.containers() == [], 15, what="the container removed")
+    # advance_clock answers once the container is stopped and removed: no wait here.
+    assert kube.containers() == []
 
 
 def test_containers_that_exit_end_their_pods_without_restarts(
@@ -419,3 +421,385 @@ def test_the_log_never_shows_the_token(kube: KubeEmulator, client: Client) -> No
     text = kube.log_path.read_text()
     assert "POST /api/v1/namespaces/openalice/pods -> 201" in text
     assert kube.token not in text
+
+
+# --- deaths after hand-out, as a client watching pods sees them ---------------------------
+
+Event = tuple[str, dict[str, Any]]
+SHELL = ["/bin/busybox", "sh", "-c"]
+# A container that does not listen, whose shell ignores SIGTERM: only a SIGKILL ends it.
+DEAF = {"command": SHELL, "args": ["trap '' TERM; while :; do /bin/busybox sleep 1; done"]}
+
+
+def watch_during(
+    kube: KubeEmulator, labels: dict[str, str], act: Any, until: Any, timeout: float = 120
+) -> tuple[list[Event], Any]:
+    """Watch pods by `labels` with lightkube's AsyncClient, from the resourceVersion of a
+    list (as a client that lists, then watches), while `act()` runs in a thread, until
+    `until(events)` holds. The events (type, Pod as a dict) in order, and what `act`
+    returned."""
+
+    async def scenario() -> tuple[list[Event], Any]:
+        client = AsyncClient(KubeConfig.from_file(kube.kubeconfig_path))
+        seen: list[Event] = []
+        listed = client.list(Pod, labels=labels)
+        async for _ in listed:
+            pass
+
+        async def follow() -> None:
+            async for kind, pod in client.watch(
+                Pod, labels=labels, resource_version=listed.resourceVersion
+            ):
+                seen.append((kind, pod.to_dict()))
+                if until(seen):
+                    return
+
+        def watches() -> int:
+            return len([r for r in kube.requests() if r["verb"] == "watch"])
+
+        before = watches()
+        task = asyncio.create_task(follow())
+        try:
+            await asyncio.to_thread(wait_for, lambda: watches() > before, 30, what="the watch")
+            result = await asyncio.to_thread(act)
+            await asyncio.wait_for(task, timeout)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+        return seen, result
+
+    return asyncio.run(scenario())
+
+
+def cond(pod: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in pod["status"].get("conditions") or [] if c["type"] == kind), {})
+
+
+def container_state(pod: dict[str, Any]) -> dict[str, Any]:
+    return dict(pod["status"]["containerStatuses"][0]["state"])
+
+
+def ended(name: str) -> Any:
+    """`until` of watch_during: the pod `name` shows a terminal phase."""
+    return lambda seen: any(
+        p["metadata"]["name"] == name and p["status"].get("phase") in ("Succeeded", "Failed")
+        for _, p in seen
+    )
+
+
+def last(seen: list[Event], name: str) -> dict[str, Any]:
+    return [p for _, p in seen if p["metadata"]["name"] == name][-1]
+
+
+def running_pod(kube: KubeEmulator, client: Client, name: str, **spec: Any) -> None:
+    make_pod(client, name, **spec)
+    wait_for(lambda: phase(kube, name) == "Running", 60, what=f"{name} running")
+
+
+def test_a_pod_without_a_readiness_probe_is_ready_once_its_container_runs(
+    kube: KubeEmulator, client: Client
+) -> None:
+    # It does not listen at all: without a probe, readiness is Success by default.
+    labels = {"app": "worker", "case": "ready"}
+    seen, _ = watch_during(
+        kube,
+        labels,
+        lambda: make_pod(client, "quiet", labels=labels, container=DEAF),
+        lambda seen: cond(seen[-1][1], "Ready").get("status") == "True",
+        timeout=60,
+    )
+    assert seen[0][0] == "ADDED" and seen[-1][0] == "MODIFIED"
+    ready = seen[-1][1]
+    assert ready["status"]["phase"] == "Running"
+    assert cond(ready, "ContainersReady")["status"] == "True"
+    assert ready["status"]["containerStatuses"][0]["ready"] is True
+    assert "running" in container_state(ready)
+
+
+def test_containers_that_exit_are_seen_ended_on_a_watch_with_their_exit_codes(
+    kube: KubeEmulator, client: Client
+) -> None:
+    labels = {"app": "worker", "case": "exit"}
+
+    def start() -> None:
+        make_pod(client, "zero", labels=labels, container={"command": [*SHELL, "exit 0"]})
+        make_pod(client, "seven", labels=labels, container={"command": [*SHELL, "exit 7"]})
+
+    seen, _ = watch_during(
+        kube, labels, start, lambda seen: ended("zero")(seen) and ended("seven")(seen), 60
+    )
+    for name, code, reason, pod_phase in (
+        ("zero", 0, "Completed", "Succeeded"),
+        ("seven", 7, "Error", "Failed"),
+    ):
+        pod = last(seen, name)
+        assert pod["status"]["phase"] == pod_phase
+        state = container_state(pod)["terminated"]
+        assert (state["exitCode"], state["reason"]) == (code, reason)
+        assert state["containerID"].startswith("docker://") and state["finishedAt"]
+        assert cond(pod, "Ready")["status"] == "False"
+        assert "reason" not in pod["status"]
+        # No event ever showed the terminal phase with the container still running.
+        assert all(
+            "running" not in container_state(p)
+            for _, p in seen
+            if p["metadata"]["name"] == name and p["status"].get("phase") == pod_phase
+        )
+
+
+def test_an_oom_kill_fails_the_pod_with_oomkilled_137(kube: KubeEmulator, client: Client) -> None:
+    labels = {"app": "worker", "case": "oom"}
+    running_pod(kube, client, "hog", labels=labels)
+    seen, answered = watch_during(kube, labels, lambda: kube.oom_kill("hog"), ended("hog"))
+    assert [kind for kind, _ in seen] == ["MODIFIED"]  # one change: the container's end
+    pod = seen[-1][1]
+    assert pod["status"]["phase"] == "Failed"
+    assert "reason" not in pod["status"] and "message" not in pod["status"]
+    state = container_state(pod)["terminated"]
+    assert (state["reason"], state["exitCode"]) == ("OOMKilled", 137)
+    assert pod["status"]["containerStatuses"][0]["ready"] is False
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert (cond(pod, "Ready")["status"], cond(pod, "Ready")["reason"]) == ("False", "PodFailed")
+    assert cond(pod, "ContainersReady")["status"] == "False"
+    assert cond(pod, "DisruptionTarget") == {}  # an OOM kill is no disruption
+    assert answered["status"] == pod["status"]  # oom_kill answers once the pod shows it
+    # Really killed; the ended container stays until the pod is deleted.
+    assert [c["state"] for c in kube.containers()] == ["exited"]
+    with pytest.raises(ValueError, match="409"):
+        kube.oom_kill("hog")  # no longer running
+    with pytest.raises(ValueError, match="404"):
+        kube.oom_kill("nobody")
+
+
+def test_a_container_past_its_memory_limit_is_oom_killed_for_real(
+    kube: KubeEmulator, client: Client
+) -> None:
+    # busybox tail keeps the "line" it reads from /dev/zero: it grows until the kernel's
+    # OOM killer ends it at the 16 MiB limit; Docker says OOMKilled, so does the pod.
+    labels = {"app": "worker", "case": "real-oom"}
+    container = {
+        "command": ["/bin/busybox", "tail", "/dev/zero"],
+        "resources": {"limits": {"memory": "16Mi"}},
+    }
+    seen, _ = watch_during(
+        kube,
+        labels,
+        lambda: make_pod(client, "greedy", labels=labels, container=container),
+        ended("greedy"),
+    )
+    pod = last(seen, "greedy")
+    assert pod["status"]["phase"] == "Failed"
+    state = container_state(pod)["terminated"]
+    assert (state["reason"], state["exitCode"]) == ("OOMKilled", 137)
+
+
+def test_a_node_pressure_eviction_fails_the_pod_as_the_kubelet_does(
+    kube: KubeEmulator, client: Client
+) -> None:
+    labels = {"app": "worker", "case": "evict"}
+    running_pod(kube, client, "deaf", labels=labels, container=DEAF)
+    seen, answered = watch_during(kube, labels, lambda: kube.evict("deaf"), ended("deaf"))
+    # One change, once the container has stopped: never Failed with it still running.
+    assert [kind for kind, _ in seen] == ["MODIFIED"]
+    pod = seen[-1][1]
+    status = pod["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "Evicted")
+    assert re.fullmatch(
+        r"The node was low on resource: memory\. Threshold quantity: 100Mi, available: 50Mi\. "
+        r"Container worker was using \d+(Ki|Mi)?, request is 0, has larger consumption of "
+        r"memory\. ",
+        status["message"],
+    ), status["message"]
+    disruption = cond(pod, "DisruptionTarget")
+    assert (disruption["status"], disruption["reason"]) == ("True", "TerminationByKubelet")
+    assert disruption["message"] == status["message"] and disruption["lastTransitionTime"]
+    # SIGTERM ignored: the SIGKILL after the runtime's 2 s minimum ended it.
+    state = container_state(pod)["terminated"]
+    assert (state["exitCode"], state["reason"]) == (137, "Error")
+    assert (cond(pod, "Ready")["status"], cond(pod, "Ready")["reason"]) == ("False", "PodFailed")
+    assert answered["status"] == status
+    assert [c["state"] for c in kube.containers()] == ["exited"]
+
+    # A container that exits 0 at the SIGTERM (the demo worker does): since 1.27 the
+    # kubelet gives the pod the phase its exit codes say, Succeeded, and drops the reason;
+    # only DisruptionTarget tells the eviction.
+    running_pod(kube, client, "polite", labels=labels)
+    seen, _ = watch_during(kube, labels, lambda: kube.evict("polite"), ended("polite"))
+    pod = last(seen, "polite")
+    assert pod["status"]["phase"] == "Succeeded"
+    assert "reason" not in pod["status"] and "message" not in pod["status"]
+    assert cond(pod, "DisruptionTarget")["reason"] == "TerminationByKubelet"
+    assert container_state(pod)["terminated"]["reason"] == "Completed"
+    with pytest.raises(ValueError, match="400"):
+        kube.evict("polite", resource="cpu")
+
+
+def test_a_lost_node_has_its_pods_failed_and_deleted_by_the_pod_gc(
+    kube: KubeEmulator, client: Client
+) -> None:
+    node = {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"}}
+    kube.set_nodes([{"name": "vm-a", **node}, {"name": "vm-b", **node}])
+    labels = {"app": "worker", "case": "lost"}
+    for name in ("on-a", "on-b"):
+        running_pod(
+            kube,
+            client,
+            name,
+            labels=labels,
+            nodeSelector={"kubernetes.io/hostname": name.replace("on-", "vm-")},
+        )
+
+    seen, collected = watch_during(
+        kube, labels, lambda: kube.lose_node("vm-a"), lambda seen: seen[-1][0] == "DELETED"
+    )
+    assert collected == [f"{NS}/on-a"]
+    assert [(kind, p["metadata"]["name"]) for kind, p in seen] == [
+        ("MODIFIED", "on-a"),
+        ("DELETED", "on-a"),
+    ]
+    pod = seen[0][1]
+    assert pod["status"]["phase"] == "Failed" and "reason" not in pod["status"]
+    disruption = cond(pod, "DisruptionTarget")
+    assert (disruption["status"], disruption["reason"], disruption["message"]) == (
+        "True",
+        "DeletionByPodGC",
+        "PodGC: node no longer exists",
+    )
+    # Nothing else changed: no kubelet was left to report the container's end.
+    assert "running" in container_state(pod)
+    assert kube.pod("on-a") is None and phase(kube, "on-b") == "Running"
+    assert [c["pod"] for c in kube.containers()] == ["on-b"]
+    # The node is gone from scheduling, until it is back.
+    make_pod(client, "for-a", labels=labels, nodeSelector={"kubernetes.io/hostname": "vm-a"})
+    kube.sync()
+    assert condition(kube.pod("for-a"), "PodScheduled")["message"] == (
+        "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+    )
+    with pytest.raises(ValueError, match="404"):
+        kube.lose_node("vm-a")
+    kube.set_nodes([{"name": "vm-a", **node}, {"name": "vm-b", **node}])
+    assert kube.pod("for-a")["spec"]["nodeName"] == "vm-a"
+
+
+def test_the_deadline_is_seen_on_a_watch_ready_false_then_failed(
+    kube: KubeEmulator, client: Client
+) -> None:
+    labels = {"app": "worker", "case": "deadline"}
+    running_pod(
+        kube,
+        client,
+        "late",
+        labels=labels,
+        activeDeadlineSeconds=600,
+        terminationGracePeriodSeconds=1,  # the kubelet gives 2 s at least
+        container=DEAF,
+    )
+    seen, ended_pods = watch_during(kube, labels, lambda: kube.advance_clock(600), ended("late"))
+    assert ended_pods == [f"{NS}/late"]
+    # First Ready turns False, the phase still Running; once the container has stopped
+    # (SIGKILL after the grace period: it ignores SIGTERM), Failed, DeadlineExceeded.
+    first, final = seen[0][1], seen[-1][1]
+    assert first["status"]["phase"] == "Running"
+    assert (cond(first, "Ready")["status"], cond(first, "Ready")["reason"]) == (
+        "False",
+        "PodFailed",
+    )
+    assert (final["status"]["phase"], final["status"]["reason"]) == ("Failed", "DeadlineExceeded")
+    assert container_state(final)["terminated"]["exitCode"] == 137
+    assert kube.containers() == []  # stopped and removed when advance_clock answered
+
+
+def test_a_graceful_delete_shows_the_terminal_phase_then_deleted(
+    kube: KubeEmulator, client: Client
+) -> None:
+    labels = {"app": "worker", "case": "delete"}
+    running_pod(kube, client, "leaving", labels=labels)
+    seen, _ = watch_during(
+        kube,
+        labels,
+        lambda: client.delete(Pod, "leaving", grace_period=5),
+        lambda seen: seen[-1][0] == "DELETED",
+    )
+    kinds = [kind for kind, _ in seen]
+    assert kinds == ["MODIFIED", "MODIFIED", "DELETED"]
+    assert seen[0][1]["metadata"]["deletionTimestamp"]
+    # The worker exits 0 at SIGTERM: Succeeded, written before the object goes.
+    assert seen[1][1]["status"]["phase"] == "Succeeded"
+    assert container_state(seen[1][1])["terminated"]["reason"] == "Completed"
+    assert kube.containers() == []
+
+
+def test_watches_end_and_expire_as_the_api_server_ends_them(
+    kube: KubeEmulator, client: Client
+) -> None:
+    kube.pause_kubelet()  # objects only
+    labels = {"app": "worker", "case": "watch"}
+
+    async def scenario() -> dict[str, Any]:
+        watcher = AsyncClient(KubeConfig.from_file(kube.kubeconfig_path))
+        seen: list[str] = []
+        error: list[ApiError] = []
+
+        async def follow() -> None:
+            try:
+                async for kind, pod in watcher.watch(Pod, labels=labels):
+                    seen.append(f"{kind} {pod.metadata.name}")
+            except ApiError as exc:
+                error.append(exc)
+
+        def watches() -> int:
+            return len([r for r in kube.requests() if r["verb"] == "watch"])
+
+        task = asyncio.create_task(follow())
+        await asyncio.to_thread(wait_for, lambda: watches() == 1, 30, what="the watch")
+        await asyncio.to_thread(make_pod, client, "w1", labels=labels)
+        await asyncio.to_thread(wait_for, lambda: "ADDED w1" in seen, 30)
+        ended_count = await asyncio.to_thread(kube.end_watches)
+        # lightkube watches again from the last version it saw: nothing lost, no replay.
+        await asyncio.to_thread(wait_for, lambda: watches() == 2, 30, what="a new watch")
+        await asyncio.to_thread(make_pod, client, "w2", labels=labels)
+        await asyncio.to_thread(wait_for, lambda: "ADDED w2" in seen, 30)
+        expired_count = await asyncio.to_thread(kube.expire_watches)
+        await asyncio.wait_for(task, 30)
+        await watcher.close()
+        return {"ended": ended_count, "expired": expired_count, "error": error, "seen": seen}
+
+    result = asyncio.run(scenario())
+    assert (result["ended"], result["expired"]) == (1, 1)
+    assert [e for e in result["seen"] if e.startswith("ADDED")] == ["ADDED w1", "ADDED w2"]
+    [error] = result["error"]
+    assert (error.status.code, error.status.reason) == (410, "Expired")
+    assert error.status.message == "The resourceVersion for the provided watch is too old."
+    old = client.get(Pod, "w1").metadata.resourceVersion
+    # A watch from a version now too old: 200, one ERROR event, the end.
+    with raw(kube) as http:
+        answer = http.get(
+            f"/api/v1/namespaces/{NS}/pods",
+            params={"watch": "true", "resourceVersion": old, "labelSelector": "case=watch"},
+        )
+    assert answer.status_code == 200
+    [line] = answer.text.splitlines()
+    event = json.loads(line)
+    assert event["type"] == "ERROR"
+    compacted = kube.state()["compacted"]
+    assert event["object"] == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f"too old resource version: {old} ({compacted})",
+        "reason": "Expired",
+        "code": 410,
+    }
+    with pytest.raises(ApiError) as too_old:
+        next(iter(client.watch(Pod, labels=labels, resource_version=old)))
+    assert too_old.value.status.code == 410
+    # Listed again, a watch from the list's version serves the changes after it.
+    listed = client.list(Pod, labels=labels)
+    assert sorted(p.metadata.name for p in listed) == ["w1", "w2"]
+    make_pod(client, "w3", labels=labels)
+    kind, pod = next(
+        iter(client.watch(Pod, labels=labels, resource_version=listed.resourceVersion))
+    )
+    assert (kind, pod.metadata.name) == ("ADDED", "w3")

@@ -365,21 +365,42 @@ def test_listed_sandboxes_of_either_kind_can_be_terminated(
 def test_the_deadline_ends_a_sandbox_on_the_moved_clock(
     emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
 ) -> None:
+    # Frozen, the clock moves by `advance_clock` alone: however long this test takes on a
+    # loaded machine, 599 s is short of a 600 s timeout and 1 s more reaches it.
+    emulator.freeze_clock()
     sandbox = modal.Sandbox.create(*WORKER, app=app, image=image, timeout=600)
-    container_id = emulator.sandbox(sandbox.object_id)["container_id"]
+    record = emulator.sandbox(sandbox.object_id)
+    container_id = record["container_id"]
+    assert record["started_at"] == emulator.state()["clock"]["now"]  # no real time passes
     assert emulator.advance_clock(599) == []
     assert sandbox.poll() is None
-    assert emulator.advance_clock(2) == [sandbox.object_id]
+    assert emulator.advance_clock(1) == [sandbox.object_id]
 
     with pytest.raises(modal.exception.SandboxTimeoutError):
         sandbox.wait()
     assert sandbox.returncode == 124
     assert container_gone(container_id)
     assert modal.Sandbox.from_id(sandbox.object_id, client=client).returncode == 124
+    assert modal.Sandbox.from_id(sandbox.object_id, client=client).poll() == 124
     sandbox.terminate()  # terminating an ended sandbox succeeds and changes nothing
     sandbox.poll()
     assert sandbox.returncode == 124
     assert emulator.sandbox(sandbox.object_id)["result"]["status"] == "TIMEOUT"
+
+
+def test_a_frozen_clock_moves_only_when_moved_and_thaws_without_a_jump(
+    emulator: ModalEmulator,
+) -> None:
+    emulator.freeze_clock()
+    frozen = emulator.state()["clock"]
+    assert frozen["frozen"] and emulator.state()["clock"]["now"] == frozen["now"]
+    emulator.advance_clock(10)
+    assert emulator.state()["clock"]["now"] == frozen["now"] + 10
+    emulator.freeze_clock(False)
+    thawed = emulator.state()["clock"]
+    assert not thawed["frozen"] and frozen["now"] + 10 <= thawed["now"] < frozen["now"] + 40
+    emulator.reset()
+    assert not emulator.state()["clock"]["frozen"]
 
 
 def test_the_deadline_also_passes_in_real_time(app: modal.App, image: modal.Image) -> None:
@@ -403,16 +424,75 @@ def test_terminate_gives_137_and_is_idempotent(
         assert sandbox.returncode == 137
         assert container_gone(container_id)
         again = modal.Sandbox.from_id(sandbox.object_id, client=client)
-        assert again.returncode == 137
+        assert again.returncode == 137 and again.poll() == 137
         again.terminate()
+        with pytest.raises(modal.exception.SandboxTerminatedError):
+            again.wait()
+        assert emulator.sandbox(sandbox.object_id)["result"]["status"] == "TERMINATED"
 
 
 def test_a_process_that_exits_ends_its_sandbox_with_its_code(
-    app: modal.App, image: modal.Image
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
 ) -> None:
-    sandbox = modal.Sandbox.create("/bin/sh", "-c", "exit 3", app=app, image=image)
+    for code, status in ((3, "FAILURE"), (0, "SUCCESS")):
+        for gpu in ("T4", None):  # both generations
+            command = ("/bin/sh", "-c", f"exit {code}")
+            sandbox = modal.Sandbox.create(*command, app=app, image=image, gpu=gpu)
+            sandbox.wait()  # an exit, even a failing one, is no error of wait()
+            assert sandbox.returncode == code
+            result = emulator.sandbox(sandbox.object_id)["result"]
+            assert (result["status"], result["returncode"]) == (status, code)
+            assert modal.Sandbox.from_id(sandbox.object_id, client=client).poll() == code
+
+
+def test_an_oom_kill_ends_a_sandbox_as_modal_records_it(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    for gpu in ("T4", None):  # both generations
+        sandbox = modal.Sandbox.create(
+            *WORKER, app=app, image=image, gpu=gpu, memory=(256, 512), encrypted_ports=[8080]
+        )
+        record = emulator.sandbox(sandbox.object_id)
+        assert record["memory_max_mb"] == 512
+        result = emulator.oom_kill(sandbox.object_id)  # a real SIGKILL of its container
+        assert (result["status"], result["returncode"]) == ("KERNEL_OOM_KILL", 137)
+        assert "OOM" in result["exception"] and "512 MiB" in result["exception"]
+        sandbox.wait()  # neither a timeout nor a termination: wait() returns
+        assert sandbox.returncode == 137
+        assert modal.Sandbox.from_id(sandbox.object_id, client=client).poll() == 137
+        assert container_gone(record["container_id"])
+        assert emulator.sandbox(sandbox.object_id)["result"] == result
+        with pytest.raises(ValueError, match="running"):  # once only
+            emulator.oom_kill(sandbox.object_id)
+
+
+def test_only_a_running_sandbox_with_a_memory_limit_can_be_oom_killed(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image
+) -> None:
+    unlimited = modal.Sandbox.create(app=app, image=image, memory=512)  # a request only
+    with pytest.raises(ValueError, match="no memory limit"):
+        emulator.oom_kill(unlimited.object_id)
+    assert unlimited.poll() is None
+    emulator.set_max_sandboxes(1)
+    queued = modal.Sandbox.create(app=app, image=image, memory=(256, 512))
+    with pytest.raises(ValueError, match="pending"):
+        emulator.oom_kill(queued.object_id)
+    with pytest.raises(ValueError, match="404"):
+        emulator.oom_kill("sb-nosuchsandbox")
+
+
+def test_a_container_the_kernel_oom_killed_at_its_limit_is_reported_so(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    """A process really past the sandbox's hard memory limit: Docker says OOMKilled."""
+    hog = ("/bin/busybox", "dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
+    sandbox = modal.Sandbox.create(*hog, app=app, image=image, memory=(16, 32))
     sandbox.wait()
-    assert sandbox.returncode == 3
+    assert sandbox.returncode == 137
+    result = emulator.sandbox(sandbox.object_id)["result"]
+    assert (result["status"], result["returncode"]) == ("KERNEL_OOM_KILL", 137)
+    assert "32 MiB" in result["exception"]
+    assert modal.Sandbox.from_id(sandbox.object_id, client=client).poll() == 137
 
 
 # --- capacity and failures ---------------------------------------------------------------------
@@ -428,16 +508,135 @@ def test_no_capacity_is_a_resource_exhausted_error(
     emulator.set_no_capacity(gpu="*")
     with pytest.raises(modal.exception.ResourceExhaustedError):
         modal.Sandbox.create(*WORKER, app=app, image=image)
-    emulator.set_no_capacity(False, gpu="*")
-    emulator.set_no_capacity(False, gpu="L4")
-
-    emulator.set_max_sandboxes(2)  # the H100 one runs: one more fits
-    modal.Sandbox.create(app=app, image=image)
-    with pytest.raises(modal.exception.ResourceExhaustedError, match="limit"):
-        modal.Sandbox.create(app=app, image=image)
     refused = [c for c in emulator.calls() if c["status"] == "RESOURCE_EXHAUSTED"]
-    assert [c["rpc"] for c in refused] == ["SandboxCreate", "SandboxCreateV2", "SandboxCreateV2"]
-    assert len([s for s in emulator.sandboxes() if s["state"] == "running"]) == 2
+    assert [c["rpc"] for c in refused] == ["SandboxCreate", "SandboxCreateV2"]
+    assert [s["gpu"] for s in emulator.sandboxes()] == ["H100"]  # refused ones left none
+
+
+def create_in_background(**options: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """`modal.Sandbox.create(*WORKER, **options)` in a thread of its own; the outcome's
+    `sandbox` or `error` once it returned."""
+    outcome: dict[str, Any] = {}
+
+    def create() -> None:
+        try:
+            outcome["sandbox"] = modal.Sandbox.create(*WORKER, **options)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            outcome["error"] = exc
+
+    creating = threading.Thread(target=create, daemon=True)
+    creating.start()
+    return creating, outcome
+
+
+def test_a_gpu_create_past_the_limit_waits_in_the_queue_until_a_place_frees(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    """V1 (a GPU): SandboxCreate answers at once, then the client polls SandboxGetTaskId
+    every 0.5 s, answered no task id while its sandbox is queued: `create` returns once
+    the sandbox is placed and runs, or raises if it is terminated meanwhile."""
+    emulator.set_max_sandboxes(1)
+    first = modal.Sandbox.create(*WORKER, app=app, image=image)
+    creating, outcome = create_in_background(app=app, image=image, gpu="L4")
+
+    def polled_while_queued(position: int) -> dict[str, Any] | None:
+        queued = [s for s in emulator.sandboxes() if s["api"] == "v1"]
+        if len(queued) <= position:
+            return None
+        sandbox_id = queued[position]["sandbox_id"]
+        polls = [c for c in emulator.calls("SandboxGetTaskId") if c["sandbox_id"] == sandbox_id]
+        return queued[position] if len(polls) >= 3 else None
+
+    queued = wait_for(lambda: polled_while_queued(0), 60, what="polls for a task id")
+    assert (queued["state"], queued["queued"]) == ("pending", True)
+    assert (queued["task_id"], queued["container_id"], queued["started_at"]) == (None, None, None)
+    assert creating.is_alive() and not outcome  # the create waits
+
+    # Another one queued behind it, terminated while its create waits: that create fails.
+    doomed, doomed_outcome = create_in_background(app=app, image=image, gpu="L4")
+    behind = wait_for(lambda: polled_while_queued(1), 60, what="polls for a second task id")
+    modal.Sandbox.from_id(behind["sandbox_id"], client=client).terminate()
+    doomed.join(60)
+    assert isinstance(doomed_outcome.get("error"), modal.exception.ConflictError)
+
+    first.terminate()  # its place goes to the oldest queued sandbox
+    creating.join(120)
+    assert not creating.is_alive() and "error" not in outcome, outcome
+    sandbox = outcome["sandbox"]
+    assert sandbox.object_id == queued["sandbox_id"]
+    record = emulator.sandbox(sandbox.object_id)
+    assert (record["state"], record["queued"], record["gpu"]) == ("running", False, "L4")
+    assert record["task_id"] and record["container_id"]
+    assert sandbox.poll() is None
+    assert emulator.sandbox(behind["sandbox_id"])["container_id"] is None  # never started
+
+
+def test_a_queued_sandbox_is_created_at_once_and_its_tunnels_wait_for_its_start(
+    emulator: ModalEmulator,
+    app: modal.App,
+    image: modal.Image,
+    client: modal.Client,
+    emulator_ca: ssl.SSLContext,
+) -> None:
+    """V2: SandboxCreateV2 answers a queued sandbox at once, with no task id and no
+    tunnels; SandboxGetTunnelsV2 waits up to its timeout, then answers TIMEOUT
+    (SandboxTimeoutError), and answers the tunnels once the sandbox runs."""
+    emulator.set_max_sandboxes(1)
+    first = modal.Sandbox.create(*WORKER, app=app, image=image)
+    queued = modal.Sandbox.create(
+        *WORKER, app=app, image=image, env={"LEASE_ID": LEASE_VALUE}, encrypted_ports=[8080]
+    )
+    record = emulator.sandbox(queued.object_id)
+    assert (record["state"], record["queued"], record["task_id"]) == ("pending", True, None)
+    assert record["container_id"] is None and record["tunnels"] == []
+    assert queued.poll() is None  # not finished: a queued sandbox is listed, too
+    listed = modal.Sandbox.list(app_id=app.app_id, client=client)
+    assert [s.object_id for s in listed] == [queued.object_id, first.object_id]
+
+    with pytest.raises(modal.exception.SandboxTimeoutError):
+        queued.tunnels(timeout=1)
+    asked = [c for c in emulator.calls("SandboxGetTunnelsV2") if c["status"] == "OK"]
+    assert [c["sandbox_id"] for c in asked] == [queued.object_id]
+
+    first.terminate()
+    tunnel = queued.tunnels()[8080]  # waits for its start
+    assert worker_answer(tunnel.url, emulator_ca)["lease_id"] == LEASE_VALUE
+    assert emulator.sandbox(queued.object_id)["state"] == "running"
+
+
+def test_queued_sandboxes_start_oldest_first_and_a_terminated_one_never_starts(
+    emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
+) -> None:
+    emulator.set_max_sandboxes(1)
+    running = modal.Sandbox.create(app=app, image=image)
+    second, third, fourth = (modal.Sandbox.create(app=app, image=image) for _ in range(3))
+    assert [s["queued"] for s in emulator.sandboxes()] == [False, True, True, True]
+
+    third.terminate()  # while queued: it ends TERMINATED without ever starting
+    assert third.poll() == 137
+    with pytest.raises(modal.exception.SandboxTerminatedError):
+        third.wait()
+    assert modal.Sandbox.from_id(third.object_id, client=client).poll() == 137
+    ended = emulator.sandbox(third.object_id)
+    assert (ended["state"], ended["result"]["status"]) == ("ended", "TERMINATED")
+    assert (ended["task_id"], ended["container_id"], ended["started_at"]) == (None, None, None)
+    listed = [s.object_id for s in modal.Sandbox.list(app_id=app.app_id, client=client)]
+    assert listed == [fourth.object_id, second.object_id, running.object_id]  # not the ended
+
+    def state_of(sandbox: modal.Sandbox) -> str:
+        return str(emulator.sandbox(sandbox.object_id)["state"])
+
+    running.terminate()
+    wait_for(lambda: state_of(second) == "running", 60, what="the oldest queued to start")
+    assert state_of(fourth) == "pending" and state_of(third) == "ended"
+    second.terminate()
+    wait_for(lambda: state_of(fourth) == "running", 60, what="the next queued to start")
+    assert emulator.sandbox(third.object_id)["container_id"] is None  # never started
+
+    fifth = modal.Sandbox.create(app=app, image=image)
+    assert state_of(fifth) == "pending"
+    emulator.set_max_sandboxes(2)  # a raised limit places it at once
+    wait_for(lambda: state_of(fifth) == "running", 60, what="a place from the raised limit")
 
 
 def test_a_scheduling_delay_is_waited_out_by_create(

@@ -3,6 +3,7 @@ STATIC_WORKERS, each leased to one caller at a time."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.harness import SECRET, TLS, Scheduler
+from tests.harness import SECRET, TLS, Scheduler, wait_for
 
 Make = Callable[..., Scheduler]
 POOL = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
@@ -168,3 +169,79 @@ def test_bad_static_workers_stop_start_up_with_one_clear_line(
         assert len(lines) == 1, (value, result.stderr)
         assert "STATIC_WORKERS" in lines[0] and expected in lines[0], (value, lines)
         assert "Traceback" not in result.stderr and SECRET not in result.stderr
+
+
+class Endpoint:
+    """A real static endpoint on loopback that can stop answering and come back (its
+    port kept), as an on-premises worker whose process dies and is restarted."""
+
+    def __init__(self) -> None:
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Endpoint:
+        if self.server.socket.fileno() < 0:  # stopped before: the same port again
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), _Answer)
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self._thread = None
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *_args: object) -> None:
+        return None
+
+
+def test_a_static_endpoint_that_stops_answering_leaves_rotation_and_comes_back(
+    make_scheduler: Make,
+) -> None:
+    endpoint = Endpoint().start()
+    try:
+        sched = static(
+            make_scheduler,
+            f"renderer={endpoint.url}",
+            STATIC_PROBE_INTERVAL_SECONDS="0.2",
+            RENDERER_READY_PATH="/healthz",
+        )
+        lease = sched.lease(kind="renderer", owner_id="me")
+        endpoint.stop()
+        # Three failed probes in a row: its lease ends `lost`, its cause unknown.
+        ended = wait_for(
+            lambda: (
+                (now := sched.http.get(f"/v1/lease/{lease['lease_id']}").json())["state"]
+                == "released"
+                and now
+            ),
+            30,
+            what="the lease of the dead endpoint ended",
+        )
+        assert (ended["release_reason"], ended["lost_cause"]) == ("lost", "unknown")
+        renewal = sched.http.post(
+            f"/v1/lease/{lease['lease_id']}/renew", headers={"X-Lease-Owner": "me"}
+        )
+        assert renewal.status_code == 409 and renewal.json()["error"] == "worker_lost"
+        # Out of rotation: nobody is given it while it does not answer.
+        refused = sched.acquire(kind="renderer")
+        assert refused.status_code == 503, refused.text
+        assert "out of rotation" in refused.json()["reasons"]["static"]
+        assert sched.metric("scheduler_workers_lost_total", provider="static", cause="unknown") == 1
+
+        endpoint.start()  # back: in rotation once it passes again
+        back = wait_for(
+            lambda: sched.acquire(kind="renderer").json().get("lease"), 30, what="in rotation"
+        )
+        assert back["endpoint"] == endpoint.url
+    finally:
+        endpoint.stop()

@@ -128,6 +128,14 @@ class Preempting(SchedulerError):
     status = 409
 
 
+class WorkerLost(SchedulerError):
+    """The lease ended because its worker stopped after its hand-out (README, A worker
+    lost after its hand-out): it is not renewed; `lost_cause` and `exit_code` say why."""
+
+    code = "worker_lost"
+    status = 409
+
+
 class LineFull(SchedulerError):
     """The caller would wait for capacity, but the line has no room for it
     (MAX_WAITING_CALLERS, or its owner's share, MAX_WAITING_PER_OWNER); `limit` says

@@ -26,6 +26,7 @@ from openalice_scheduler.loops import (
     Reconciler,
     Sweeper,
     WarmPool,
+    Watcher,
 )
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import Provider
@@ -130,6 +131,11 @@ def lifespan(
             reconciler.start(first_wait=settings.reconcile_interval_seconds if reconciled else 0)
             heartbeat.start()
             pool.start()  # after reconciliation: what a crash left is resolved first
+            # Deaths as the backends stream them; each stream's (re)opening wakes the
+            # reconciler, whose listing finds what the stream missed.
+            watcher = Watcher(service, on_resync=reconciler.wake)
+            watcher.start()
+            app.state.watcher = watcher
             # LEASE_RETENTION_DAYS=0 keeps every lease: no purge at all.
             purger = Purger(service, settings.lease_retention_days)
             if settings.lease_retention_days:
@@ -148,6 +154,7 @@ def lifespan(
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+            await watcher.stop()
             for loop in (forgetter, purger, pool, sweeper, reconciler, heartbeat):
                 await loop.stop()
         finally:

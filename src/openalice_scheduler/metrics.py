@@ -17,7 +17,7 @@ from prometheus_client import (
 )
 
 from openalice_scheduler import package_version
-from openalice_scheduler.models import GpuClass, ReleaseReason, WorkerKind
+from openalice_scheduler.models import GpuClass, LostCause, ReleaseReason, WorkerKind
 
 if TYPE_CHECKING:
     from openalice_scheduler.store.records import LeaseRecord
@@ -177,6 +177,14 @@ class Metrics:
             registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
         )
+        self.workers_lost = Counter(
+            "scheduler_workers_lost",
+            "Workers that stopped after their hand-out (their lease ended `lost`, an idle "
+            "pool worker recycled), by provider and cause (README, A worker lost after "
+            "its hand-out).",
+            ["provider", "cause"],
+            registry=r,
+        )
         self.preemptions = Counter(
             "scheduler_preemptions",
             "Leases displaced for a caller of a higher class, by the victim's class.",
@@ -258,6 +266,8 @@ class Metrics:
             self.spend.labels(name)
             for reason in ReleaseReason:
                 self.released.labels(name, reason.value)
+            for cause in LostCause:
+                self.workers_lost.labels(name, cause.value)
 
     def spent(self, record: LeaseRecord) -> None:
         """A lease ended: what it cost goes on the spend counters."""

@@ -124,6 +124,20 @@ class ReleaseReason(StrEnum):
     preempted = "preempted"
 
 
+class LostCause(StrEnum):
+    """Why a worker stopped after its hand-out (README, A worker lost after its hand-out),
+    as its backend tells it: its process ended by itself, the kernel's OOM killer ended
+    it, its node (or the kubelet) evicted it, its node was lost, the backend's own
+    deadline ended it, or the backend does not say."""
+
+    exited = "exited"
+    oom_killed = "oom_killed"
+    evicted = "evicted"
+    node_lost = "node_lost"
+    deadline = "deadline"
+    unknown = "unknown"
+
+
 # A priority class's name (README, Priorities and preemption).
 PRIORITY_CLASS_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
 
@@ -247,6 +261,14 @@ class Lease(BaseModel):
         description="While `preempting`: when its worker is destroyed (README, "
         "Priorities and preemption); null otherwise",
     )
+    lost_cause: LostCause | None = Field(
+        None,
+        description="With release_reason `lost` (or a pool worker `recycled` for it): "
+        "why its worker stopped; null otherwise",
+    )
+    exit_code: int | None = Field(
+        None, description="With lost_cause: the worker's exit code, when its backend gives one"
+    )
 
 
 class LeaseSelf(BaseModel):
@@ -354,7 +376,7 @@ class ErrorBody(BaseModel):
     lease_conflict, duplicate_header, request_timeout, body_too_large, headers_too_large,
     invalid_request, quota_exceeded, budget_exceeded, too_many_guards, provision_failed,
     release_failed, no_provider_available, store_unavailable, shutting_down, not_ready,
-    internal_error (new codes may be added)."""
+    preempting, worker_lost, internal_error (new codes may be added)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -380,6 +402,10 @@ class ErrorBody(BaseModel):
     lease_id: str | None = Field(None, description="release_failed: the lease")
     provider: str | None = Field(None, description="release_failed: its provider")
     cause: str | None = Field(None, description="store_unavailable: what failed")
+    lost_cause: str | None = Field(
+        None, description="worker_lost: why the worker stopped (Lease.lost_cause)"
+    )
+    exit_code: int | None = Field(None, description="worker_lost: its exit code, when known")
 
 
 class Health(BaseModel):

@@ -7,8 +7,19 @@ client's traffic. It needs no credentials and is not in the audit list.
 - `GET  /_emulator/requests`: the audit list (verb, resource, namespace, name, code,
   grace_period for pod deletes, label_selector for lists).
 - `GET  /_emulator/containers`: the Docker containers made, with their pods.
-- `POST /_emulator/clock {"advance": s}`: move the clock; answers after the kubelet has
-  acted, `{"now", "ended": [namespace/name of pods ended by their deadline]}`.
+- `POST /_emulator/clock {"advance": s}`: move the clock; answers once the kubelet has
+  acted: the pods whose deadline passed are Failed and their containers stopped and
+  removed, `{"now", "ended": [namespace/name of those pods]}`.
+- `POST /_emulator/pods/{namespace}/{name}/oom-kill`: the kernel's OOM killer ends the
+  pod's container; answers with the pod once it shows it (404 no pod, 409 not running).
+- `POST /_emulator/pods/{namespace}/{name}/evict {"resource": "memory"}`: the kubelet
+  evicts the pod for node pressure; answers with the pod once it is Failed (or
+  Succeeded, see README).
+- `POST /_emulator/nodes/{name}/lose`: the node is gone; answers once the PodGC
+  controller has deleted its pods, `{"collected": [namespace/name]}`.
+- `POST /_emulator/watches/end`: every open watch ends cleanly, `{"ended": n}`.
+- `POST /_emulator/watches/expire`: every resourceVersion handed out so far is too old;
+  open watches get an ERROR 410 event and end, `{"expired": n, "compacted": revision}`.
 - `POST /_emulator/nodes {"nodes": [...]}`, `/_emulator/unpullable {"images": [...]}`,
   `/_emulator/kubelet {"paused": bool}`, `/_emulator/rbac {"rules": [...] | null}`,
   `/_emulator/namespaces {"name": ...}`, `/_emulator/faults {"n", "code", "verb", "after",
@@ -24,7 +35,7 @@ from typing import Any
 from aiohttp import web
 
 from .access import Access, Fault
-from .kubelet import Kubelet
+from .kubelet import Kubelet, NotRunning
 from .scheduling import validate_nodes
 from .store import Store
 
@@ -60,6 +71,8 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
                 "now": store.now(),
                 "namespaces": sorted(store.namespaces),
                 "revision": store.revision,
+                "compacted": store.compacted,
+                "watches": len(store.watchers),
             }
         )
 
@@ -83,13 +96,49 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
         advance = (await body(request)).get("advance")
         if not isinstance(advance, (int, float)) or advance < 0:
             raise web.HTTPBadRequest(text="advance: a number of seconds >= 0")
-        failed_before = {_key(p) for p in store.list("pods", None) if _deadline(p)}
+        before = set(kubelet.deadline_kills)
         store.clock_offset += float(advance)
-        await kubelet.settle()
-        ended = [_key(p) for p in store.list("pods", None) if _deadline(p)]
-        return web.json_response(
-            {"now": store.now(), "ended": [k for k in ended if k not in failed_before]}
-        )
+        await kubelet.settle()  # a whole pass after the move: every deadline passed is seen
+        new = {uid: entry for uid, entry in kubelet.deadline_kills.items() if uid not in before}
+        # ... and each of those pods is Failed, its container stopped and removed.
+        await asyncio.gather(*(task for _, task in new.values()), return_exceptions=True)
+        return web.json_response({"now": store.now(), "ended": sorted(k for k, _ in new.values())})
+
+    @routes.post("/_emulator/pods/{namespace}/{name}/oom-kill")
+    async def oom_kill(request: web.Request) -> web.Response:
+        info = request.match_info
+        try:
+            pod = await kubelet.oom_kill(info["namespace"], info["name"])
+        except NotRunning as exc:
+            raise _refused(exc) from exc
+        return web.json_response(pod)
+
+    @routes.post("/_emulator/pods/{namespace}/{name}/evict")
+    async def evict(request: web.Request) -> web.Response:
+        info = request.match_info
+        resource = str((await body(request)).get("resource") or "memory")
+        try:
+            pod = await kubelet.evict(info["namespace"], info["name"], resource)
+        except NotRunning as exc:
+            raise _refused(exc) from exc
+        return web.json_response(pod)
+
+    @routes.post("/_emulator/nodes/{name}/lose")
+    async def lose_node(request: web.Request) -> web.Response:
+        try:
+            collected = await kubelet.lose_node(request.match_info["name"])
+        except NotRunning as exc:
+            raise _refused(exc) from exc
+        return web.json_response({"collected": collected})
+
+    @routes.post("/_emulator/watches/end")
+    async def end_watches(_request: web.Request) -> web.Response:
+        return web.json_response({"ended": store.end_watches()})
+
+    @routes.post("/_emulator/watches/expire")
+    async def expire_watches(_request: web.Request) -> web.Response:
+        expired = store.expire_watches()
+        return web.json_response({"expired": expired, "compacted": store.compacted})
 
     @routes.post("/_emulator/nodes")
     async def nodes(request: web.Request) -> web.Response:
@@ -160,8 +209,7 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
 
     @routes.post("/_emulator/reset")
     async def reset(_request: web.Request) -> web.Response:
-        await kubelet.reset()
-        store.reset()
+        await kubelet.reset()  # its containers, then the store
         access.rules = None
         access.faults = []
         access.audit.clear()
@@ -172,9 +220,10 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
     return app
 
 
-def _key(pod: dict[str, Any]) -> str:
-    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-
-
-def _deadline(pod: dict[str, Any]) -> bool:
-    return pod["status"].get("reason") == "DeadlineExceeded"
+def _refused(error: NotRunning) -> web.HTTPException:
+    kinds: dict[int, type[web.HTTPException]] = {
+        400: web.HTTPBadRequest,
+        404: web.HTTPNotFound,
+        409: web.HTTPConflict,
+    }
+    return kinds.get(error.code, web.HTTPConflict)(text=str(error))

@@ -25,6 +25,8 @@ from tests.emulator_process import EmulatorProcess, free_port
 
 from .runtime import LABEL_INSTANCE
 
+_SLOW_CALL_SECONDS = 300.0
+
 
 class KubeEmulator(EmulatorProcess):
     title = "the Kubernetes emulator"
@@ -170,8 +172,46 @@ class KubeEmulator(EmulatorProcess):
 
     def advance_clock(self, seconds: float) -> list[str]:
         """Move the emulator's clock; answers once the kubelet acted on it, with the
-        `namespace/name` of the pods that it ended by their deadline."""
-        return list(self._post("/_emulator/clock", {"advance": seconds})["ended"])
+        `namespace/name` of the pods that it ended by their deadline: each is then Failed
+        (DeadlineExceeded) and its container stopped (after its grace period, at most) and
+        removed."""
+        return list(self._slow_post("/_emulator/clock", {"advance": seconds})["ended"])
+
+    def oom_kill(self, name: str, namespace: str = "openalice") -> dict[str, Any]:
+        """The kernel's OOM killer ends the pod's container (a real SIGKILL); answers
+        with the Pod once it shows `terminated.reason: OOMKilled`, exit code 137, phase
+        Failed. ValueError if the pod is not running on a node."""
+        return dict(self._slow_post(f"/_emulator/pods/{namespace}/{name}/oom-kill", {}))
+
+    def evict(
+        self, name: str, namespace: str = "openalice", resource: str = "memory"
+    ) -> dict[str, Any]:
+        """The kubelet evicts the pod for node pressure on `resource` (memory only): its
+        container is stopped (SIGTERM, SIGKILL after 2 s); answers with the Pod once it is
+        Failed, reason Evicted, with DisruptionTarget True (TerminationByKubelet) -- or
+        Succeeded, without the reason, if its container exited 0 at the SIGTERM, as the
+        kubelet reports it. ValueError if the pod is not running on a node."""
+        path = f"/_emulator/pods/{namespace}/{name}/evict"
+        return dict(self._slow_post(path, {"resource": resource}))
+
+    def lose_node(self, node_name: str) -> list[str]:
+        """The node vanishes (its machine, then its Node object): its containers are
+        removed, nothing reports for its pods, and the PodGC controller marks each of them
+        Failed with DisruptionTarget True (DeletionByPodGC) and deletes it. No pod goes to
+        it afterwards (`set_nodes` brings nodes back). Answers once that is done, with the
+        `namespace/name` of the pods collected."""
+        return list(self._slow_post(f"/_emulator/nodes/{node_name}/lose", {})["collected"])
+
+    def end_watches(self) -> int:
+        """End every open watch stream cleanly, as the API server does at a watch's
+        timeout (the client must watch again). How many there were."""
+        return int(self._post("/_emulator/watches/end", {})["ended"])
+
+    def expire_watches(self) -> int:
+        """Make every resourceVersion handed out so far too old (as etcd's compaction):
+        each open watch gets one ERROR event, a Status 410 Expired, and ends; a new watch
+        from such a version gets the same in its 200 stream. How many watches were open."""
+        return int(self._post("/_emulator/watches/expire", {})["expired"])
 
     def set_nodes(self, nodes: list[dict[str, Any]]) -> None:
         """Replace the nodes: `{"name", "labels", "allocatable"}` each."""
@@ -227,3 +267,11 @@ class KubeEmulator(EmulatorProcess):
     def sync(self) -> None:
         """Return after one whole kubelet pass."""
         self._post("/_emulator/sync", {})
+
+    def _slow_post(self, path: str, body: dict[str, Any]) -> Any:
+        """A control call that waits for containers to stop (grace periods): a longer
+        timeout than the others'."""
+        response = self._client().post(path, json=body, timeout=_SLOW_CALL_SECONDS)
+        if response.status_code >= 400:
+            raise ValueError(f"{path} refused {body}: {response.status_code} {response.text}")
+        return response.json()

@@ -1,13 +1,17 @@
-"""A pod's `status` as the kubelet writes it, step by step: bound, waiting (why), running,
-ready, terminated, deadline exceeded."""
+"""A pod's `status` as the kubelet (and the PodGC controller) write it, step by step:
+bound, waiting (why), running, ready, terminated (exited, OOM-killed, stopped for a
+delete), deadline exceeded, evicted, collected with its lost node."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .runtime import Exit
 from .store import Store, rfc3339
 
 DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
+EVICTED_REASON = "Evicted"  # kubernetes/kubernetes pkg/kubelet/eviction/helpers.go Reason
+PODGC_MESSAGE = "PodGC: node no longer exists"  # pkg/controller/podgc/gc_controller.go
 
 
 def rfc3339_in(store: Store, seconds: float) -> str:
@@ -141,7 +145,12 @@ def ready(pod: dict[str, Any], now: str) -> None:
     set_condition(pod, "ContainersReady", "True", now=now)
 
 
-def _ended(pod: dict[str, Any], phase: str, now: str) -> None:
+def ended(pod: dict[str, Any], phase: str, now: str) -> None:
+    """The pod's terminal phase, written once its containers are stopped: the kubelet
+    never reports a terminal phase while a container could still run, and then turns
+    Ready and ContainersReady False (`PodCompleted`/`PodFailed`) and its sandbox is gone
+    (kubernetes/kubernetes pkg/kubelet/status/status_manager.go, mergePodStatus;
+    https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-phase)."""
     pod["status"]["phase"] = phase
     reason = "PodCompleted" if phase == "Succeeded" else "PodFailed"
     set_condition(pod, "Ready", "False", reason, now=now)
@@ -149,48 +158,111 @@ def _ended(pod: dict[str, Any], phase: str, now: str) -> None:
     set_condition(pod, "PodReadyToStartContainers", "False", now=now)
 
 
-def terminated(
-    pod: dict[str, Any],
-    code: int,
-    container_id: str,
-    started: str | None,
-    finished: str | None,
-    now: str,
-) -> None:
+def terminated(pod: dict[str, Any], end: Exit, container_id: str, now: str) -> None:
+    """The container's `state.terminated` as the runtime reports it: its exit code, and
+    reason `OOMKilled` when the kernel's OOM killer ended it, else `Completed` (0) or
+    `Error` (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-state-terminated,
+    https://kubernetes.io/docs/tasks/configure-pod-container/assign-memory-resource/#exceed-a-container-s-memory-limit)."""
     container = _container_status(pod)
     previous = container.get("state", {}).get("running", {})
+    reason = "OOMKilled" if end.oom_killed else "Completed" if end.code == 0 else "Error"
     container["state"] = {
         "terminated": {
-            "exitCode": code,
-            "reason": "Completed" if code == 0 else "Error",
-            "startedAt": previous.get("startedAt") or _trim(started) or now,
-            "finishedAt": _trim(finished) or now,
+            "exitCode": end.code,
+            "reason": reason,
+            "startedAt": previous.get("startedAt") or _trim(end.started) or now,
+            "finishedAt": _trim(end.finished) or now,
             "containerID": f"docker://{container_id}",
         }
     }
     container["ready"] = False
     container["started"] = False
-    _ended(pod, "Succeeded" if code == 0 else "Failed", now)
 
 
-def deadline_exceeded(pod: dict[str, Any], now: str) -> None:
-    container = _container_status(pod)
-    state = container.get("state", {})
-    if "running" in state:
-        container["state"] = {
-            "terminated": {
-                "exitCode": 137,
-                "reason": "Error",
-                "startedAt": state["running"]["startedAt"],
-                "finishedAt": now,
-                "containerID": container.get("containerID"),
-            }
-        }
-    container["ready"] = False
-    container["started"] = False
-    _ended(pod, "Failed", now)
+def exited(pod: dict[str, Any], end: Exit, container_id: str, now: str) -> None:
+    """The container ended by itself (or by the OOM killer) and is not restarted: the
+    pod is Succeeded if it exited 0, else Failed
+    (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-phase)."""
+    terminated(pod, end, container_id, now)
+    ended(pod, "Succeeded" if end.code == 0 else "Failed", now)
+
+
+def stopped(pod: dict[str, Any], end: Exit | None, container_id: str | None, now: str) -> None:
+    """The kubelet stopped the container of a pod being deleted: the pod is written
+    Succeeded if it exited 0, else Failed, before the Pod object goes ("the kubelet
+    transitions deleted Pods ... to a terminal phase (Failed or Succeeded depending on the
+    exit statuses of the pod containers) before their deletion from the API server",
+    https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-phase)."""
+    if end is not None and container_id is not None:
+        terminated(pod, end, container_id, now)
+    ended(pod, "Succeeded" if end is not None and end.code == 0 else "Failed", now)
+
+
+def deadline_passed(pod: dict[str, Any], now: str) -> None:
+    """The kubelet has found the deadline passed and starts stopping the container: its
+    status is computed with phase Failed, so Ready and ContainersReady turn False
+    (`PodFailed`) at once, while the phase itself waits until the container has stopped
+    (kubernetes/kubernetes pkg/kubelet/kubelet_pods.go generateAPIPodStatus and
+    pkg/kubelet/status/status_manager.go mergePodStatus)."""
+    set_condition(pod, "Ready", "False", "PodFailed", now=now)
+    set_condition(pod, "ContainersReady", "False", "PodFailed", now=now)
+
+
+def deadline_exceeded(
+    pod: dict[str, Any], end: Exit | None, container_id: str | None, now: str
+) -> None:
+    """Failed, reason DeadlineExceeded, whatever the container's exit code
+    (`activeDeadlineSeconds`, https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#lifecycle:
+    "... before the system will actively try to mark it failed and kill associated
+    containers"; kubernetes/kubernetes pkg/kubelet/active_deadline.go)."""
+    if end is not None and container_id is not None:
+        terminated(pod, end, container_id, now)
+    else:
+        container = _container_status(pod)
+        container["ready"] = False
+        container["started"] = False
+    ended(pod, "Failed", now)
     pod["status"]["reason"] = "DeadlineExceeded"
     pod["status"]["message"] = DEADLINE_MESSAGE
+
+
+def evicted(
+    pod: dict[str, Any], end: Exit | None, container_id: str | None, message: str, now: str
+) -> None:
+    """Evicted by the kubelet for node pressure, its container stopped: phase Failed,
+    reason Evicted, the eviction message, and condition DisruptionTarget True (reason
+    TerminationByKubelet, the same message)
+    (https://kubernetes.io/docs/concepts/scheduling-eviction/node-pressure-eviction/,
+    https://kubernetes.io/docs/concepts/workloads/pods/disruptions/#pod-disruption-conditions).
+    A container that exits 0 at the SIGTERM makes the pod Succeeded instead, without the
+    reason and message (the DisruptionTarget condition stays): the kubelet computes the
+    terminal phase from the exit codes since 1.27 (kubernetes/kubernetes issues 118310,
+    120182, 141483)."""
+    if end is not None and container_id is not None:
+        terminated(pod, end, container_id, now)
+    else:
+        container = _container_status(pod)
+        container["ready"] = False
+        container["started"] = False
+    set_condition(pod, "DisruptionTarget", "True", "TerminationByKubelet", message, now)
+    if end is not None and end.code == 0:
+        ended(pod, "Succeeded", now)
+        return
+    ended(pod, "Failed", now)
+    pod["status"]["reason"] = EVICTED_REASON
+    pod["status"]["message"] = message
+
+
+def collected(pod: dict[str, Any], now: str) -> None:
+    """What the PodGC controller patches into a pod bound to a node that no longer
+    exists, before it deletes it (grace 0): phase Failed (unless already terminal) and
+    condition DisruptionTarget True, reason DeletionByPodGC; nothing else changes (no
+    kubelet is left to report)
+    (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-garbage-collection,
+    https://kubernetes.io/docs/concepts/workloads/pods/disruptions/#pod-disruption-conditions;
+    kubernetes/kubernetes pkg/controller/podgc/gc_controller.go gcOrphaned)."""
+    pod["status"]["phase"] = "Failed"
+    set_condition(pod, "DisruptionTarget", "True", "DeletionByPodGC", PODGC_MESSAGE, now)
 
 
 def _trim(docker_time: str | None) -> str | None:

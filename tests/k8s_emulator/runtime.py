@@ -10,16 +10,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import docker.errors
 
 from tests.emulator_docker import InstanceContainers
 
+from .scheduling import quantity
+
 LABEL_INSTANCE = "openalice.k8s-emulator.instance"
 LABEL_NAMESPACE = "openalice.k8s-emulator.pod-namespace"
 LABEL_POD = "openalice.k8s-emulator.pod"
 LABEL_UID = "openalice.k8s-emulator.pod-uid"
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a container ended, as the engine tells it (`docker inspect`'s State)."""
+
+    code: int
+    started: str | None
+    finished: str | None
+    oom_killed: bool
 
 
 class Runtime(InstanceContainers):
@@ -56,6 +69,12 @@ class Runtime(InstanceContainers):
             options["entrypoint"] = container["command"]  # Docker then drops the image's CMD
         if container.get("args"):
             options["command"] = container["args"]
+        memory = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        if memory is not None:
+            # The container's memory limit is its cgroup's, as the kubelet sets it; no swap
+            # (the kubelet's default): past it the kernel's OOM killer ends the container
+            # (https://kubernetes.io/docs/tasks/configure-pod-container/assign-memory-resource/).
+            options["mem_limit"] = options["memswap_limit"] = int(quantity(memory))
         created = self._client.containers.create(**options)
         try:
             created.start()
@@ -72,15 +91,42 @@ class Runtime(InstanceContainers):
         with contextlib.suppress(docker.errors.NotFound):
             self._client.api.stop(container_id, timeout=grace)
 
-    def exit_code(self, container_id: str) -> tuple[int, str, str] | None:
-        """(exit code, started at, finished at) of a container that has ended."""
+    def kill(self, container_id: str) -> None:
+        """`docker kill` (SIGKILL, as the kernel's OOM killer sends), then wait until the
+        container has ended."""
+        with contextlib.suppress(docker.errors.NotFound):
+            with contextlib.suppress(docker.errors.APIError):  # ended meanwhile
+                self._client.api.kill(container_id, signal="SIGKILL")
+            self._client.api.wait(container_id, timeout=60)
+
+    def exit_info(self, container_id: str) -> Exit | None:
+        """How a container that has ended did (None: still running, or gone)."""
         try:
             state = self._client.api.inspect_container(container_id)["State"]
         except docker.errors.NotFound:
             return None
         if state.get("Running"):
             return None
-        return int(state.get("ExitCode", -1)), state["StartedAt"], state["FinishedAt"]
+        return Exit(
+            code=int(state.get("ExitCode", -1)),
+            started=state.get("StartedAt"),
+            finished=state.get("FinishedAt"),
+            oom_killed=bool(state.get("OOMKilled")),
+        )
+
+    def memory_working_set(self, container_id: str) -> int | None:
+        """The container's memory working set in bytes (usage less inactive file pages,
+        as cAdvisor counts it for the kubelet), or None if the engine has none."""
+        try:
+            stats = self._client.api.stats(container_id, stream=False, one_shot=True)
+        except docker.errors.APIError:
+            return None
+        memory = stats.get("memory_stats") or {}
+        if "usage" not in memory:
+            return None
+        detail = memory.get("stats") or {}
+        inactive = detail.get("total_inactive_file", detail.get("inactive_file", 0))
+        return max(int(memory["usage"]) - int(inactive), 0)
 
     def containers(self) -> list[dict[str, Any]]:
         return [

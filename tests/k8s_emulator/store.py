@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .kstatus import ApiError
+from .kstatus import ApiError, status_object
 from .selectors import Matcher
 
 DEFAULT_NAMESPACES = ("default", "openalice")
@@ -57,6 +57,9 @@ class Store:
             self.add_namespace(name)
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.revision = getattr(self, "revision", 0)
+        # Every resourceVersion below this one is too old to watch from
+        # (`expire_watches`); kept across resets, as the revision is.
+        self.compacted = getattr(self, "compacted", 0)
         self.events: deque[tuple[int, str, str, dict[str, Any]]] = deque(maxlen=_EVENT_LOG)
         self.clock_offset = 0.0
         for watcher in getattr(self, "watchers", set()):
@@ -162,8 +165,15 @@ class Store:
         self, resource: str, namespace: str | None, match: Matcher, since: str | None
     ) -> Watcher:
         """A watcher, its queue primed as the API does: from `since` (a resourceVersion)
-        the events after it (410 Expired when the log no longer has them); without one
-        (or "0"), ADDED for each object that matches now."""
+        the events after it; without one (or "0"), ADDED for each object that matches now.
+
+        A `since` too old (older than the event log kept, or below what
+        `expire_watches` made too old) is not an HTTP error: the stream answers 200 with
+        one ERROR event carrying a Status 410 Expired, then ends. The API server's watch
+        cache does so "to match the uncached watch implementation"
+        (k8s.io/apiserver pkg/storage/cacher/cacher.go, Watch: `newErrWatcher`), and
+        clients must then list again
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes)."""
         watcher = Watcher(resource, namespace, match)
         if since in (None, "", "0"):
             for obj in self.list(resource, namespace, match):
@@ -173,8 +183,12 @@ class Store:
                 version = int(str(since))
             except ValueError as exc:
                 raise ApiError(400, f'invalid resource version: "{since}"') from exc
-            if version < self.oldest_version - 1 and self.events:
-                raise ApiError(410, f"too old resource version: {version} ({self.oldest_version})")
+            oldest = max(self.compacted, self.oldest_version - 1 if self.events else 0)
+            if version < self.compacted or (self.events and version < self.oldest_version - 1):
+                # The watch cache's words (cacher/watch_cache.go): "too old resource
+                # version: %d (%d)", the second the oldest version it still has, less one.
+                expired(watcher, f"too old resource version: {version} ({oldest})")
+                return watcher
             for event_version, res, kind, obj in self.events:
                 if event_version > version and res == resource and self._concerns(watcher, obj):
                     watcher.queue.put_nowait({"type": kind, "object": copy.deepcopy(obj)})
@@ -183,3 +197,39 @@ class Store:
 
     def unwatch(self, watcher: Watcher) -> None:
         self.watchers.discard(watcher)
+
+    def end_watches(self) -> int:
+        """End every open watch stream cleanly, as the API server does when a watch's
+        timeout is reached: the client watches again from the last resourceVersion it saw
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes).
+        How many there were."""
+        ended = len(self.watchers)
+        for watcher in self.watchers:
+            watcher.queue.put_nowait(None)
+        self.watchers = set()
+        return ended
+
+    def expire_watches(self) -> int:
+        """Make every resourceVersion handed out so far too old, as etcd's compaction
+        does: each open watch gets one ERROR event (Status 410 Expired, "The
+        resourceVersion for the provided watch is too old.", the words of
+        k8s.io/apiserver pkg/storage/etcd3/errors.go for a compacted watch) and ends; a
+        watch from any of those versions then gets the same in its 200 stream
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes).
+        How many open watches were expired."""
+        # The API server's compactor writes its own key before it compacts: the revision
+        # moves on, and a list from now hands out a version that can be watched from.
+        self.revision += 1
+        self.compacted = self.revision
+        expired_now = len(self.watchers)
+        for watcher in self.watchers:
+            expired(watcher, "The resourceVersion for the provided watch is too old.")
+        self.watchers = set()
+        return expired_now
+
+
+def expired(watcher: Watcher, message: str) -> None:
+    """Queue the ERROR event of a watch whose resourceVersion is too old, then its end."""
+    status = status_object(410, message, "Expired")
+    watcher.queue.put_nowait({"type": "ERROR", "object": status})
+    watcher.queue.put_nowait(None)

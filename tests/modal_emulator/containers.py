@@ -114,6 +114,7 @@ class Containers(InstanceContainers):
             options["nano_cpus"] = spec.nano_cpus
         if spec.mem_limit_mb:
             options["mem_limit"] = f"{spec.mem_limit_mb}m"
+            options["memswap_limit"] = f"{spec.mem_limit_mb}m"  # hard: no swap past it
         container = self._client.containers.create(**options)
         try:
             container.start()
@@ -128,6 +129,27 @@ class Containers(InstanceContainers):
             raise
         return str(container.id), str(address)
 
+    def kill(self, container_id: str) -> bool:
+        """SIGKILL its process, as the kernel's OOM killer does (`docker kill`); False if
+        it was not running (or is gone)."""
+        try:
+            self._client.api.kill(container_id, signal="SIGKILL")
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # "is not running"
+                return False
+            raise
+        return True
+
+    def oom_killed(self, container_id: str) -> bool:
+        """Whether Docker says the kernel OOM-killed the container (False if it is gone)."""
+        try:
+            state = self._client.api.inspect_container(container_id)["State"]
+        except docker.errors.NotFound:
+            return False
+        return bool(state.get("OOMKilled"))
+
     def exists(self, container_id: str) -> bool:
         try:
             self._client.api.inspect_container(container_id)
@@ -137,11 +159,18 @@ class Containers(InstanceContainers):
 
     # --- exits -------------------------------------------------------------------------
 
-    def watch_exits(self, on_exit: Callable[[str, int], None]) -> None:
-        """Call `on_exit(sandbox_id, exit_code)` (from a thread) as containers end."""
+    def watch_exits(self, on_exit: Callable[[str, int, bool], None]) -> None:
+        """Call `on_exit(sandbox_id, exit_code, oom_killed)` (from a thread) as containers
+        end. Docker sets `State.OOMKilled` before it sends the `die` event, and the
+        container is still there then, unless the engine removed it already (terminate,
+        deadline: that end is the sandbox's result, not this one)."""
 
-        def heard(labels: dict[str, str], _container_id: str, code: int) -> None:
+        def heard(labels: dict[str, str], container_id: str, code: int) -> None:
             if sandbox_id := labels.get(LABEL_SANDBOX):
-                on_exit(sandbox_id, code)
+                try:
+                    oom = bool(container_id) and self.oom_killed(container_id)
+                except docker.errors.APIError:
+                    oom = False
+                on_exit(sandbox_id, code, oom)
 
         self.watch_dies(heard)

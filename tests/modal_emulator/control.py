@@ -6,7 +6,14 @@ traffic. It needs no credentials and is not in the call log.
   faults, apps, images, secret keys, the clock.
 - `POST /_emulator/switches`: set switches (body below; unknown keys: 422).
 - `POST /_emulator/clock` `{"advance": seconds}`: move the emulator's clock forward;
-  answers `{"now", "ended": [sandbox ids ended by their deadline]}` once they are ended.
+  answers `{"now", "frozen", "ended": [sandbox ids ended by their deadline]}` once they
+  are ended. `{"frozen": true}` stops real time's part in the clock (only `advance` moves
+  it then, so a move ends exactly the sandboxes it reaches), `false` restarts it; both
+  keys may come together (freezing first).
+- `POST /_emulator/sandboxes/{sandbox_id}/oom-kill`: the kernel OOM-kills its container
+  (SIGKILL) at its memory limit; answers `{"result": ...}` once it ended, as Modal
+  records it (KERNEL_OOM_KILL, exit code 137). 404: no such sandbox; 409: not running,
+  or no memory limit.
 - `POST /_emulator/reset`: end and forget every sandbox, clear switches, faults, calls
   and the clock (apps, images and secrets stay).
 """
@@ -20,7 +27,7 @@ from grpclib import Status
 from jsonschema import Draft202012Validator
 
 from .engine import SandboxEngine
-from .state import EmulatorState, Fault
+from .state import EmulatorState, Fault, result_dict
 
 _SECONDS = {"type": "number", "minimum": 0}
 _STATUS = {"enum": [s.name for s in Status if s is not Status.OK]}
@@ -57,8 +64,8 @@ _CLOCK_VALIDATOR = Draft202012Validator(
     {
         "type": "object",
         "additionalProperties": False,
-        "required": ["advance"],
-        "properties": {"advance": _SECONDS},
+        "minProperties": 1,
+        "properties": {"advance": _SECONDS, "frozen": {"type": "boolean"}},
     }
 )
 
@@ -116,6 +123,7 @@ def make_control_app(state: EmulatorState, engine: SandboxEngine) -> web.Applica
         if errors:
             return web.json_response({"errors": errors}, status=422)
         apply_switches(state, body)
+        engine.dispatch()  # a raised `max_sandboxes` places queued sandboxes now
         return web.json_response(
             {"settings": state.settings.as_dict(), "faults": [f.as_dict() for f in state.faults]}
         )
@@ -125,8 +133,21 @@ def make_control_app(state: EmulatorState, engine: SandboxEngine) -> web.Applica
         errors = sorted(e.message for e in _CLOCK_VALIDATOR.iter_errors(body))
         if errors:
             return web.json_response({"errors": errors}, status=422)
-        ended = await engine.advance_clock(float(body["advance"]))
-        return web.json_response({"now": state.now(), "ended": ended})
+        if "frozen" in body:
+            state.freeze_clock(body["frozen"])
+        ended = await engine.advance_clock(float(body.get("advance", 0)))
+        frozen = state.clock_frozen_at is not None
+        return web.json_response({"now": state.now(), "frozen": frozen, "ended": ended})
+
+    async def post_oom_kill(request: web.Request) -> web.Response:
+        record = state.sandboxes.get(request.match_info["sandbox_id"])
+        if record is None:
+            raise web.HTTPNotFound(text=f"no sandbox {request.match_info['sandbox_id']}")
+        try:
+            result = await engine.oom_kill(record)
+        except ValueError as exc:
+            raise web.HTTPConflict(text=str(exc)) from exc
+        return web.json_response({"result": result_dict(result)})
 
     async def post_reset(request: web.Request) -> web.Response:
         await engine.reset()
@@ -137,5 +158,6 @@ def make_control_app(state: EmulatorState, engine: SandboxEngine) -> web.Applica
     app.router.add_get("/_emulator/state", get_state)
     app.router.add_post("/_emulator/switches", post_switches)
     app.router.add_post("/_emulator/clock", post_clock)
+    app.router.add_post("/_emulator/sandboxes/{sandbox_id}/oom-kill", post_oom_kill)
     app.router.add_post("/_emulator/reset", post_reset)
     return app

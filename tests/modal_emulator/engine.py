@@ -1,12 +1,22 @@
-"""A sandbox's life: scheduled, its container started with its tunnels, then ended once.
+"""A sandbox's life: queued, scheduled, its container started with its tunnels, then
+ended once.
 
+- Queued while it cannot be placed (`settings.max_sandboxes` sandboxes are placed
+  already): it has no task and no container, and is placed, oldest first, as places
+  free (a placed sandbox ends, or the limit is raised). Modal queues a sandbox it cannot
+  place yet instead of refusing it: its create is asynchronous ("The Sandbox's
+  corresponding container will be created asynchronously",
+  https://modal.com/docs/reference/modal.Sandbox, `create`), and the client waits for
+  capacity (modal 1.6.4, `sandbox/_impl_v1.py`: `_SANDBOX_SCHEDULING_TIMEOUT`, "How long
+  `Sandbox.create` waits for capacity before giving up", 21 minutes).
 - Scheduling takes `settings.schedule_delay` seconds (real time); then the container is
   started on the emulator's network and each exposed port gets its tunnel.
 - It ends exactly once, by the first of: its process exiting (SUCCESS with exit code 0,
-  else FAILURE with the code), `terminate` (TERMINATED: return code 137), its deadline
-  `created_at + timeout` on the emulator's clock (TIMEOUT: return code 124), a start
-  that failed (FAILURE, with Docker's reason). Its tunnels close and its container is
-  removed: an ended sandbox is gone, only its record stays.
+  else FAILURE with the code), the kernel OOM-killing it at its memory limit
+  (KERNEL_OOM_KILL, exit code 137), `terminate` (TERMINATED: return code 137), its
+  deadline `started_at + timeout` on the emulator's clock (TIMEOUT: return code 124), a
+  start that failed (FAILURE, with Docker's reason). Its tunnels close and its container
+  is removed: an ended sandbox is gone, only its record stays.
 - Deadlines are checked every quarter of a second of real time, and at once when the
   clock is moved (`advance_clock`), so a test ends a sandbox by its deadline without
   waiting for it.
@@ -29,6 +39,8 @@ from .tunnels import open_tunnel
 
 log = logging.getLogger("modal_emulator")
 _DEADLINE_CHECK = 0.25
+_SIGKILL_EXIT = 128 + 9  # a process killed by SIGKILL, as the kernel OOM killer sends
+_KILL_HEARD = 10.0  # seconds to hear the end of a container that ended by itself
 
 
 class SandboxEngine:
@@ -49,6 +61,7 @@ class SandboxEngine:
         self._tls_h2 = certificates.server_context(["h2", "http/1.1"])
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: list[SandboxRecord] = []  # not placed yet, oldest first
 
     # --- start and stop ----------------------------------------------------------------
 
@@ -81,9 +94,19 @@ class SandboxEngine:
     # --- a sandbox's life --------------------------------------------------------------
 
     def admit(self, record: SandboxRecord) -> None:
-        """Take a new sandbox in and start scheduling it."""
+        """Take a new sandbox in: placed at once if there is room, else queued."""
         self.state.sandboxes[record.sandbox_id] = record
-        self._spawn(self._schedule(record))
+        self._queue.append(record)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Place queued sandboxes, oldest first, while there is room (`max_sandboxes`).
+        A queued sandbox that ended (terminated) leaves the queue without starting."""
+        self._queue = [r for r in self._queue if r.state != "ended"]
+        while self._queue and self.state.has_room():
+            record = self._queue.pop(0)
+            record.placed = True
+            self._spawn(self._schedule(record))
 
     async def wait_started(self, record: SandboxRecord, timeout: float | None) -> bool:
         """Wait until its container runs (True) or it ended or `timeout` passed (False)."""
@@ -149,6 +172,7 @@ class SandboxEngine:
                 await tunnel.close()
             return
         record.state = "running"
+        record.started_at = self.state.now()
         record.started.set()
 
     def _platform_env(self, record: SandboxRecord, task_id: str) -> dict[str, str]:
@@ -169,41 +193,94 @@ class SandboxEngine:
         exitcode: int = 0,
         exception: str = "",
     ) -> api_pb2.GenericResult:
-        """End it (once: a later end keeps the first result, which it returns)."""
+        """End it (once: a later end keeps the first result, which it returns once the
+        first end has closed its tunnels and removed its container)."""
         if record.result is not None:
+            await record.gone.wait()
             return record.result
         record.result = api_pb2.GenericResult(status=status, exitcode=exitcode, exception=exception)
         record.state = "ended"
         record.ended_at = self.state.now()
         record.ended.set()
-        for tunnel in record.tunnels:
-            await tunnel.close()
-        if record.container_id is not None:
-            await asyncio.to_thread(self.containers.remove, record.container_id)
+        try:
+            for tunnel in record.tunnels:
+                await tunnel.close()
+            if record.container_id is not None:
+                await asyncio.to_thread(self.containers.remove, record.container_id)
+        finally:
+            record.gone.set()
+            self.dispatch()  # its place (if it had one) goes to the oldest queued sandbox
         return record.result
+
+    async def oom_kill(self, record: SandboxRecord) -> api_pb2.GenericResult:
+        """Kill its container as the kernel's OOM killer does at the container's memory
+        limit: SIGKILL (`docker kill`), then the result Modal records,
+        GENERIC_STATUS_KERNEL_OOM_KILL ("Used when the kernel OOM-killed a process in the
+        task's container after it hit its own memory limit", modal_proto/api_pb2.pyi)
+        with the killed process's exit code, 137 (128 + SIGKILL). Only a running sandbox
+        with a memory limit (`memory=(request, limit)`) can be: Modal's hard memory limit
+        is what OOM-kills a container ("Modal containers can have a hard memory limit
+        which will 'Out of Memory' (OOM) kill containers which attempt to exceed the
+        limit", https://modal.com/docs/guide/resources, Memory limits); without one a
+        container is not OOM-killed at a limit of its own. Raises ValueError otherwise."""
+        if record.state != "running" or record.container_id is None:
+            raise ValueError(f"sandbox {record.sandbox_id} is {record.state}, not running")
+        if not record.memory_max_mb:
+            raise ValueError(
+                f"sandbox {record.sandbox_id} has no memory limit (memory=(request, limit)): "
+                "Modal OOM-kills a container at its own hard memory limit only"
+            )
+        record.oom_kill_asked = True
+        killed = await asyncio.to_thread(self.containers.kill, record.container_id)
+        if not killed:  # its process had ended already: that end is its result
+            record.oom_kill_asked = False
+            await self.wait_ended(record, _KILL_HEARD)
+            if record.result is None:
+                raise ValueError(f"sandbox {record.sandbox_id}: its container is not running")
+            return record.result
+        return await self.end(
+            record,
+            GenericStatus.GENERIC_STATUS_KERNEL_OOM_KILL,
+            exitcode=_SIGKILL_EXIT,
+            exception=oom_exception(record.memory_max_mb),
+        )
 
     # --- what ends sandboxes -----------------------------------------------------------
 
-    def _exit_heard(self, sandbox_id: str, exit_code: int) -> None:
+    def _exit_heard(self, sandbox_id: str, exit_code: int, oom_killed: bool) -> None:
         """From the Docker events thread: a container's process ended."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._exited, sandbox_id, exit_code)
+            self._loop.call_soon_threadsafe(self._exited, sandbox_id, exit_code, oom_killed)
 
-    def _exited(self, sandbox_id: str, exit_code: int) -> None:
+    def _exited(self, sandbox_id: str, exit_code: int, oom_killed: bool) -> None:
+        """Its process ended by itself: SUCCESS for exit code 0, else FAILURE with the code
+        (the client's `returncode` is then that code, `_result_returncode` in modal
+        1.6.4's `sandbox/_common.py`); KERNEL_OOM_KILL when Docker says the kernel
+        OOM-killed it at its memory limit (`State.OOMKilled`), or `oom_kill` killed it."""
         record = self.state.sandboxes.get(sandbox_id)
         if record is None or record.result is not None:
             return  # not ours any more, or we ended it (terminate, timeout)
-        status = (
-            GenericStatus.GENERIC_STATUS_SUCCESS
-            if exit_code == 0
-            else GenericStatus.GENERIC_STATUS_FAILURE
-        )
-        self._spawn(self.end(record, status, exitcode=exit_code))
+        if oom_killed or (record.oom_kill_asked and exit_code == _SIGKILL_EXIT):
+            ending = self.end(
+                record,
+                GenericStatus.GENERIC_STATUS_KERNEL_OOM_KILL,
+                exitcode=exit_code,
+                exception=oom_exception(record.memory_max_mb),
+            )
+        elif exit_code == 0:
+            ending = self.end(record, GenericStatus.GENERIC_STATUS_SUCCESS)
+        else:
+            ending = self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exitcode=exit_code)
+        self._spawn(ending)
 
     async def check_deadlines(self) -> list[str]:
         """End every sandbox past its deadline on the emulator's clock; their ids."""
         now = self.state.now()
-        due = [r for r in self.state.sandboxes.values() if r.result is None and r.deadline <= now]
+        due = [
+            r
+            for r in self.state.sandboxes.values()
+            if r.result is None and r.deadline is not None and r.deadline <= now
+        ]
         for record in due:
             await self.end(
                 record,
@@ -218,12 +295,15 @@ class SandboxEngine:
             await self.check_deadlines()
 
     async def advance_clock(self, seconds: float) -> list[str]:
+        """Move the clock and end, before answering, the sandboxes it took past their
+        deadline (nothing else can end one meanwhile: this runs on the event loop)."""
         self.state.clock_offset += seconds
         return await self.check_deadlines()
 
     async def reset(self) -> None:
-        """End and forget every sandbox; clear switches, faults and calls."""
-        for record in list(self.state.sandboxes.values()):
+        """End and forget every sandbox; clear switches, faults, calls and the clock."""
+        queued, self._queue = self._queue, []  # ended below, never started
+        for record in queued + list(self.state.sandboxes.values()):
             await self.end(record, GenericStatus.GENERIC_STATUS_TERMINATED)
         await asyncio.to_thread(self.containers.remove_all)
         self.state.sandboxes.clear()
@@ -231,3 +311,10 @@ class SandboxEngine:
         self.state.calls.clear()
         self.state.settings = type(self.state.settings)()
         self.state.clock_offset = 0.0
+        self.state.clock_frozen_at = None
+
+
+def oom_exception(memory_limit_mb: int | None) -> str:
+    """The result's `exception` of an OOM-killed sandbox (the emulator's wording)."""
+    limit = f" of {memory_limit_mb} MiB" if memory_limit_mb else ""
+    return f"Sandbox was OOM-killed by the kernel: it exceeded its memory limit{limit}."

@@ -127,6 +127,9 @@ class ModalEmulator(EmulatorProcess):
         self.switch(no_capacity=sorted(refused))
 
     def set_max_sandboxes(self, limit: int | None) -> None:
+        """At most `limit` sandboxes placed (scheduling or running) at once; a create past
+        it succeeds and its sandbox waits in a queue (no task, no container) until a
+        placed one ends, oldest first. `None`: no limit."""
         self.switch(max_sandboxes=limit)
 
     def set_list_page_size(self, size: int) -> None:
@@ -162,8 +165,23 @@ class ModalEmulator(EmulatorProcess):
         self.fail_next("SandboxTerminate*", status=status)
 
     def advance_clock(self, seconds: float) -> list[str]:
-        """Move the emulator's clock; the ids of sandboxes that ended by their deadline."""
+        """Move the emulator's clock; the ids of sandboxes that ended by their deadline.
+        Real time moves the clock too unless it is frozen (`freeze_clock`)."""
         return list(self._post("/_emulator/clock", {"advance": seconds})["ended"])
+
+    def freeze_clock(self, frozen: bool = True) -> None:
+        """Stop real time's part in the emulator's clock (`False`: restart it): only
+        `advance_clock` moves it then, so `advance_clock(n)` ends exactly the sandboxes
+        due within `n` seconds, however slowly the test ran. `reset` unfreezes it."""
+        self._post("/_emulator/clock", {"frozen": frozen})
+
+    def oom_kill(self, sandbox_id: str) -> dict[str, Any]:
+        """The kernel OOM-kills the sandbox's container at its memory limit (SIGKILL,
+        really): it ends as Modal records it (KERNEL_OOM_KILL, exit code 137); its
+        result (`status`, `returncode`, `exception`). Refused (ValueError) for a sandbox
+        not running, or without a memory limit (`memory=(request, limit)`)."""
+        path = f"/_emulator/sandboxes/{sandbox_id}/oom-kill"
+        return dict(self._post(path, {})["result"])
 
     def reset(self) -> None:
         self._post("/_emulator/reset", {})

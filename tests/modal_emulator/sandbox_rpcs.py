@@ -1,14 +1,15 @@
 """The sandbox RPCs, both generations the client uses (modal 1.6.4, sandbox/_impl_v*.py):
 
 - V1, for a sandbox with `gpu=` (or `MODAL_SANDBOX_V2=0`): `SecretGetOrCreate` for its
-  `env`, `SandboxCreate` (answers at once), then `SandboxGetTaskId` polled until the
-  sandbox is scheduled; `SandboxWait`, `SandboxGetTunnels`, `SandboxTerminate`,
-  `SandboxTagsGet`/`Set`, `SandboxGetFromName`, `SandboxList`. `Sandbox.from_id` of a V1
-  id is a `SandboxWait` with timeout 0.
-- V2, without a GPU: `SandboxCreateV2` (secrets and `env` inline, answers once the
-  sandbox runs, with its task id and the tunnels of its encrypted ports), then the `…V2`
-  twins of the calls above. `Sandbox.list` is always `SandboxListV2` (both kinds), paged
-  by `before_timestamp` until an empty page.
+  `env`, `SandboxCreate` (answers at once), then `SandboxGetTaskId` polled every 0.5 s
+  until the sandbox is scheduled (no task id while it is queued); `SandboxWait`,
+  `SandboxGetTunnels`, `SandboxTerminate`, `SandboxTagsGet`/`Set`, `SandboxGetFromName`,
+  `SandboxList`. `Sandbox.from_id` of a V1 id is a `SandboxWait` with timeout 0.
+- V2, without a GPU: `SandboxCreateV2` (secrets and `env` inline; answers once the
+  sandbox runs, with its task id and the tunnels of its encrypted ports, or at once
+  without either while it is queued), then the `…V2` twins of the calls above.
+  `Sandbox.list` is always `SandboxListV2` (both kinds), paged by `before_timestamp`
+  until an empty page, of the sandboxes not finished (`include_finished=False`).
 
 Which generation a sandbox id belongs to is in its shape (`state.new_sandbox_id`).
 """
@@ -151,7 +152,18 @@ class SandboxRpcs:
         )
         self.engine.admit(record)
         self._note_sandbox(record.sandbox_id)
-        await self.engine.wait_started(record, None)
+        # A sandbox placed at once is answered once it runs, with its task id and
+        # tunnels; a queued one at once, with neither. The V2 client needs neither at
+        # create and waits for nothing there (modal 1.6.4, `sandbox/_impl_v2.py`
+        # `create`: it keeps `task_id=create_resp.task_id`, which may be empty, and
+        # `get_task_id` polls `SandboxGetTaskIdV2` when a task id is needed; it keeps
+        # the tunnels only when they are all there, else `tunnels()` asks
+        # `SandboxGetTunnelsV2`, which waits). Unlike V1's create it has no wait for
+        # capacity of its own, and no deadline on the call: held until a place frees,
+        # this create would hang. Modal: "The Sandbox's corresponding container will be
+        # created asynchronously" (https://modal.com/docs/reference/modal.Sandbox, `create`).
+        if record.placed:
+            await self.engine.wait_started(record, None)
         # Like Modal: the encrypted ports' tunnels now; unencrypted endpoints come from
         # SandboxGetTunnelsV2 (the client asks when this list is incomplete).
         tunnels = [t for t in self._tunnel_protos(record) if not t.unencrypted_host]
@@ -199,6 +211,10 @@ class SandboxRpcs:
         record = self._find(request.sandbox_id)
         if request.timeout > 0:
             await self.engine.wait_started(record, min(request.timeout, _LONGEST_WAIT))
+        # No task id while queued or scheduling: the client polls again 0.5 s later
+        # (modal 1.6.4, `sandbox/_common.py` `task_id_from_response`); an ended sandbox
+        # also answers its result, and one that never ran (terminated while queued) has
+        # no task id, so a client still waiting for one gets ConflictError.
         response = api_pb2.SandboxGetTaskIdResponse(task_id=record.task_id)
         if record.result is not None:
             response.task_result.CopyFrom(record.result)
@@ -232,6 +248,9 @@ class SandboxRpcs:
         if await self.engine.wait_started(record, min(request.timeout, _LONGEST_WAIT)):
             response.tunnels.extend(self._tunnel_protos(record))
         elif record.state == "pending":
+            # Not running within the request's timeout (queued, or still scheduling): a
+            # result of TIMEOUT, which the client raises as SandboxTimeoutError (modal
+            # 1.6.4, `sandbox/_common.py` `tunnels_from_response`).
             response.result.status = GenericStatus.GENERIC_STATUS_TIMEOUT
         await stream.send_message(response)
 
@@ -308,6 +327,11 @@ class SandboxRpcs:
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
+        # The client always asks `include_finished=False` (modal 1.6.4,
+        # `sandbox/_sandbox.py` `_list`), for "Sandbox objects that are currently
+        # running" (`_experimental_list`): not the ended ones, whatever ended them, but
+        # the queued ones, which have not finished. `include_finished=True`, which no
+        # client call sends, lists the ended ones too.
         wanted = _tags(request.tags)
         environment = environment_name(request.environment_name)
         matching = [

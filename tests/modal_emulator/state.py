@@ -42,6 +42,9 @@ def new_task_id(api: str) -> str:
 
 
 def result_dict(result: api_pb2.GenericResult | None) -> dict[str, Any] | None:
+    """A result as the client reads it: `returncode` is the client's own mapping
+    (modal 1.6.4, `sandbox/_common.py` `_result_returncode`: TIMEOUT 124, TERMINATED 137,
+    anything else its `exitcode`, so 137 for a kernel OOM kill)."""
     if result is None:
         return None
     if result.status == GenericStatus.GENERIC_STATUS_TIMEOUT:
@@ -89,18 +92,29 @@ class SandboxRecord:
     ports: list[PortRequest]
     env: dict[str, str] = field(repr=False)
     state: str = "pending"  # pending -> running -> ended
+    placed: bool = False  # given a place (scheduling or running); False while queued
     task_id: str = ""
     result: api_pb2.GenericResult | None = None
+    started_at: float | None = None  # the emulator's clock, once its container runs
     ended_at: float | None = None
+    oom_kill_asked: bool = False  # `oom_kill`: the container's end is an OOM kill
     container_id: str | None = None
     address: str | None = None
     tunnels: list[Tunnel] = field(default_factory=list)
     started: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    gone: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # tunnels, container
 
     @property
-    def deadline(self) -> float:
-        return self.created_at + self.timeout_secs
+    def deadline(self) -> float | None:
+        """When its timeout ends it, counted from its start: a queued or scheduling
+        sandbox has no task yet for the timeout to run on. Modal documents a Function's
+        timeout as execution time, "It does not include scheduling time"
+        (https://modal.com/docs/guide/timeouts), and a sandbox's `timeout` as its
+        "maximum lifetime" (https://modal.com/docs/guide/sandbox, Timeouts)."""
+        if self.started_at is None:
+            return None
+        return self.started_at + self.timeout_secs
 
     def as_dict(self) -> dict[str, Any]:
         """What was asked and what became of it; env *keys* only."""
@@ -128,8 +142,10 @@ class SandboxRecord:
             "ports": [vars(p) for p in self.ports],
             "env_keys": sorted(self.env),
             "state": self.state,
+            "queued": self.state == "pending" and not self.placed,
             "task_id": self.task_id or None,
             "result": result_dict(self.result),
+            "started_at": self.started_at,
             "ended_at": self.ended_at,
             "container_id": self.container_id,
             "tunnels": [t.as_dict() for t in self.tunnels],
@@ -195,7 +211,7 @@ class Settings:
 
     schedule_delay: float = 0.0  # seconds from create to a running container
     no_capacity: set[str] = field(default_factory=set)  # GPU types; "*" all, "" CPU-only
-    max_sandboxes: int | None = None  # sandboxes not ended at once
+    max_sandboxes: int | None = None  # sandboxes placed at once; more wait in the queue
     list_page_size: int = 100
     rpc_delay: dict[str, float] = field(default_factory=dict)  # fnmatch pattern -> seconds
 
@@ -231,6 +247,7 @@ class EmulatorState:
         self.faults: list[Fault] = []
         self.calls: list[Call] = []
         self.clock_offset = 0.0
+        self.clock_frozen_at: float | None = None  # real time when the clock was frozen
         self.apps: dict[tuple[str, str], App] = {}
         self.images: dict[str, Image] = {}
         self.secrets: dict[str, dict[str, str]] = {}
@@ -241,8 +258,19 @@ class EmulatorState:
     # --- the clock ---------------------------------------------------------------------
 
     def now(self) -> float:
-        """The emulator's clock: real time moved forward by `advance_clock`."""
-        return time.time() + self.clock_offset
+        """The emulator's clock: real time moved forward by `advance_clock`. Frozen
+        (`freeze_clock`), real time no longer moves it: only `advance_clock` does, so a
+        move ends exactly the sandboxes it reaches, however long the test took."""
+        base = time.time() if self.clock_frozen_at is None else self.clock_frozen_at
+        return base + self.clock_offset
+
+    def freeze_clock(self, frozen: bool) -> None:
+        """Stop (or restart) real time's part in the clock; the clock never jumps."""
+        if frozen and self.clock_frozen_at is None:
+            self.clock_frozen_at = time.time()
+        elif not frozen and self.clock_frozen_at is not None:
+            self.clock_offset += self.clock_frozen_at - time.time()
+            self.clock_frozen_at = None
 
     def creation_time(self) -> float:
         """Strictly increasing creation times (list pages are cut at `before_timestamp`)."""
@@ -265,16 +293,19 @@ class EmulatorState:
         )
 
     def capacity_refusal(self, gpu: str | None) -> str | None:
-        """Why a new sandbox cannot be placed now, or None."""
+        """Why a create is refused at once (`no_capacity`: RESOURCE_EXHAUSTED), or None.
+        A sandbox past `max_sandboxes` is not refused: it is queued (`has_room`)."""
         refused = self.settings.no_capacity
         if "*" in refused or (gpu or "") in refused:
             what = f"GPU type {gpu}" if gpu else "CPU sandboxes"
             return f"No capacity available for {what} at the moment. Please try again later."
-        limit = self.settings.max_sandboxes
-        live = sum(1 for s in self.sandboxes.values() if s.state != "ended")
-        if limit is not None and live >= limit:
-            return f"Sandbox limit reached: {live} of {limit} sandboxes are running."
         return None
+
+    def has_room(self) -> bool:
+        """Whether one more sandbox can be placed (`max_sandboxes`)."""
+        limit = self.settings.max_sandboxes
+        placed = sum(1 for s in self.sandboxes.values() if s.placed and s.state != "ended")
+        return limit is None or placed < limit
 
     # --- views -------------------------------------------------------------------------
 
@@ -282,7 +313,11 @@ class EmulatorState:
         """Everything for the tests to read; no secret value and no token secret."""
         return {
             "token_id": self.token_id,
-            "clock": {"now": self.now(), "offset": self.clock_offset},
+            "clock": {
+                "now": self.now(),
+                "offset": self.clock_offset,
+                "frozen": self.clock_frozen_at is not None,
+            },
             "settings": self.settings.as_dict(),
             "faults": [f.as_dict() for f in self.faults],
             "apps": [vars(a) for a in self.apps.values()],

@@ -63,7 +63,7 @@ async def get_lease(lease_id: str, service: ServiceDep) -> JSONResponse:
     "/lease/{lease_id}/renew",
     response_model=Lease,
     summary="Extend a lease: expires_at = now + ttl (default: its own TTL), at most 8 h ahead",
-    responses=errors(403, 404, 422, 503),
+    responses=errors(403, 404, 409, 422, 503),
 )
 async def renew_lease(
     lease_id: str,

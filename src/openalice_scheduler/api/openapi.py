@@ -30,7 +30,10 @@ _DESCRIPTIONS = {
     "`not_found`: no such path",
     408: f"`request_timeout`: the body did not arrive within {BODY_TIMEOUT_S:g} s; the "
     "connection is closed",
-    409: "`lease_conflict`: the lease is still provisioning",
+    409: "`lease_conflict` (release): the lease is still provisioning; (renew) "
+    "`preempting`: the lease is being preempted (`preempt_at`), "
+    "`past_provider_deadline`: its provider ends the worker sooner (`deadline`), "
+    "`worker_lost`: its worker stopped after its hand-out (`lost_cause`, `exit_code`)",
     413: f"`body_too_large`: a body over {MAX_BODY_BYTES} bytes (`limit`)",
     422: "`invalid_request`: an invalid body, parameter or JSON; `field` names the first "
     "offending field, `errors` each",

@@ -19,6 +19,7 @@ from openalice_scheduler.errors import (
     ReleaseFailed,
     SchedulerError,
     Unauthorized,
+    WorkerLost,
 )
 from openalice_scheduler.models import Lease, ReleaseReason
 
@@ -36,13 +37,15 @@ class HeldLease:
     scheduler ended the lease (a renewal answered 404): the worker is gone, stop using it;
     or when it preempts it for a caller of a higher class (409 `preempting`): the worker
     goes at `lease.preempt_at`, so save what you can and let go (README, Priorities and
-    preemption). Either way it is no longer renewed.
+    preemption); or when its worker stopped after its hand-out (409 `worker_lost`):
+    `lease.lost_cause` and `lease.exit_code` say why (README, A worker lost after its
+    hand-out). Either way it is no longer renewed.
 
     Then `on_lost(lease_id, reason)` is called, once, if given: from the renewal thread of
     `SchedulerClient`, or in the event loop (the renewal task) of `AsyncSchedulerClient`;
     an exception it raises is logged. `reason` is the lease's `release_reason` as the
     scheduler then tells it (`explicit`: released by someone else, `expired`, `lost`: its
-    worker vanished, `orphan`, `failed`, `preempted`: being or been preempted), else its
+    worker stopped or vanished, `orphan`, `failed`, `preempted`: being or been preempted), else its
     state (`releasing`), else
     `lease_not_found` when the scheduler no longer knows the lease at all."""
 
@@ -106,7 +109,7 @@ def _renewed(held: HeldLease) -> None:
 def _renewal_failed(held: HeldLease, exc: SchedulerError) -> bool:
     """Record a failed renewal; whether to keep trying (only errors that may pass do)."""
     held.error = exc
-    if isinstance(exc, LeaseNotFound | Preempting):
+    if isinstance(exc, LeaseNotFound | Preempting | WorkerLost):
         held.lost = True
         log.warning(
             "lease %s ended on the scheduler (%s); no longer renewed", held.lease_id, exc.message
@@ -126,6 +129,8 @@ def _lost(held: HeldLease, found: Lease | None) -> None:
         held.lease = found
     if isinstance(held.error, Preempting):
         reason = ReleaseReason.preempted.value  # its worker still runs, until preempt_at
+    elif isinstance(held.error, WorkerLost):
+        reason = ReleaseReason.lost.value  # its worker stopped: `lease.lost_cause` says why
     elif found is not None:
         reason = (found.release_reason or found.state).value
     else:

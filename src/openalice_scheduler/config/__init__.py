@@ -46,6 +46,14 @@ class Settings(RunPodSettings, ModalSettings, KubernetesSettings, PrioritySettin
         None, description="kind[:gpu]=url,url;... endpoints leased exclusively (static provider)."
     )
     static_region: str | None = None
+    static_probe_interval_seconds: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="How often each static endpoint is probed (RENDERER_READY_PATH, else "
+        "a TCP connect); one that fails 3 times in a row is out of rotation (its lease, "
+        "if any, ends `lost`) until it passes again; 0 = never probed, always in rotation.",
+    )
 
     # Money (README, Prices and caps).
     local_docker_price_per_hour: str = Field(

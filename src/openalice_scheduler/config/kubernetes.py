@@ -56,6 +56,13 @@ class KubernetesSettings(BaseSettings):
         le=3600,
         description="The pod's terminationGracePeriodSeconds: SIGTERM, then SIGKILL after it.",
     )
+    k8s_ready_timeout_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="How long a new pod, once Running and Ready, has to pass the "
+        "scheduler's own readiness probe (a pod without a probe of its own is Ready as "
+        "soon as its container runs, listening or not); 0 = not probed.",
+    )
     k8s_region: str | None = Field(
         None, max_length=64, description="The region this cluster serves, for `region`."
     )

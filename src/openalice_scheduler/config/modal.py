@@ -42,6 +42,14 @@ class ModalSettings(BaseSettings):
         "creation: the longest a lease on Modal may live, renewals included.",
     )
 
+    modal_ready_timeout_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="How long a new sandbox, once running, has to pass its readiness "
+        "probe through its tunnel (an image's server may take minutes to start); "
+        "0 = not probed.",
+    )
+
     @field_validator("modal_gpu_types")
     @classmethod
     def _gpu_types(cls, value: str) -> str:

@@ -1,7 +1,7 @@
 """How a lease ends: claim `releasing` → destroy → record `released`, or keep
 `releasing` with a retry time when the provider could not confirm; and the ends the
 loops find and hand over (an expiry, a release to retry, a provision abandoned, an
-orphan worker, a worker lost)."""
+orphan worker). A worker lost after its hand-out is losing.py's."""
 
 from __future__ import annotations
 
@@ -248,33 +248,6 @@ class Ending:
             lease_ref(lease_id),
             provider.name,
         )
-
-    async def mark_lost(self, provider: Provider, record: LeaseRecord) -> bool:
-        """A lease whose worker vanished: released, reason `lost`; or `expired` when the
-        lease had expired already, as its absence then is that expiry enforced (by a
-        guard while no scheduler ran, README: The guard): the worker is confirmed gone."""
-        now = self.core.now_us()
-        expired = record.state == LeaseState.active.value and record.expires_at <= now
-        reason = ReleaseReason.expired if expired else ReleaseReason.lost
-        ended = await self.core.store.mark_lost(
-            record.lease_id, states.LOSE, now=now, reason=reason
-        )
-        if ended is None:
-            return False
-        self.core.metrics.released.labels(provider.name, reason.value).inc()
-        self.core.metrics.spent(ended)
-        self.core.capacity_freed()
-        if expired:
-            log.info(
-                "lease %s: expired, and its worker already gone from %s; released",
-                lease_ref(record),
-                provider.name,
-            )
-        else:
-            log.warning(
-                "lease %s: worker vanished from %s; marked lost", lease_ref(record), provider.name
-            )
-        return True
 
 
 def _backoff(attempts: int) -> float:

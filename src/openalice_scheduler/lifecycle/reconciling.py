@@ -1,7 +1,8 @@
 """What a provider's listing of workers means for its leases: the judgments of
 reconciliation. The reconciler (loops/reconciler.py) lists, one replica at a time, and
 hands each listing here; here it is decided which provisions will never finish, which
-workers are orphans, and which leases lost their worker. Ending them is ending.py's."""
+workers are orphans, and which leases lost their worker (stopped or vanished). Ending
+them is ending.py's and losing.py's."""
 
 from __future__ import annotations
 
@@ -10,20 +11,28 @@ from collections.abc import Mapping
 
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
+from openalice_scheduler.lifecycle.losing import MADE, VANISHED, Losing
 from openalice_scheduler.models import LeaseState
-from openalice_scheduler.providers import PartialListing, Provider, WorkerInfo
+from openalice_scheduler.providers import (
+    ExplainingProvider,
+    PartialListing,
+    Provider,
+    WorkerDeath,
+    WorkerInfo,
+)
 from openalice_scheduler.store import LeaseRecord
 
 # The reconciler's lines, as ever (operators filter by logger name).
 log = logging.getLogger("openalice_scheduler.loops")
 # States whose worker is made and recorded: an active lease, an idle pool worker.
-_MADE = (LeaseState.active, LeaseState.idle, LeaseState.preempting)
+_MADE = MADE
 
 
 class Reconciling:
-    def __init__(self, core: Core, ending: Ending) -> None:
+    def __init__(self, core: Core, ending: Ending, losing: Losing) -> None:
         self.core = core
         self.ending = ending
+        self.losing = losing
 
     async def settle(
         self,
@@ -50,15 +59,27 @@ class Reconciling:
             return counts  # the provider does not make workers: none can drift
         counts["orphans"] = await self._orphans(provider, workers, live, listed_at)
         for record in live.values():
-            vanished = record.lease_id not in workers
-            if (
-                record.state in _MADE
-                and vanished
-                and record.updated_at < listed_at
-                and await self.ending.mark_lost(provider, record)
-            ):
+            # A lease changed since the listing (renewed, handed out) is the next pass's.
+            if record.state not in _MADE or record.updated_at >= listed_at:
+                continue
+            death = await self._death(provider, record, workers.get(record.lease_id))
+            if death is not None and await self.losing.lost(provider, record, death):
                 counts["lost"] += 1
         return counts
+
+    async def _death(
+        self, provider: Provider, record: LeaseRecord, infos: list[WorkerInfo] | None
+    ) -> WorkerDeath | None:
+        """How the lease's worker stopped, by the listing: listed as stopped, or not
+        listed at all (asked of the provider when it can say: ExplainingProvider)."""
+        if infos:
+            # Names are not unique on some backends: the recorded worker is the one.
+            held = [i for i in infos if i.provider_token == record.provider_token] or infos
+            deaths = [i.death for i in held]
+            return deaths[0] if all(deaths) else None
+        if isinstance(provider, ExplainingProvider) and record.provider_token:
+            return await provider.death_of(record.provider_token)
+        return VANISHED
 
     async def _abandoned(
         self, provider: Provider, live: dict[str, LeaseRecord], alive: set[str] | None

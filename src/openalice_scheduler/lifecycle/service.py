@@ -1,12 +1,13 @@
 """LeaseService: the one owner of a lease's life, and the one door to it. Routes call it
 for what callers ask (acquire, renew, release, reads); loops find what is due or adrift
 and hand each case to it (an expiry, a release to retry, a provision abandoned, an
-orphan worker, a worker lost, the pool to refill, ended leases to purge).
+orphan worker, a worker lost or heard dead, the pool to refill, ended leases to purge).
 
 Its parts, each with one job: acquiring.py (the one acquire path, the warm pool first),
-ending.py (every way a lease ends), pooling.py (the warm pool), reconciling.py (what a
-provider's listing means for its leases), admission.py (who may take capacity), line.py
-(the callers waiting for capacity), guards.py (what guards are told)."""
+ending.py (every way a lease ends), losing.py (a worker that stopped after its
+hand-out), pooling.py (the warm pool), reconciling.py (what a provider's listing means
+for its leases), admission.py (who may take capacity), line.py (the callers waiting for
+capacity), guards.py (what guards are told)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from typing import Any
 from opentelemetry.trace import Tracer
 from prometheus_client import Gauge
 
-from openalice_scheduler.errors import LeaseNotFound, PastProviderDeadline, Preempting
+from openalice_scheduler.errors import (
+    LeaseNotFound,
+    PastProviderDeadline,
+    Preempting,
+    WorkerLost,
+)
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.ids import is_lease_id
 from openalice_scheduler.lease_access import LeaseAccess
@@ -29,14 +35,21 @@ from openalice_scheduler.lifecycle.core import Clock, Core, utcnow
 from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.guards import GuardDesk
 from openalice_scheduler.lifecycle.line import CapacityQueue
+from openalice_scheduler.lifecycle.losing import Losing
 from openalice_scheduler.lifecycle.policy import Policy
 from openalice_scheduler.lifecycle.pooling import Key, Pool
 from openalice_scheduler.lifecycle.reconciling import Reconciling
 from openalice_scheduler.lifecycle.views import provider_view
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.metrics import Metrics
-from openalice_scheduler.models import MAX_TTL_SECONDS, GroupBy, LeaseRequest, LeaseState
-from openalice_scheduler.providers import BoundedProvider, Provider, WorkerInfo
+from openalice_scheduler.models import (
+    MAX_TTL_SECONDS,
+    GroupBy,
+    LeaseRequest,
+    LeaseState,
+    ReleaseReason,
+)
+from openalice_scheduler.providers import BoundedProvider, Provider, WorkerEnded, WorkerInfo
 from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.store import LeaseRecord, LeaseStore, format_us
 from openalice_scheduler.store import usage as counting
@@ -75,7 +88,7 @@ class LeaseService:
             policy=policy,
             metrics=metrics,
             tracer=tracer,
-            probe=probe or ReadyProbe({}, {}),  # none given: workers are not probed
+            probe=probe or ReadyProbe.off(),  # none given: workers are not probed
             # A worker's credential for its own lease (none: workers are not told one).
             access=access or LeaseAccess("", None),
             # Each owner's caps in money (none given: no caps).
@@ -93,7 +106,8 @@ class LeaseService:
         )
         self.ending = Ending(self.core)
         self.acquiring = Acquiring(self.core, self.ending)
-        self.reconciling = Reconciling(self.core, self.ending)
+        self.losing = Losing(self.core)
+        self.reconciling = Reconciling(self.core, self.ending, self.losing)
         self.pool: Pool | None = None  # WARM_POOL's idle workers (open_pool)
         self.guards: GuardDesk | None = None  # what guards poll (open_guards)
 
@@ -143,6 +157,8 @@ class LeaseService:
             idle_gauge=idle_gauge,
         )
         self.acquiring.pool = self.pool
+        # An idle worker that dies is replaced at once (the pool loop wakes).
+        self.losing.pool_lost = lambda: self.pool.on_taken() if self.pool else None
         return self.pool
 
     def open_guards(self, *, instance: str, most: int, forget_seconds: float) -> GuardDesk:
@@ -185,6 +201,16 @@ class LeaseService:
                 f"goes at {record.wire()['preempt_at']}",
                 lease_id=lease_id,
                 preempt_at=record.wire()["preempt_at"],
+            )
+        if record.release_reason == ReleaseReason.lost and record.lost_cause is not None:
+            check_owner(record, owner)
+            code = "" if record.exit_code is None else f", exit code {record.exit_code}"
+            raise WorkerLost(
+                f"lease {lease_id} ended: its worker stopped ({record.lost_cause}{code}); "
+                "acquire a new lease",
+                lease_id=lease_id,
+                lost_cause=record.lost_cause,
+                exit_code=record.exit_code,
             )
         if record.state != LeaseState.active or record.expires_at <= now:
             state = "expired" if record.state == LeaseState.active else record.state
@@ -265,6 +291,11 @@ class LeaseService:
         """What `provider`'s listing of workers (taken at `listed_at`) means for its
         leases (reconciling.py); `alive`: the replicas alive now (None: all count)."""
         return await self.reconciling.settle(provider, workers, listed_at=listed_at, alive=alive)
+
+    async def worker_ended(self, provider: Provider, ended: WorkerEnded) -> bool:
+        """A death heard from `provider`'s event stream (losing.py): whether it ended
+        a lease (or an idle pool worker)."""
+        return await self.losing.heard(provider, ended)
 
     async def refill_pool(self) -> dict[str, int]:
         """The warm pool's pass (pooling.py); nothing without a pool."""

@@ -1,6 +1,7 @@
 """Background loops (base.py: LoopService). Each finds what is due or adrift and hands
 it to the service: the sweeper (expiries, release retries), the reconciler (what the
-providers' listings say), the heartbeat, the warm pool's refill, the purges."""
+providers' listings say), the watcher (deaths the providers stream), the heartbeat, the
+warm pool's refill, the purges."""
 
 from openalice_scheduler.loops.base import LoopService
 from openalice_scheduler.loops.heartbeat import Heartbeat
@@ -8,6 +9,7 @@ from openalice_scheduler.loops.purge import GuardForgetter, Purger
 from openalice_scheduler.loops.reconciler import Reconciler
 from openalice_scheduler.loops.sweeper import Alarm, Sweeper
 from openalice_scheduler.loops.warm import WarmPool
+from openalice_scheduler.loops.watcher import Watcher
 
 __all__ = [
     "Alarm",
@@ -18,4 +20,5 @@ __all__ = [
     "Reconciler",
     "Sweeper",
     "WarmPool",
+    "Watcher",
 ]

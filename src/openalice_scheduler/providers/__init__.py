@@ -6,17 +6,23 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import (
     Availability,
     BoundedProvider,
+    ExplainingProvider,
     InstantProvider,
     PartialListing,
     PlacingProvider,
     Provider,
     ProviderStatus,
+    Resync,
+    WatchingProvider,
     Worker,
+    WorkerDeath,
+    WorkerEnded,
     WorkerInfo,
     WorkerSpec,
 )
@@ -57,6 +63,7 @@ def _kubernetes(settings: Settings) -> Provider:
 
 def _static(settings: Settings) -> Provider:
     from openalice_scheduler.prices import parse_prices
+    from openalice_scheduler.providers.probe import ReadyProbe
     from openalice_scheduler.providers.static import StaticProvider
 
     assert settings.static_workers, "configuration_problems checked it"
@@ -64,16 +71,38 @@ def _static(settings: Settings) -> Provider:
         settings.static_workers,
         settings.static_region,
         parse_prices(settings.static_price_per_hour),
+        checker=ReadyProbe(settings.ready_paths, {})
+        if settings.static_probe_interval_seconds
+        else None,
+        interval=settings.static_probe_interval_seconds,
     )
 
 
-REGISTRY: dict[str, Callable[[Settings], Provider]] = {
-    "local-docker": _local_docker,
-    "runpod": _runpod,
-    "static": _static,
-    "modal": _modal,
-    "kubernetes": _kubernetes,
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A provider by name: how it is made, and how long a worker it made has to pass the
+    scheduler's readiness probe before its lease is answered (providers/probe.py; a
+    setting of its own; 0 there: handed out once made). One table, so a provider cannot
+    be registered without saying how its workers are probed."""
+
+    make: Callable[[Settings], Provider]
+    ready_timeout: Callable[[Settings], float]
+
+
+REGISTRY: dict[str, Registered] = {
+    "local-docker": Registered(_local_docker, lambda s: s.local_docker_ready_timeout_seconds),
+    "runpod": Registered(_runpod, lambda s: s.runpod_ready_timeout_seconds),
+    # Static workers already run: none is ever made, so none is probed before its
+    # hand-out; each is probed in rotation instead (STATIC_PROBE_INTERVAL_SECONDS).
+    "static": Registered(_static, lambda s: 0.0),
+    "modal": Registered(_modal, lambda s: s.modal_ready_timeout_seconds),
+    "kubernetes": Registered(_kubernetes, lambda s: s.k8s_ready_timeout_seconds),
 }
+
+
+def ready_timeouts(settings: Settings) -> dict[str, float]:
+    """Per provider name, how long its new worker has to pass the readiness probe."""
+    return {name: entry.ready_timeout(settings) for name, entry in REGISTRY.items()}
 
 
 def configuration_problems(settings: Settings) -> list[str]:
@@ -112,7 +141,7 @@ def build_providers(settings: Settings) -> list[Provider]:
             # Only when another provider remains: configuration_problems refuses the rest.
             log.warning("PROVIDERS: %s skipped: %s", name, reason)
             continue
-        built.append(REGISTRY[name](settings))
+        built.append(REGISTRY[name].make(settings))
     return built
 
 
@@ -199,15 +228,21 @@ __all__ = [
     "REGISTRY",
     "Availability",
     "BoundedProvider",
+    "ExplainingProvider",
     "InstantProvider",
     "PartialListing",
     "PlacingProvider",
     "Provider",
     "ProviderConfigError",
     "ProviderStatus",
+    "Resync",
+    "WatchingProvider",
     "Worker",
+    "WorkerDeath",
+    "WorkerEnded",
     "WorkerInfo",
     "WorkerSpec",
     "build_providers",
     "configuration_problems",
+    "ready_timeouts",
 ]

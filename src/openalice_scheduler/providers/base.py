@@ -3,13 +3,13 @@ provider only creates and destroys workers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from openalice_scheduler.config import Settings
-from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.models import GpuClass, LostCause, WorkerKind
 from openalice_scheduler.store.records import Placement
 
 
@@ -83,14 +83,44 @@ class Worker:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerDeath:
+    """How a worker stopped, as its backend tells it (README, A worker lost after its
+    hand-out): the cause, its exit code when the backend gives one, and the backend's
+    own words."""
+
+    cause: LostCause
+    exit_code: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """A worker found on the backend, for reconciliation."""
 
     lease_id: str
     provider_token: str
-    running: bool
     # The state store the worker was made for, when the backend records it (a label).
     store_id: str | None = None
+    # Set once the worker has stopped for good (its container exited, its pod failed);
+    # None while it runs or is still starting.
+    death: WorkerDeath | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEnded:
+    """A worker's death, heard from its backend's event stream: the worker with this
+    token (of the lease `lease_id`, when the backend labels it) stopped for good."""
+
+    lease_id: str | None
+    provider_token: str
+    death: WorkerDeath
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """The event stream (re)opened: what it may have missed meanwhile is for a listing."""
+
+    where: str = ""
 
 
 class PartialListing(dict[str, list[WorkerInfo]]):
@@ -143,8 +173,9 @@ class Provider(Protocol):
       idempotent: an already-gone worker is success. It raises ProviderError when the
       backend could not confirm.
     - `list_workers()` returns every worker labelled as this scheduler instance's, by
-      lease id, so reconciliation can find orphans and vanished workers; None when the
-      provider does not make its workers (static endpoints): nothing to reconcile.
+      lease id, so reconciliation can find orphans, vanished workers and workers that
+      stopped (`WorkerInfo.death`); None when the provider does not make its workers
+      (static endpoints): nothing to reconcile.
     - A provider whose workers already exist (static endpoints) is an InstantProvider.
     - `price(spec)` is the cost per hour of a worker for `spec` (None: unknown), for
       the cheapest-first policy; `status()` is its health and capacity per GPU class.
@@ -205,6 +236,27 @@ class BoundedProvider(Provider, Protocol):
     TTL is longer is not served there, and a renewal past it is refused (409)."""
 
     max_lifetime_seconds: float
+
+
+@runtime_checkable
+class WatchingProvider(Provider, Protocol):
+    """A provider whose backend streams its workers' lives (the Docker engine's events, a
+    Kubernetes watch; static endpoints, whose own probes are their stream): `watch()`
+    yields each death as it is heard, and a Resync whenever the stream (re)opens (first
+    of all), so that what it missed meanwhile is found by a listing. It reconnects by
+    itself, with backoff, and ends only when cancelled (or at once, when its provider
+    has nothing to watch)."""
+
+    def watch(self) -> AsyncIterator[WorkerEnded | Resync]: ...
+
+
+@runtime_checkable
+class ExplainingProvider(Provider, Protocol):
+    """A provider whose listing omits a worker that stopped (Modal lists running
+    sandboxes only), but which can still say how one stopped: `death_of(token)` is its
+    death, or None while it still runs (the listing was behind)."""
+
+    async def death_of(self, provider_token: str) -> WorkerDeath | None: ...
 
 
 def lease_bound(worker_lifetime_seconds: float, settings: Settings) -> float:

@@ -3,10 +3,13 @@ ready when handed out). A container that started, or a pod RunPod calls RUNNING,
 pulling its image or starting its process for minutes.
 
 Per worker kind, the probe is an HTTP GET of RENDERER_READY_PATH / ANIM_READY_PATH
-answered 2xx or, when unset, a TCP connect to the worker's port. Per provider, a worker
-has LOCAL_DOCKER_READY_TIMEOUT_SECONDS / RUNPOD_READY_TIMEOUT_SECONDS to pass it (0: not
-probed). The service waits here between the provider's provision and the lease's
-activation; what happens to a worker that never gets ready is the service's rule."""
+answered 2xx or, when unset, a TCP connect to the worker's port (behind a proxy or a
+tunnel, which accepts connections whether or not the worker listens: any answer of the
+worker's own). Per provider, a worker has its provider's ready timeout to pass it, from
+the one table of providers (`providers.ready_timeouts`: LOCAL_DOCKER_, RUNPOD_, MODAL_,
+K8S_READY_TIMEOUT_SECONDS; 0: not probed). The service waits here between the provider's
+provision and the lease's activation; what happens to a worker that never gets ready is
+the service's rule."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from prometheus_client import Histogram
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError
 from openalice_scheduler.logs import lease_ref
+from openalice_scheduler.providers import ready_timeouts
 from openalice_scheduler.providers.base import Worker, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -49,22 +53,32 @@ class ReadyProbe:
         paths: Mapping[str, str | None],
         timeouts: Mapping[str, float],
         seconds: Histogram | None = None,
+        *,
+        others: float | None = None,
     ) -> None:
         self.paths = dict(paths)
         self.timeouts = dict(timeouts)
+        # The timeout of a provider not in `timeouts`: None, none may be missing.
+        self.others = others
         self.seconds = seconds
         self._client: httpx.AsyncClient | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, seconds: Histogram | None = None) -> ReadyProbe:
-        return cls(
-            settings.ready_paths,
-            {
-                "local-docker": settings.local_docker_ready_timeout_seconds,
-                "runpod": settings.runpod_ready_timeout_seconds,
-            },
-            seconds,
-        )
+        """Every registered provider's timeout, from its own setting."""
+        return cls(settings.ready_paths, ready_timeouts(settings), seconds)
+
+    @classmethod
+    def off(cls) -> ReadyProbe:
+        """No worker probed (a service made in-process, without settings)."""
+        return cls({}, {}, others=0.0)
+
+    def timeout(self, provider: str) -> float:
+        """How long `provider`'s new worker has to pass its probe (0: not probed)."""
+        timeout = self.timeouts.get(provider, self.others)
+        if timeout is None:
+            raise LookupError(f"provider {provider!r} has no ready timeout (providers.REGISTRY)")
+        return timeout
 
     @property
     def longest(self) -> float:
@@ -76,7 +90,7 @@ class ReadyProbe:
         """Returns once `worker` answered its probe (at once when `provider`'s workers are
         not probed); raises NotReady when it did not within the provider's time.
         `since` (perf_counter) is when provisioning began: the time to ready observed."""
-        timeout = self.timeouts.get(provider, 0.0)
+        timeout = self.timeout(provider)
         if timeout <= 0:
             return
         url = worker.probe_url or worker.endpoint

@@ -299,11 +299,21 @@ class LeaseStore:
         return await self.backend.write(_tx)
 
     async def mark_lost(
-        self, lease_id: str, move: Move, *, now: int, reason: ReleaseReason = ReleaseReason.lost
+        self,
+        lease_id: str,
+        move: Move,
+        *,
+        now: int,
+        reason: ReleaseReason = ReleaseReason.lost,
+        cause: str | None = None,
+        exit_code: int | None = None,
     ) -> LeaseRecord | None:
         """The lease by `move` (to `released`, reason `lost` by default): its worker
-        vanished."""
-        return await self._transition(lease_id, move, frees=True, **released(move, now, reason))
+        stopped or vanished; `cause` and `exit_code` say why, when known."""
+        ended = released(move, now, reason)
+        return await self._transition(
+            lease_id, move, frees=True, **ended, lost_cause=cause, exit_code=exit_code
+        )
 
     async def renew(
         self, lease_id: str, move: Move, *, expires_at: int, now: int

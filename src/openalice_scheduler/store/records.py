@@ -72,6 +72,9 @@ class LeaseRecord:
     preempted_by: str | None = None
     # Where the scheduler itself reaches the worker (a preemption's notice).
     worker_url: str | None = None
+    # Why its worker stopped after its hand-out, and its exit code (models.LostCause).
+    lost_cause: str | None = None
+    exit_code: int | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""

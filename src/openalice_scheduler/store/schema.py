@@ -75,6 +75,10 @@ leases = Table(
     Column("preempted_by", String(300)),
     # Where the scheduler itself reaches the worker (its notices: a preemption).
     Column("worker_url", String(512)),
+    # A lease whose worker stopped after its hand-out (migration 0012): why, as its
+    # backend told it (models.LostCause), and its exit code when the backend gives one.
+    Column("lost_cause", String(16)),
+    Column("exit_code", Integer),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),

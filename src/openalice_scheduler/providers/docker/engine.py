@@ -23,8 +23,10 @@ from docker.types import DeviceRequest
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderUnavailable
+from openalice_scheduler.models import LostCause
 from openalice_scheduler.providers.base import (
     Worker,
+    WorkerDeath,
     WorkerInfo,
     WorkerSpec,
     worker_env,
@@ -99,13 +101,13 @@ class DockerEngine:
         self._probe: asyncio.Task[str | None] | None = None
 
     async def provision(self, spec: WorkerSpec, device: str | None) -> Worker:
-        return await self._run(self._provision, spec, device)
+        return await self.run(self._provision, spec, device)
 
     async def release(self, container_id: str, lease_id: str) -> None:
-        await self._run(self._release, container_id, lease_id)
+        await self.run(self._release, container_id, lease_id)
 
     async def list_workers(self) -> Mapping[str, list[WorkerInfo]]:
-        return await self._run(self._list_workers)
+        return await self.run(self._list_workers)
 
     async def error(self, fresh: bool = False) -> str | None:
         """Why the engine cannot be used now, or None: pinged when the last answer is
@@ -154,7 +156,7 @@ class DockerEngine:
 
     async def _ping(self, ping: Callable[[], Any]) -> str | None:
         try:
-            await self._run(ping)
+            await self.run(ping)
             self._ping_error = None
         except ProviderError as exc:
             self._ping_error = exc.message
@@ -269,15 +271,30 @@ class DockerEngine:
             labels = row.get("Labels") or {}
             lease_id = labels.get(LABEL_LEASE)
             if lease_id:
+                # Stopped for good: exited or dead. `created` is a container still being
+                # started; `paused` and `restarting` are alive.
+                ended = row.get("State") in ("exited", "dead")
                 found[lease_id].append(
                     WorkerInfo(
                         lease_id,
                         row["Id"],
-                        running=row.get("State") == "running",
                         store_id=labels.get(LABEL_STORE),
+                        death=self.death_of(row["Id"]) if ended else None,
                     )
                 )
         return found
+
+    def death_of(self, container_id: str, exit_code: int | None = None) -> WorkerDeath:
+        """How a stopped container ended, from its inspection (OOMKilled, ExitCode); one
+        already removed meanwhile: `exit_code` as its die event said, cause exited."""
+        try:
+            state = self.client.api.inspect_container(container_id).get("State") or {}
+        except NotFound:
+            state = {}
+        code = state.get("ExitCode", exit_code)
+        if state.get("OOMKilled"):
+            return WorkerDeath(LostCause.oom_killed, code, "the kernel's OOM killer ended it")
+        return WorkerDeath(LostCause.exited, code, f"its container exited with code {code}")
 
     def _ensure_network(self) -> None:
         if self._network_ready:
@@ -322,7 +339,7 @@ class DockerEngine:
 
     # --- helpers ---------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             result = await asyncio.to_thread(fn, *args)
         except ProviderError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Set
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,14 @@ from openalice_scheduler.providers.base import (
     Availability,
     PartialListing,
     ProviderStatus,
+    Resync,
     Worker,
+    WorkerEnded,
     WorkerInfo,
     WorkerSpec,
 )
 from openalice_scheduler.providers.docker.engine import DockerEngine
+from openalice_scheduler.providers.docker.events import deaths
 from openalice_scheduler.providers.docker.hosts import HostConfig
 from openalice_scheduler.providers.docker.placement import Placer, parse_key
 from openalice_scheduler.store.records import Placement
@@ -131,10 +134,31 @@ class DockerFleetProvider:
                 continue
             for lease_id, infos in listing.items():
                 found[lease_id] += [
-                    WorkerInfo(i.lease_id, f"{host}/{i.provider_token}", i.running, i.store_id)
+                    WorkerInfo(i.lease_id, f"{host}/{i.provider_token}", i.store_id, i.death)
                     for i in infos
                 ]
         return PartialListing(found, unlisted) if unlisted else found
+
+    async def watch(self) -> AsyncIterator[WorkerEnded | Resync]:
+        """Every host's deaths, as each engine streams them (a host that does not answer
+        streams nothing until it does: its Resync then has its deaths listed)."""
+        merged: asyncio.Queue[WorkerEnded | Resync] = asyncio.Queue()
+
+        async def follow(host: str, engine: DockerEngine) -> None:
+            async for heard in deaths(engine):
+                if isinstance(heard, WorkerEnded):
+                    token = f"{host}/{heard.provider_token}"
+                    heard = WorkerEnded(heard.lease_id, token, heard.death)
+                await merged.put(heard)
+
+        followers = [asyncio.create_task(follow(h, e)) for h, e in self.engines.items()]
+        try:
+            while True:
+                yield await merged.get()
+        finally:
+            for follower in followers:
+                follower.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
 
     async def price(self, spec: WorkerSpec) -> float | None:
         """The cheapest answering host's; the lease records its own host's (placer)."""

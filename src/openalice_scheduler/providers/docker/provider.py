@@ -3,7 +3,7 @@ containers, GPU devices of LOCAL_GPU_DEVICES leased exclusively."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 
 import docker
@@ -14,11 +14,14 @@ from openalice_scheduler.prices import parse_prices
 from openalice_scheduler.providers.base import (
     Availability,
     ProviderStatus,
+    Resync,
     Worker,
+    WorkerEnded,
     WorkerInfo,
     WorkerSpec,
 )
 from openalice_scheduler.providers.docker.engine import DockerEngine
+from openalice_scheduler.providers.docker.events import deaths
 
 
 class LocalDockerProvider:
@@ -63,6 +66,9 @@ class LocalDockerProvider:
 
     async def list_workers(self) -> Mapping[str, list[WorkerInfo]]:
         return await self.engine.list_workers()
+
+    def watch(self) -> AsyncIterator[WorkerEnded | Resync]:
+        return deaths(self.engine)
 
     async def price(self, spec: WorkerSpec) -> float | None:
         return self.prices[spec.gpu.value]  # LOCAL_DOCKER_PRICE_PER_HOUR

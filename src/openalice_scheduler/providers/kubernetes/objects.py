@@ -19,6 +19,8 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Pod, Secret
 
 from openalice_scheduler.config.kubernetes import GpuRequest
+from openalice_scheduler.models import LostCause
+from openalice_scheduler.providers.base import WorkerDeath
 
 # The labels every pod and secret of this scheduler carries.
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -149,3 +151,57 @@ def state(obj: Pod) -> PodState:
         never_starts=never_starts,
         ended=ended if phase in ("Failed", "Succeeded") else None,
     )
+
+
+# Why a pod is about to go, by its DisruptionTarget condition's reason (Kubernetes docs,
+# Pod disruption conditions: https://kubernetes.io/docs/concepts/workloads/pods/disruptions/
+# #pod-disruption-conditions): evicted by the kubelet, the Eviction API or the scheduler
+# (for a pod of a higher priority); deleted because its node is unreachable (the taint
+# manager) or gone (pod garbage collection).
+_DISRUPTED = {
+    "TerminationByKubelet": LostCause.evicted,
+    "EvictionByEvictionAPI": LostCause.evicted,
+    "PreemptionByScheduler": LostCause.evicted,
+    "DeletionByTaintManager": LostCause.node_lost,
+    "DeletionByPodGC": LostCause.node_lost,
+}
+# Why a pod failed, by its status' reason (Kubernetes docs: node-pressure eviction,
+# https://kubernetes.io/docs/concepts/scheduling-eviction/node-pressure-eviction/;
+# activeDeadlineSeconds, https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/
+# ; NodeLost, the reason older node controllers gave a pod of a lost node).
+_FAILED = {
+    "Evicted": LostCause.evicted,
+    "DeadlineExceeded": LostCause.deadline,
+    "NodeLost": LostCause.node_lost,
+}
+
+
+def death(obj: Pod, *, deleted: bool = False) -> WorkerDeath | None:
+    """How the pod's worker stopped for good (README, A worker lost after its hand-out),
+    or None while it runs or starts. `deleted`: the pod itself is gone (a DELETED event):
+    a worker deleted with no other word of why is `unknown`."""
+    status = obj.status
+    phase = (status.phase if status else None) or "Pending"
+    conditions = {c.type: c for c in (status.conditions or [])} if status else {}
+    disruption = conditions.get("DisruptionTarget")
+    terminated = None
+    for container in (status.containerStatuses or []) if status else []:
+        if container.state is not None and container.state.terminated is not None:
+            terminated = container.state.terminated
+    code = terminated.exitCode if terminated is not None else None
+    reason = (status.reason if status else None) or ""
+    message = f"{reason}: {(status.message if status else None) or ''}".strip(": ")
+    if disruption is not None and disruption.status == "True" and disruption.reason in _DISRUPTED:
+        words = f"{disruption.reason}: {disruption.message or ''}".strip(": ")
+        return WorkerDeath(_DISRUPTED[disruption.reason], code, words[:300])
+    if phase in ("Failed", "Succeeded") and reason in _FAILED:
+        return WorkerDeath(_FAILED[reason], code, message[:300])
+    if terminated is not None:
+        cause = LostCause.oom_killed if terminated.reason == "OOMKilled" else LostCause.exited
+        words = f"exit code {code} ({terminated.reason or 'no reason'})"
+        return WorkerDeath(cause, code, words)
+    if phase in ("Failed", "Succeeded"):
+        return WorkerDeath(LostCause.unknown, None, message or f"pod {phase}")
+    if deleted:
+        return WorkerDeath(LostCause.unknown, None, "the pod was deleted")
+    return None

@@ -28,7 +28,14 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +45,6 @@ from lightkube import AsyncClient, ConfigError, KubeConfig
 from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT, SingleConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod, Secret
-from lightkube.types import OnErrorAction, OnErrorResult
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.config.kubernetes import parse_gpu_classes
@@ -48,14 +54,16 @@ from openalice_scheduler.prices import parse_prices
 from openalice_scheduler.providers.base import (
     Availability,
     ProviderStatus,
+    Resync,
     Worker,
+    WorkerEnded,
     WorkerInfo,
     WorkerSpec,
     lease_bound,
     past_bound,
     worker_env,
 )
-from openalice_scheduler.providers.kubernetes import objects
+from openalice_scheduler.providers.kubernetes import objects, watching
 from openalice_scheduler.providers.kubernetes.objects import (
     LABEL_GPU,
     LABEL_INSTANCE,
@@ -66,6 +74,7 @@ from openalice_scheduler.providers.kubernetes.objects import (
     MANAGED_BY,
     PodPlan,
 )
+from openalice_scheduler.providers.kubernetes.watching import on_watch_error, transient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,14 +104,6 @@ def load_config(settings: Settings) -> SingleConfig:
     single = config.get(context_name=context)
     assert single is not None  # get() raises when it finds nothing
     return single
-
-
-def _transient(exc: Exception) -> bool:
-    """Whether a failed API call is worth trying again: the API server was busy or
-    briefly away, or the connection dropped."""
-    if isinstance(exc, ApiError):
-        return exc.status.code in (429, 500, 502, 503, 504)
-    return isinstance(exc, httpx.TransportError)
 
 
 class KubernetesProvider:
@@ -188,16 +189,19 @@ class KubernetesProvider:
             lease_id = (meta.labels or {}).get(LABEL_LEASE)
             if lease_id is None:
                 continue
-            now = objects.state(pod)
             found.setdefault(lease_id, []).append(
                 WorkerInfo(
                     lease_id=lease_id,
                     provider_token=meta.name,
-                    running=now.phase in ("Pending", "Running") and not now.ending,
                     store_id=(meta.labels or {}).get(LABEL_STORE),
+                    death=objects.death(pod),
                 )
             )
         return found
+
+    def watch(self) -> AsyncIterator[WorkerEnded | Resync]:
+        """The deaths of this scheduler's pods, from one watch (watching.py)."""
+        return watching.deaths(self._connect, self.namespace, self.instance)
 
     async def price(self, spec: WorkerSpec) -> float | None:
         return self.prices.get(spec.gpu.value)
@@ -325,7 +329,7 @@ class KubernetesProvider:
                     namespace=self.namespace,
                     fields={"metadata.name": name},
                     resource_version=version,
-                    on_error=_watch_error,
+                    on_error=on_watch_error,
                 ):
                     yield None if kind == "DELETED" else pod
                 return  # not reached: lightkube watches again when the server ends a watch
@@ -360,7 +364,7 @@ class KubernetesProvider:
     async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
         """One API call, tried again with backoff while it fails transiently."""
         async for attempt in stamina.retry_context(
-            on=_transient, attempts=6, timeout=30.0, wait_initial=0.1, wait_max=2.0
+            on=transient, attempts=6, timeout=30.0, wait_initial=0.1, wait_max=2.0
         ):
             with attempt:
                 return await call()
@@ -411,14 +415,6 @@ class KubernetesProvider:
                 raise _error(doing, exc) from None
         except httpx.TransportError as exc:
             raise _error(doing, exc) from None
-
-
-def _watch_error(exc: Exception, count: int) -> OnErrorResult:
-    """A watch that failed transiently is made again (from the last version heard), up to
-    5 times in a row with backoff; anything else ends it with the error."""
-    if _transient(exc) and count <= 5:
-        return OnErrorResult(OnErrorAction.RETRY, sleep=min(0.1 * 2**count, 2.0))
-    return OnErrorResult(OnErrorAction.RAISE)
 
 
 def _error(doing: str, exc: BaseException) -> ProviderError:

@@ -31,12 +31,13 @@ import modal.exception
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderOutOfCapacity
-from openalice_scheduler.models import GpuClass
+from openalice_scheduler.models import GpuClass, LostCause
 from openalice_scheduler.prices import parse_prices
 from openalice_scheduler.providers.base import (
     Availability,
     ProviderStatus,
     Worker,
+    WorkerDeath,
     WorkerInfo,
     WorkerSpec,
     lease_bound,
@@ -46,6 +47,8 @@ from openalice_scheduler.providers.base import (
 
 log = logging.getLogger(__name__)
 
+# A sandbox ended by its `timeout` has this return code (modal's `_result_returncode`).
+MODAL_TIMEOUT_RETURNCODE = 124
 # The tags every sandbox of this scheduler carries.
 TAG_INSTANCE = "openalice_instance"
 TAG_STORE = "openalice_store"
@@ -182,11 +185,24 @@ class ModalProvider:
                 WorkerInfo(
                     lease_id=lease_id,
                     provider_token=sandbox.object_id,
-                    running=ended is None,
                     store_id=tags.get(TAG_STORE),
+                    death=None if ended is None else _death(ended),
                 )
             )
         return found
+
+    async def death_of(self, provider_token: str) -> WorkerDeath | None:
+        """How a sandbox no longer listed ended (Modal lists running sandboxes only):
+        its return code, read by `poll()`; None while it still runs."""
+        client, _ = await self._connect()
+        try:
+            sandbox = await modal.Sandbox.from_id.aio(provider_token, client=client)
+            code = await sandbox.poll.aio()
+        except modal.exception.NotFoundError:
+            return WorkerDeath(LostCause.unknown, None, "Modal no longer knows the sandbox")
+        except modal.exception.Error as exc:
+            raise _error(f"reading sandbox {provider_token}", exc) from None
+        return None if code is None else _death(code)
 
     async def price(self, spec: WorkerSpec) -> float | None:
         return self.prices.get(spec.gpu.value)
@@ -244,3 +260,13 @@ def _error(doing: str, exc: BaseException) -> ProviderError:
     """A ProviderError for a failed Modal call: its type and message (the client's
     messages name the call and Modal's answer, never the token)."""
     return ProviderError(f"modal: {doing}: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _death(returncode: int) -> WorkerDeath:
+    """How a sandbox ended, from its return code, all the client tells (modal 1.6.4,
+    `Sandbox.returncode`): 124 its `timeout` (Modal's own deadline); 137 a SIGKILL, by a
+    terminate or by the OOM killer, which the client does not tell apart; else its
+    process's exit code."""
+    if returncode == MODAL_TIMEOUT_RETURNCODE:
+        return WorkerDeath(LostCause.deadline, returncode, "the sandbox reached its timeout")
+    return WorkerDeath(LostCause.exited, returncode, f"the sandbox ended with code {returncode}")

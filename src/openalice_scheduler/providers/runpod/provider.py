@@ -23,11 +23,12 @@ from openalice_scheduler.errors import (
     ProviderUnavailable,
 )
 from openalice_scheduler.logs import lease_ref
-from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.models import GpuClass, LostCause, WorkerKind
 from openalice_scheduler.providers.base import (
     Availability,
     ProviderStatus,
     Worker,
+    WorkerDeath,
     WorkerInfo,
     WorkerSpec,
     worker_env,
@@ -198,9 +199,7 @@ class RunPodProvider:
             lease_id = self._lease_of(pod)
             if lease_id is not None and pod.status != "TERMINATED":
                 found[lease_id].append(
-                    WorkerInfo(
-                        lease_id, pod.id, running=pod.running, store_id=pod.env.get(STORE_ENV)
-                    )
+                    WorkerInfo(lease_id, pod.id, pod.env.get(STORE_ENV), _death(pod))
                 )
         return found
 
@@ -471,3 +470,13 @@ def _retrieve(future: asyncio.Future[list[GpuStock]]) -> None:
 def _in_region(data_center: str, region: str) -> bool:
     """`US` matches `US-TX-3`; `US-TX` matches `US-TX-3`; `US-TX-3` matches itself."""
     return data_center == region or data_center.startswith(region + "-")
+
+
+def _death(pod: Pod) -> WorkerDeath | None:
+    """A pod that stopped for good: EXITED (stopped: RunPod gives no exit code) or ERROR
+    (RunPod's words for a pod that failed). RUNNING, PROVISIONING and STARTING live on."""
+    if pod.status == "EXITED":
+        return WorkerDeath(LostCause.exited, None, "RunPod reports the pod EXITED")
+    if pod.status == "ERROR":
+        return WorkerDeath(LostCause.unknown, None, "RunPod reports the pod in ERROR")
+    return None
