@@ -418,7 +418,7 @@ def test_the_code_uses_exactly_the_verbs_of_the_readme_s_role(
     assert not [r for r in kube.requests() if r["code"] == 403]
 
 
-def test_a_pod_deleted_behind_the_scheduler_s_back_is_released_as_gone(
+def test_a_pod_deleted_behind_the_scheduler_s_back_ends_its_lease_and_a_404_is_gone(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     sched = on_k8s(make_scheduler, kube)
@@ -429,9 +429,18 @@ def test_a_pod_deleted_behind_the_scheduler_s_back_is_released_as_gone(
     client = Client(config=KubeConfig.from_file(kube.kubeconfig_path), namespace=NAMESPACE)
     client.delete(Pod, lease["provider_token"], grace_period=0)
     wait_for(lambda: gone(kube, lease), 30, what="the pod and its secret to go")
-    # The release's delete answers 404: the worker is gone, which is what was asked.
-    assert sched.release(lease["lease_id"]).status_code == 204
-    assert sched.http.get(f"/v1/lease/{lease['lease_id']}").json()["state"] == "released"
+    # The watch heard it: the lease ended `lost`. The scheduler's own delete of what
+    # remained answered 404: the worker is gone, which is what was asked (no retry).
+    ended = wait_for(
+        lambda: (
+            (now := sched.http.get(f"/v1/lease/{lease['lease_id']}").json())["state"] == "released"
+            and now
+        ),
+        30,
+        what="the lease ended",
+    )
+    assert (ended["release_reason"], ended["lost_cause"]) == ("lost", "unknown")
+    assert sched.release(lease["lease_id"]).status_code == 404
     codes = [
         r["code"]
         for r in kube.requests()

@@ -74,6 +74,10 @@ async def serve(
         )
         await stop.wait()
     finally:
+        # Open watches end first: a watch whose client was killed waits for its next
+        # event, and would hold the shutdown (aiohttp waits for its handlers) until the
+        # test's stop timeout kills the process.
+        store.end_watches()
         await api.cleanup()
         await control.cleanup()
         await kubelet.close()

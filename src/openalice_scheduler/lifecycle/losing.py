@@ -12,9 +12,13 @@ or an expiry, only one moves the lease; the others find it moved and do nothing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 
+from openalice_scheduler.errors import SchedulerError
 from openalice_scheduler.lifecycle import states
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.making import destroy_quietly
@@ -27,6 +31,8 @@ from openalice_scheduler.store import LeaseRecord
 log = logging.getLogger("openalice_scheduler.service")
 # States whose worker was made and handed out (or is idle in the pool): `LOSE`'s sources.
 MADE = states.LOSE.sources
+# How often a death heard during its worker's hand-out looks whether the hand-out is done.
+IN_FLIGHT_POLL_S = 0.05
 # What a worker that vanished from its backend's listing died of, when nothing says more.
 VANISHED = WorkerDeath(LostCause.unknown, None, "the worker is no longer on its backend")
 
@@ -36,15 +42,31 @@ class Losing:
         self.core = core
         # Called when an idle pool worker was lost: the pool makes its replacement.
         self.pool_lost: Callable[[], None] = lambda: None
+        self._later: set[asyncio.Task[None]] = set()  # deaths judged after a hand-out
 
     async def heard(self, provider: Provider, ended: WorkerEnded) -> bool:
         """A death heard from `provider`'s event stream: the lease of that worker ends,
         if the worker is the one its lease holds and the lease still holds it. Whether
-        this call ended it."""
+        this call ended it. A worker that dies while this process still hands it out
+        (probed, recorded, handed off) is judged again once that is done."""
         record = await self._holder(provider, ended)
         if record is None:
+            if ended.lease_id in self.core.in_flight:
+                task = asyncio.create_task(self._after_hand_out(provider, ended))
+                self._later.add(task)
+                task.add_done_callback(self._later.discard)
             return False
         return await self.lost(provider, record, ended.death)
+
+    async def _after_hand_out(self, provider: Provider, ended: WorkerEnded) -> None:
+        core = self.core
+        deadline = time.monotonic() + core.provision_timeout + core.probe.longest
+        while ended.lease_id in core.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(IN_FLIGHT_POLL_S)
+        with contextlib.suppress(SchedulerError):  # the reconciler's listing, then
+            record = await self._holder(provider, ended)
+            if record is not None:
+                await self.lost(provider, record, ended.death)
 
     async def lost(self, provider: Provider, record: LeaseRecord, death: WorkerDeath) -> bool:
         """`record`'s worker stopped for good, as `death` says: the lease ends (if it
