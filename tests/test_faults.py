@@ -244,7 +244,9 @@ def test_kill_9_mid_release_the_worker_is_still_destroyed(
 def test_docker_engine_stopped_and_restarted(
     private_engine: PrivateEngine, make_scheduler: Callable[..., Scheduler]
 ) -> None:
-    s = make_scheduler(DOCKER_HOST=private_engine.url, SWEEP_INTERVAL_SECONDS="1")
+    s = make_scheduler(
+        DOCKER_HOST=private_engine.url, SWEEP_INTERVAL_SECONDS="1", RECONCILE_INTERVAL_SECONDS="1"
+    )
     keep = s.lease(kind="anim", correlation_id="keep")
     lease = s.lease(kind="renderer", correlation_id="to-release")
     assert lease_ids_of(private_engine.containers(s.instance)) == sorted(
@@ -258,11 +260,11 @@ def test_docker_engine_stopped_and_restarted(
         private_engine.root / "dockerd.log",
         own_netns=True,
         route=private_engine.route,
-    )  # its workers stay reachable
+    )
     assert engine.argv == private_engine.engine.argv  # type: ignore[union-attr]
     assert engine.env == private_engine.engine.env  # type: ignore[union-attr]
     try:
-        engine.stop()
+        engine.stop()  # dockerd stops its containers first: the workers die with it
         assert not engine.answers()
 
         health = HTTP.get(f"{s.url}/health", timeout=30)
@@ -271,45 +273,40 @@ def test_docker_engine_stopped_and_restarted(
 
         assert_names_docker(s.acquire(kind="renderer"), (502, 503))
 
-        body = assert_names_docker(s.release(lease["lease_id"]), (502,))
-        assert body["error"] == "release_failed"
-        assert db_state(s, lease["lease_id"]) == "releasing"
-        assert s.metric("scheduler_leases_releasing") == 1
-        # The service keeps trying on its own while the engine is down.
-        wait_for(
-            lambda: s.metric("scheduler_release_failures_total", provider="local-docker") >= 2,
-            60,
-            interval=0.2,
-            what="a background retry",
-        )
-        assert db_state(s, lease["lease_id"]) == "releasing"
-        # Listing needs no engine; the untouched lease is still listed as it was.
-        assert s.leases() == [keep]
     finally:
         if not engine.answers():
             engine.start()  # same argv and environment, a session of its own
         private_engine.adopt(engine)
     assert engine.answers()
 
-    # Nobody calls again: the sweeper finishes the release once the engine is back.
-    def release_done() -> bool:
-        return (
-            s.metric("scheduler_leases_releasing") == 0
-            and released(s, "explicit") == 1
-            and lease_ids_of(private_engine.containers(s.instance)) == [keep["lease_id"]]
+    # A lease means a worker: both end `lost`, as their containers `exited` (heard from
+    # the engine's events as it stopped them, or from its listing now it is back), and
+    # a release of one finds it ended.
+    def both_lost() -> bool:
+        return all(
+            (now := s.http.get(f"/v1/lease/{held['lease_id']}").json())["state"] == "released"
+            and (now["release_reason"], now["lost_cause"]) == ("lost", "exited")
+            for held in (keep, lease)
         )
 
-    wait_for(release_done, 90, interval=0.5, what="the release to complete")
-    assert db_state(s, lease["lease_id"]) == "released"
-    assert s.leases() == [keep]
+    wait_for(both_lost, 90, interval=0.5, what="both leases lost")
+    assert s.release(lease["lease_id"]).status_code == 404
+    assert s.leases() == []
 
-    # And the service serves again, with the same engine.
-    fresh = s.lease(kind="renderer")
-    for item in (fresh, keep):
-        response = s.release(item["lease_id"])
-        assert response.status_code == 204, response.text
+    # Back: what remains of the dead workers is removed (their containers, orphans
+    # now), and the service serves again, with the same engine.
+    wait_for(
+        lambda: private_engine.containers(s.instance) == [],
+        90,
+        interval=0.5,
+        what="the dead workers' containers removed",
+    )
+    fresh = wait_for(
+        lambda: s.acquire(kind="renderer").json().get("lease"), 60, interval=0.5, what="served"
+    )
+    assert s.release(fresh["lease_id"]).status_code == 204
     assert private_engine.containers(s.instance) == []
-    assert released(s, "explicit") == 3
+    assert released(s, "lost") == 2 and released(s, "explicit") == 1
 
 
 # --- the Docker engine unreachable (proxy stopped) ---------------------------------------

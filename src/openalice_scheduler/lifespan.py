@@ -133,7 +133,7 @@ def lifespan(
             pool.start()  # after reconciliation: what a crash left is resolved first
             # Deaths as the backends stream them; each stream's (re)opening wakes the
             # reconciler, whose listing finds what the stream missed.
-            watcher = Watcher(service, on_resync=reconciler.wake)
+            watcher = Watcher(service, on_resync=reconciler.wake_for)
             watcher.start()
             app.state.watcher = watcher
             # LEASE_RETENTION_DAYS=0 keeps every lease: no purge at all.

@@ -24,8 +24,6 @@ from openalice_scheduler.store import LeaseRecord
 
 # The reconciler's lines, as ever (operators filter by logger name).
 log = logging.getLogger("openalice_scheduler.loops")
-# States whose worker is made and recorded: an active lease, an idle pool worker.
-_MADE = MADE
 
 
 class Reconciling:
@@ -60,7 +58,7 @@ class Reconciling:
         counts["orphans"] = await self._orphans(provider, workers, live, listed_at)
         for record in live.values():
             # A lease changed since the listing (renewed, handed out) is the next pass's.
-            if record.state not in _MADE or record.updated_at >= listed_at:
+            if record.state not in MADE or record.updated_at >= listed_at:
                 continue
             death = await self._death(provider, record, workers.get(record.lease_id))
             if death is not None and await self.losing.lost(provider, record, death):
@@ -139,7 +137,7 @@ class Reconciling:
                 if ended is not None and ended.updated_at >= listed_at:
                     continue
                 extra = mine  # no live lease: every worker is an orphan
-            elif owner.state in _MADE and owner.provider_token:
+            elif owner.state in MADE and owner.provider_token:
                 # Names are not unique on some backends: keep only the recorded worker.
                 extra = [i for i in mine if i.provider_token != owner.provider_token]
             else:

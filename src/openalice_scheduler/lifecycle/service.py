@@ -202,16 +202,7 @@ class LeaseService:
                 lease_id=lease_id,
                 preempt_at=record.wire()["preempt_at"],
             )
-        if record.release_reason == ReleaseReason.lost and record.lost_cause is not None:
-            check_owner(record, owner)
-            code = "" if record.exit_code is None else f", exit code {record.exit_code}"
-            raise WorkerLost(
-                f"lease {lease_id} ended: its worker stopped ({record.lost_cause}{code}); "
-                "acquire a new lease",
-                lease_id=lease_id,
-                lost_cause=record.lost_cause,
-                exit_code=record.exit_code,
-            )
+        _refuse_lost(record, owner)
         if record.state != LeaseState.active or record.expires_at <= now:
             state = "expired" if record.state == LeaseState.active else record.state
             raise LeaseNotFound(f"lease {lease_id} is {state}; only an active lease renews")
@@ -231,6 +222,9 @@ class LeaseService:
                 )
         renewed = await self.store.renew(lease_id, states.RENEW, expires_at=expires_at, now=now)
         if renewed is None:
+            # Ended meanwhile: its worker's death, heard while this renewal ran, among
+            # other ends (a release, the sweeper).
+            _refuse_lost(await self.get(lease_id), owner)
             raise LeaseNotFound(f"lease {lease_id} ended while renewing")
         log.info("lease %s renewed until %s", lease_ref(renewed), renewed.wire()["expires_at"])
         if renewed.probe_url and self.pool is not None:  # a warm lease: its worker learns
@@ -304,3 +298,19 @@ class LeaseService:
     async def purge_ended(self, *, days: int) -> int:
         """Ended leases released more than `days` ago, deleted: how many."""
         return await counting.purge_ended(self.store.backend, before=self.now_us() - days * DAY_US)
+
+
+def _refuse_lost(record: LeaseRecord, owner: str | None) -> None:
+    """A renewal of a lease whose worker stopped after its hand-out: 409 `worker_lost`,
+    naming why (README, A worker lost after its hand-out)."""
+    if record.release_reason != ReleaseReason.lost or record.lost_cause is None:
+        return
+    check_owner(record, owner)
+    code = "" if record.exit_code is None else f", exit code {record.exit_code}"
+    raise WorkerLost(
+        f"lease {record.lease_id} ended: its worker stopped ({record.lost_cause}{code}); "
+        "acquire a new lease",
+        lease_id=record.lease_id,
+        lost_cause=record.lost_cause,
+        exit_code=record.exit_code,
+    )

@@ -5,6 +5,7 @@ provisions, destroys orphan workers and marks leases whose worker vanished `lost
 from __future__ import annotations
 
 import logging
+import time
 
 from opentelemetry.trace import Tracer
 
@@ -38,8 +39,21 @@ class Reconciler(LoopService):
         self.tracer = tracer
         self.replica_timeout = replica_timeout
         self.heartbeat = heartbeat
+        # Providers whose event stream (re)opened since the last pass (`wake_for`): the
+        # next pass lists only them, unless a whole pass is due anyway.
+        self._due: set[str] = set()
+        self._whole_at = time.monotonic()
+
+    def wake_for(self, provider: str) -> None:
+        """A pass over `provider` soon: its event stream (re)opened, and what the stream
+        missed meanwhile is for a listing to find (loops/watcher.py)."""
+        self._due.add(provider)
+        self.wake()
 
     async def run_once(self) -> dict[str, int]:
+        due, self._due = self._due, set()
+        whole = not due or time.monotonic() - self._whole_at >= self.interval
+        providers = [p for p in self.service.providers if whole or p.name in due]
         totals = {"failed": 0, "orphans": 0, "lost": 0}
         store = self.service.store
         # One replica at a time: two reconcilers would race to destroy the same workers.
@@ -55,7 +69,7 @@ class Reconciler(LoopService):
         try:
             with self.tracer.start_as_current_span("reconcile"):
                 alive = await self._alive_replicas(gone_before)
-                for provider in self.service.providers:
+                for provider in providers:
                     try:
                         found = await self._reconcile(provider, alive)
                     except ProviderError as exc:
@@ -68,6 +82,8 @@ class Reconciler(LoopService):
             # A pass that skipped an unreachable provider still ran: that provider's
             # health is scheduler_provider_up's to tell.
             self.service.metrics.reconcile_last_success.set_to_current_time()
+            if whole:
+                self._whole_at = time.monotonic()
         finally:
             await store.replicas.unlock(RECONCILE_LOCK)
         if any(totals.values()):

@@ -2,8 +2,8 @@
 (WatchingProvider: the Docker engine's events, the Kubernetes pod watch, the static
 endpoints' probes) and hands each death it hears to the service (lifecycle/losing.py),
 which ends the lease within moments of the death. Watch, then list: each time a stream
-(re)opens, the reconciler is woken, as the deaths missed meanwhile are its listing's to
-find. Every replica watches; the service's guarded move ends a lease once."""
+(re)opens, the reconciler is woken for that provider, as the deaths missed meanwhile are
+its listing's to find. Every replica watches; the service's guarded move ends a lease once."""
 
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ AGAIN_AFTER_S = 5.0
 class Watcher:
     name = "watcher"
 
-    def __init__(self, service: LeaseService, on_resync: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, service: LeaseService, on_resync: Callable[[str], None] = lambda _name: None
+    ) -> None:
         self.service = service
         self.providers = [p for p in service.providers if isinstance(p, WatchingProvider)]
-        # Called on every Resync: the reconciler's wake (lifespan.py).
+        # Called with the provider's name on every Resync: the reconciler's wake for it.
         self.on_resync = on_resync
         self.heard = 0  # deaths heard that ended a lease (tests, the bench)
         self._tasks: list[asyncio.Task[None]] = []
@@ -53,7 +55,7 @@ class Watcher:
                 async for heard in provider.watch():
                     if isinstance(heard, Resync):
                         log.debug("watch of %s (re)opened: %s", provider.name, heard.where)
-                        self.on_resync()
+                        self.on_resync(provider.name)
                         continue
                     await self._hand_over(provider, heard)
                 return  # a stream that ends by itself has nothing to tell (static, unprobed)
