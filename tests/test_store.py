@@ -582,3 +582,20 @@ async def test_a_pool_with_no_connection_to_lend_is_unavailable_not_an_error(
         finally:
             await other.close()
             await backend.close()
+
+
+async def test_a_lock_left_by_a_killed_process_is_taken_at_once_in_a_store_of_its_own(
+    tmp_path: Path,
+) -> None:
+    # A scheduler killed in the middle of a reconcile pass leaves the lock held for its
+    # TTL. On SQLite nobody else uses the store: the restarted one takes it at once, so
+    # its start-up reconciliation runs (seen failing under load: a pod left behind).
+    with database_url("sqlite", tmp_path) as url:
+        gone = open_store(url)
+        await gone.migrate()
+        assert await gone.replicas.try_lock("reconcile", ttl_us=180_000_000, now=NOW)
+        await gone.close()  # kill -9: no unlock
+        again = open_store(url)
+        await again.migrate()
+        assert await again.replicas.try_lock("reconcile", ttl_us=180_000_000, now=NOW + 1)
+        await again.close()

@@ -3,9 +3,10 @@ expiry that one replica holds at a time (reconciliation)."""
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import select, true, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.schema import locks, replicas, waiters
@@ -59,8 +60,15 @@ class Replicas:
         then is taken over at once."""
 
         def _tx(conn: Connection) -> bool:
-            free = (locks.c.holder == self.replica_id) | (locks.c.expires_at < now)
-            if holder_gone_before is not None:
+            free: ColumnElement[bool] = (locks.c.holder == self.replica_id) | (
+                locks.c.expires_at < now
+            )
+            if self.backend.exclusive:
+                # Nobody else uses this store: a lock another replica id holds is a
+                # process that is gone (killed in the middle of a pass), and a restart
+                # must not wait out its TTL before it reconciles.
+                free = true()
+            elif holder_gone_before is not None:
                 # A replica killed in the middle of a pass (kill -9) holds the lock until
                 # its TTL runs out: without this, nobody reconciles meanwhile.
                 free = free | locks.c.holder.not_in(
