@@ -1,8 +1,8 @@
 # The service's own image: openalice-scheduler:<version>. Build it with
 # scripts/build-image.sh, which first builds the wheels on the host (build/wheelhouse/):
-# nothing here reaches a package index, so the build needs no network (README: "Run the
-# image"). Only Dockerfile syntax the classic builder knows too (no RUN --mount), as
-# Debian's engine may have no BuildKit.
+# nothing here reaches a package index, so the build needs no network
+# (docs/operations/image.md#run-the-image). Only Dockerfile syntax the classic builder knows too (no
+# RUN --mount), as Debian's engine may have no BuildKit.
 #
 # BASE: any Debian-like image with python3 and its venv module, of the Python version
 # the wheels were built for. Users get the official slim image; a host without a

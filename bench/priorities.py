@@ -1,4 +1,4 @@
-"""Callers with priorities (README, Priorities and preemption), two figures:
+"""Callers with priorities (docs/concepts/priorities.md#priorities-and-preemption), two figures:
 
 1. **A live acquire at a full cluster.** Local Docker capped at `--cap` workers, all held
    by anim leases; a live-control acquire (`wait_seconds` 120) is served by preempting

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Build the service's image, openalice-scheduler:<version> and :latest (README: "Run the
-# image"). The wheels are built here on the host, where the package index is reachable
-# (the service's [server] extra at the versions requirements.lock pins, and the project's
-# own wheel, in build/wheelhouse/); the image build then installs them with no index, so
+# Build the service's image, openalice-scheduler:<version> and :latest
+# (docs/operations/image.md#run-the-image). The wheels are built here on the host, where the package
+# index is reachable (the service's [server] extra at the versions requirements.lock pins, and the
+# project's own wheel, in build/wheelhouse/); the image build then installs them with no index, so
 # it needs no network.
 #
 #   scripts/build-image.sh                     # FROM python:3.11-slim (pulled)

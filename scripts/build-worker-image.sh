@@ -3,23 +3,22 @@
 # imported as an image whose default command serves HTTP on $PORT (default 8080) and
 # answers with the lease it belongs to. Its health path ($READY_PATH, default /healthz)
 # answers 200 only $READY_DELAY_SECONDS (default 0) after start, or never with
-# READY_DELAY_SECONDS=never: a worker that is slow, or never, ready (README, Workers
-# ready when handed out). It answers the warm-pool hand-off at /openalice/lease, the
-# scheduler's default WARM_HANDOFF_PATH (and at /cgi-bin/lease), then shows the lease
-# handed off, env included, under "handoff" at GET / (README, Warm pools); while
-# /tmp/handoff-hold exists, a hand-off waits (the tests hold one between the scheduler's
-# claim and its answer). busybox httpd runs CGI only under /cgi-bin/ and this busybox
-# has no reverse proxy, so busybox nc accepts the connections and a front script hands
-# each request to `httpd -i`, with any /openalice/<name> rewritten to the CGI script
-# /cgi-bin/<name>: a new /openalice/ call (POST /openalice/preempt, say) is one more
-# script in /www/cgi-bin. With LEASE_SELF_URL it asks after its lease every
-# SELF_CHECK_SECONDS (default 2) and stops itself once the lease has ended, or once the
-# scheduler is silent past the lease's expiry; /cgi-bin/work answers 409 to a request
-# whose X-Lease-Fence is older than the lease it serves (README, What a worker knows of
-# its lease). A preemption notice (POST /openalice/preempt) is kept at GET
-# /preempt.json. Idempotent: an existing image is kept unless it was built from another
-# entry script (label openalice.worker.entry, the script's hash) or
-# --rebuild is given.
+# READY_DELAY_SECONDS=never: a worker that is slow, or never, ready
+# (docs/concepts/readiness-and-loss.md#workers-ready-when-handed-out). It answers the warm-pool
+# hand-off at /openalice/lease, the scheduler's default WARM_HANDOFF_PATH (and at /cgi-bin/lease),
+# then shows the lease handed off, env included, under "handoff" at GET /
+# (docs/concepts/pools.md#warm-pools); while /tmp/handoff-hold exists, a hand-off waits (the tests
+# hold one between the scheduler's claim and its answer). busybox httpd runs CGI only under
+# /cgi-bin/ and this busybox has no reverse proxy, so busybox nc accepts the connections and a front
+# script hands each request to `httpd -i`, with any /openalice/<name> rewritten to the CGI script
+# /cgi-bin/<name>: a new /openalice/ call (POST /openalice/preempt, say) is one more script in
+# /www/cgi-bin. With LEASE_SELF_URL it asks after its lease every SELF_CHECK_SECONDS (default 2) and
+# stops itself once the lease has ended, or once the scheduler is silent past the lease's expiry;
+# /cgi-bin/work answers 409 to a request whose X-Lease-Fence is older than the lease it serves
+# (docs/concepts/worker-self.md#what-a-worker-knows-of-its-lease). A preemption notice (POST
+# /openalice/preempt) is kept at GET /preempt.json. Idempotent: an existing image is kept unless it
+# was built from another entry script (label openalice.worker.entry, the script's hash) or --rebuild
+# is given.
 #   scripts/build-worker-image.sh [IMAGE] [--rebuild]
 set -euo pipefail
 image="${1:-openalice-demo-worker:latest}"
@@ -79,8 +78,8 @@ else
   printf 'Content-Type: application/json\r\n\r\n{"ok":true,"fence":%s}\n' "${fence:-null}"
 fi
 CGI
-# The preemption notice (README, Priorities and preemption): the POSTed body kept at
-# GET /preempt.json; the demo worker has no work to save, so it only remembers it.
+# The preemption notice (docs/concepts/priorities.md#priorities-and-preemption): the POSTed body
+# kept at GET /preempt.json; the demo worker has no work to save, so it only remembers it.
 /bin/busybox cat > /www/cgi-bin/preempt <<'CGI'
 #!/bin/sh
 IFS= read -r -n "${CONTENT_LENGTH:-0}" body
@@ -126,10 +125,11 @@ if [ "$delay" = 0 ]; then
 elif [ "$delay" != never ]; then
   ( /bin/busybox sleep "$delay" && echo ok > "$health" ) &
 fi
-# Ending on request, as a worker that crashes does (README, A worker lost after its
-# hand-out): /cgi-bin/exit?N makes the worker exit with code N; /cgi-bin/hog makes its
-# main process take HOG_MEGABYTES (default 256) of memory, which the kernel's OOM killer
-# ends when the container has a smaller memory limit (`docker update --memory`).
+# Ending on request, as a worker that crashes does
+# (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out): /cgi-bin/exit?N makes the
+# worker exit with code N; /cgi-bin/hog makes its main process take HOG_MEGABYTES (default 256) of
+# memory, which the kernel's OOM killer ends when the container has a smaller memory limit (`docker
+# update --memory`).
 /bin/busybox cat > /www/cgi-bin/exit <<'CGI'
 #!/bin/sh
 code=${QUERY_STRING:-1}

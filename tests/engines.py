@@ -202,7 +202,8 @@ class PrivateEngine:
     networks the scheduler creates (DOCKER_NETWORK) are its own, from an address pool
     of its own (10.2xx.0.0/16), with no collision with the shared engine's; a Route
     makes them reachable from the host, as a fleet's routed hosts are, so that the
-    scheduler probes its workers there (README, Workers ready when handed out).
+    scheduler probes its workers there
+    (docs/concepts/readiness-and-loss.md#workers-ready-when-handed-out).
 
     With `gpu_shim`, a no-op `nvidia-container-runtime-hook` of its own is first on its
     PATH, so it accepts GPU device requests whatever the shared engine was started

@@ -5,6 +5,7 @@ one scheduler placing workers on both."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 import uuid
@@ -563,13 +564,18 @@ def test_each_docker_hosts_mistake_is_named(hosts: str, problem: str) -> None:
     assert problem in problems[0]
 
 
-def test_the_readmes_two_gpu_hosts_parse_as_declared(tmp_path: Path) -> None:
+def test_the_docs_two_gpu_hosts_parse_as_declared(tmp_path: Path) -> None:
+    """The DOCKER_HOSTS example of docs/backends/docker.md#a-fleet-of-docker-hosts, read
+    from the page, its two GPU hosts with their TLS directory made here."""
     for name in ("ca.pem", "cert.pem", "key.pem"):
         (tmp_path / name).write_text("test")
-    hosts = parse_hosts(f"""gpu1=tcp://10.0.0.5:2376 gpus=0,1 max=4 region=eu tls={tmp_path};
-                            gpu2=ssh://ops@10.0.0.6 gpus=0 max=2 region=eu price=0.4""")
+    page = (Path(__file__).resolve().parents[1] / "docs/backends/docker.md").read_text()
+    [declared] = re.findall(r"^DOCKER_HOSTS='([^']*)'", page, flags=re.MULTILINE)
+    gpu_hosts = [host.strip() for host in declared.split(";") if host.strip().startswith("gpu")]
+    hosts = parse_hosts(";".join(re.sub(r"tls=\S+", f"tls={tmp_path}", host) for host in gpu_hosts))
     assert hosts == [
-        # No price=: LOCAL_DOCKER_PRICE_PER_HOUR's price for each class (README, Prices).
+        # No price=: LOCAL_DOCKER_PRICE_PER_HOUR's price for each class
+        # (docs/concepts/money.md#prices-and-caps).
         HostConfig("gpu1", "tcp://10.0.0.5:2376", ("0", "1"), 4, "eu", None, str(tmp_path)),
         HostConfig("gpu2", "ssh://ops@10.0.0.6", ("0",), 2, "eu", 0.4, None),
     ]

@@ -1,8 +1,8 @@
-"""The guard (README, The guard): with every scheduler dead it destroys the workers whose
-lease has ended, within silence + grace + one poll, and nothing else; the scheduler
-coming back finds a coherent state. Real processes throughout: the scheduler and the
-guard (`openalice-scheduler guard`) as processes, `kill -9`, Docker and the RunPod
-emulator on both transports."""
+"""The guard (docs/concepts/guard.md#the-guard): with every scheduler dead it destroys the workers
+whose lease has ended, within silence + grace + one poll, and nothing else; the scheduler coming
+back finds a coherent state. Real processes throughout: the scheduler and the guard
+(`openalice-scheduler guard`) as processes, `kill -9`, Docker and the RunPod emulator on both
+transports."""
 
 from __future__ import annotations
 
@@ -100,7 +100,8 @@ def never_early(alive: Alive, lease: dict[str, Any]) -> None:
 
 
 def gone_within_bound(alive: Alive, lease: dict[str, Any], last_contact: float) -> None:
-    """Destroyed by max(last contact + silence, end + grace) + one poll (README)."""
+    """Destroyed by max(last contact + silence, end + grace) + one poll
+    (docs/concepts/guard.md#the-guarantee)."""
     bound = max(last_contact + SILENCE, at(lease["expires_at"]) + GRACE) + POLL
     wait_for(
         lambda: not alive(lease["lease_id"]),
@@ -216,11 +217,11 @@ def test_a_guard_killed_mid_silence_resumes_from_its_disk(
 def test_a_guard_alone_cut_off_acts_on_what_it_last_learned(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    """The documented behaviour when only the guard is cut off (README, The guard): the
-    scheduler lives and the caller renews, but the guard cannot learn of it. It destroys
-    the worker once the end it last learned + GUARD_GRACE_SECONDS has passed (never
-    before); the scheduler then finds the worker gone and ends the lease `lost`. The
-    long lease is untouched, and the guard's silence shows in GET /v1/providers."""
+    """The documented behaviour when only the guard is cut off (docs/concepts/guard.md#the-guard):
+    the scheduler lives and the caller renews, but the guard cannot learn of it. It destroys the
+    worker once the end it last learned + GUARD_GRACE_SECONDS has passed (never before); the
+    scheduler then finds the worker gone and ends the lease `lost`. The long lease is untouched, and
+    the guard's silence shows in GET /v1/providers."""
     sched = make_scheduler(RECONCILE_INTERVAL_SECONDS="1")
     with CutProxy(sched.port) as proxy:
         guard = GuardProcess(sched, url=proxy.url).start()

@@ -1,5 +1,5 @@
 """The service's own image (issue 13): built by scripts/build-image.sh the way an operator
-builds it, and run the way the README runs it.
+builds it, and run the way docs/operations/image.md#run-the-image runs it.
 
 No registry answers here, so the base is made from Debian's packages (`--debian-base`:
 debootstrap once, kept as openalice-base:bookworm) and the image is tagged
@@ -141,10 +141,10 @@ def test_a_lease_survives_a_restart_and_a_new_container_on_the_volume(image: Ima
 
 
 def test_a_guard_from_the_image_destroys_a_dead_schedulers_expired_worker(image: Image) -> None:
-    """README, The guard: a guard container of the image beside the scheduler's, run as
-    the README runs it (`--restart=always`, the socket's group). The scheduler container
-    is killed; the guard destroys the worker of its expired lease and leaves the long
-    lease's worker running."""
+    """docs/concepts/guard.md#the-guard: a guard container of the image beside the scheduler's, run
+    as the docs run it (`--restart=always`, the socket's group). The scheduler container is
+    killed; the guard destroys the worker of its expired lease and leaves the long lease's worker
+    running."""
     with Deployment(image) as deployment:
         run = deployment.run()
         guard = deployment.client.containers.run(
@@ -227,7 +227,8 @@ def test_two_replicas_of_the_image_share_leases_on_postgresql(image: Image) -> N
 
 
 def test_without_the_sockets_group_the_image_cannot_drive_docker(image: Image) -> None:
-    """The image's user is not root: the socket's group is what lets it in (README)."""
+    """The image's user is not root: the socket's group is what lets it in
+    (docs/operations/image.md#what-the-image-does-and-what-it-needs-from-you)."""
     with Deployment(image) as deployment:
         run = deployment.run(group_add=False)
         providers = run.http.get("/v1/providers")
@@ -311,8 +312,8 @@ class Replica:
 
 
 class Deployment:
-    """Scheduler containers of the image as the README runs them, sharing a network, an
-    instance and (with SQLite) a volume of their own; all removed on exit."""
+    """Scheduler containers of the image as docs/operations/image.md runs them, sharing a
+    network, an instance and (with SQLite) a volume of their own; all removed on exit."""
 
     def __init__(self, image: Image) -> None:
         suffix = uuid.uuid4().hex[:10]
@@ -360,7 +361,7 @@ class Deployment:
             labels={TEST_LABEL: "image"},
             name=f"oa-img-{self.instance}-{len(self.replicas)}",
             # The socket is root:docker (or root:root) on the host; the image's user gets
-            # its group, as README tells operators.
+            # its group, as docs/operations/image.md tells operators.
             group_add=[str(os.stat(SOCKET).st_gid)] if group_add else None,
             volumes=volumes,
             environment={

@@ -1,5 +1,6 @@
 """A worker on Kubernetes seen after its hand-out (issue 33), against the Kubernetes
-emulator (tests/k8s_emulator/), the scheduler as a process under the README's Role:
+emulator (tests/k8s_emulator/), the scheduler as a process under the documented Role
+(docs/backends/kubernetes.md#the-rbac-the-scheduler-needs):
 
 - ready when handed out: a pod whose container runs (so Kubernetes calls it Ready, having
   no readiness probe) but whose worker listens only seconds later is handed out once it
@@ -28,7 +29,7 @@ import pytest
 from tests.harness import HTTP, Scheduler, wait_for
 from tests.k8s_emulator import KubeEmulator
 from tests.k8s_emulator.scheduling import DEFAULT_NODES
-from tests.test_k8s_provider import NAMESPACE, gone, on_k8s, pod_of, readme_role
+from tests.test_k8s_provider import NAMESPACE, documented_role, gone, on_k8s, pod_of
 from tests.test_warm_pool import wait_idle
 
 Make = Callable[..., Scheduler]
@@ -41,10 +42,10 @@ LOST = "scheduler_workers_lost_total"
 
 @pytest.fixture
 def kube(kube_server: KubeEmulator) -> KubeEmulator:
-    """The module's emulator, emptied, under the Role the README gives (as in
+    """The module's emulator, emptied, under the Role the docs give (as in
     test_k8s_provider.py)."""
     kube_server.reset()
-    kube_server.set_rbac(readme_role()["rules"])
+    kube_server.set_rbac(documented_role()["rules"])
     return kube_server
 
 
@@ -135,9 +136,9 @@ def watch_settled(sched: Scheduler, kube: KubeEmulator, since: float = 0.0) -> f
 
 
 def no_refusals(kube: KubeEmulator) -> None:
-    """Every call was allowed by the README's Role (the emulator enforces it)."""
+    """Every call was allowed by the documented Role (the emulator enforces it)."""
     refused = [(r["verb"], r["resource"]) for r in kube.requests() if r["code"] == 403]
-    assert not refused, f"the README's Role refused {refused}"
+    assert not refused, f"the documented Role refused {refused}"
 
 
 def assert_lost(
@@ -421,16 +422,16 @@ def test_an_idle_pool_pod_that_dies_is_recycled_and_replaced(
     no_refusals(kube)
 
 
-# --- the README's Role ----------------------------------------------------------------
+# --- the documented Role -------------------------------------------------------------
 
 
-def test_the_pod_watch_lists_and_watches_under_the_readme_s_role(
+def test_the_pod_watch_lists_and_watches_under_the_documented_role(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     since = time.time()
     sched = on_k8s(make_scheduler, kube, **WATCH_ONLY)
     # The watch of the namespace's pods, by this scheduler's label: a list, then a watch,
-    # each allowed by the Role the README gives.
+    # each allowed by the Role the docs give.
     [listed, *_] = wait_for(
         lambda: pod_calls_since(kube, sched, "list", since), 30, what="the pods listed"
     )

@@ -2,8 +2,9 @@
 the scheduler as a process with lightkube pointed at the emulator through a kubeconfig
 file, as a user would, each pod a real Docker container of the demo worker, started,
 probed, ended at its deadline and deleted with its grace period by the emulator's test
-kubelet. Every test runs under the Role the README gives (the emulator refuses any
-other verb with 403), and one test checks that the code uses exactly that Role's verbs."""
+kubelet. Every test runs under the Role the docs give
+(docs/backends/kubernetes.md#the-rbac-the-scheduler-needs; the emulator refuses any other
+verb with 403), and one test checks that the code uses exactly that Role's verbs."""
 
 from __future__ import annotations
 
@@ -28,25 +29,25 @@ from tests.test_priorities import PREEMPTING, anim_preempted_for_live
 from tests.test_warm_pool import handed_over_warm, wait_idle
 
 Make = Callable[..., Scheduler]
-README = Path(__file__).resolve().parents[1] / "README.md"
+KUBERNETES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "backends" / "kubernetes.md"
 NAMESPACE = "openalice"
 L4 = "entry=nvidia.com/gpu:1@nvidia.com/gpu.product=NVIDIA-L4"
 
 
-def readme_role() -> dict[str, Any]:
-    """The Role the README gives the scheduler's service account."""
-    text = README.read_text()
+def documented_role() -> dict[str, Any]:
+    """The Role the docs give the scheduler's service account (docs/backends/kubernetes.md)."""
+    text = KUBERNETES_PAGE.read_text()
     for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL):
         for doc in yaml.safe_load_all(block):
             if isinstance(doc, dict) and doc.get("kind") == "Role":
                 return doc
-    raise AssertionError("the README gives no Role")
+    raise AssertionError("docs/backends/kubernetes.md gives no Role")
 
 
 @pytest.fixture
 def kube(kube_server: KubeEmulator) -> KubeEmulator:
     kube_server.reset()
-    kube_server.set_rbac(readme_role()["rules"])
+    kube_server.set_rbac(documented_role()["rules"])
     return kube_server
 
 
@@ -393,7 +394,7 @@ def test_a_create_whose_answer_was_lost_finds_the_lease_s_one_pod(
     assert httpx.get(lease["endpoint"] + "/", timeout=10).json()["lease_id"] == lease["lease_id"]
 
 
-def test_the_code_uses_exactly_the_verbs_of_the_readme_s_role(
+def test_the_code_uses_exactly_the_verbs_of_the_documented_role(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     sched = on_k8s(make_scheduler, kube, RECONCILE_INTERVAL_SECONDS="1")
@@ -408,12 +409,12 @@ def test_the_code_uses_exactly_the_verbs_of_the_readme_s_role(
     used = {(r["resource"], r["verb"]) for r in kube.requests()}
     granted = {
         (resource, verb)
-        for rule in readme_role()["rules"]
+        for rule in documented_role()["rules"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
     assert used == granted
-    assert all(rule["apiGroups"] == [""] for rule in readme_role()["rules"])
+    assert all(rule["apiGroups"] == [""] for rule in documented_role()["rules"])
     # Whatever the Role does not grant is refused: the emulator enforces it.
     assert not [r for r in kube.requests() if r["code"] == 403]
 

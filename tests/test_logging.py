@@ -672,3 +672,18 @@ def _raw_get(port: int, path: bytes, headers: bytes) -> bytes:
                 break
             data += chunk
     return data.split(b"\r\n\r\n", 1)[0]
+
+
+def test_the_provider_secrets_are_redacted_too(
+    real_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runpod_key, modal_secret = "rpk-" + "x" * 24, "as-" + "y" * 24
+    settings = Settings(  # type: ignore[call-arg]
+        internal_secret=SECRET, runpod_api_key=runpod_key, modal_token_secret=modal_secret
+    )
+    configure_logging("info", settings.secrets(), "json")
+    logging.getLogger("openalice_scheduler.service").warning(
+        "a provider said %s and %s", runpod_key, modal_secret
+    )
+    [record] = written(capsys)
+    assert record["message"] == "a provider said [redacted] and [redacted]"

@@ -1,5 +1,5 @@
-"""What leases cost, and caps per owner in money (README, Prices and caps), with the real
-service over HTTP, real Docker workers and the RunPod emulator's priced catalog:
+"""What leases cost, and caps per owner in money (docs/concepts/money.md#prices-and-caps), with the
+real service over HTTP, real Docker workers and the RunPod emulator's priced catalog:
 
 - a RunPod lease records the pod's own GPU type and price (GraphQL has no catalog: only
   the pod's answer can say), a CPU pod its own cost; a Docker lease its class's price;

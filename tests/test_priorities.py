@@ -3,7 +3,8 @@ order of priority then arrival, and preemption with notice, over real HTTP again
 Docker (a static pool where only the bookkeeping matters), on PostgreSQL with two
 replicas where it says so.
 
-The classes are those of the README's example: `live` preempts, `anim` may be
+The classes are those of the example in
+docs/concepts/priorities.md#priorities-and-preemption: `live` preempts, `anim` may be
 preempted, `default` neither; `live-control` and `anim` are the owners' classes."""
 
 from __future__ import annotations

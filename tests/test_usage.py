@@ -1,5 +1,5 @@
 """GET /v1/usage, the `usage` command and the purge of ended leases past retention
-(README, Usage and retention): a real scheduler over HTTP with Docker workers at a
+(docs/concepts/money.md#usage-and-retention): a real scheduler over HTTP with Docker workers at a
 price, and the purge against a real store on each database."""
 
 from __future__ import annotations

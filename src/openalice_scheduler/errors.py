@@ -96,7 +96,7 @@ class TooManyGuards(SchedulerError):
 
 class BudgetExceeded(SchedulerError):
     """Every provider that could serve would break one of the owner's caps in money
-    (README, Prices and caps); the body names the cap, the owner's figures and the
+    (docs/concepts/money.md#prices-and-caps); the body names the cap, the owner's figures and the
     cheapest price refused."""
 
     code = "budget_exceeded"
@@ -121,16 +121,17 @@ class NoProviderAvailable(SchedulerError):
 
 
 class Preempting(SchedulerError):
-    """The lease is being preempted (README, Priorities and preemption): it is not
-    renewed; its worker goes at `preempt_at`."""
+    """The lease is being preempted (docs/concepts/priorities.md#priorities-and-preemption): it is
+    not renewed; its worker goes at `preempt_at`."""
 
     code = "preempting"
     status = 409
 
 
 class WorkerLost(SchedulerError):
-    """The lease ended because its worker stopped after its hand-out (README, A worker
-    lost after its hand-out): it is not renewed; `lost_cause` and `exit_code` say why."""
+    """The lease ended because its worker stopped after its hand-out
+    (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out): it is not renewed;
+    `lost_cause` and `exit_code` say why."""
 
     code = "worker_lost"
     status = 409

@@ -1,8 +1,8 @@
-"""The hand-off call (README, Warm pools): a pool worker started before its lease
+"""The hand-off call (docs/concepts/pools.md#warm-pools): a pool worker started before its lease
 existed learns the lease from `POST <worker><WARM_HANDOFF_PATH>`, JSON
 `{"lease_id", "expires_at", "kind", "fence", "env"}` (and `self_url`, `token` with
-SCHEDULER_PUBLIC_URL: README, What a worker knows of its lease), and must answer 2xx.
-A renewal is handed on the same way without `env` (the worker learns its new expiry).
+SCHEDULER_PUBLIC_URL: docs/concepts/worker-self.md#what-a-worker-knows-of-its-lease), and must
+answer 2xx. A renewal is handed on the same way without `env` (the worker learns its new expiry).
 
 The body carries the caller's env values and the lease's token: they are sent to the
 worker and nowhere else. What this module reports (and so what is logged) names status
@@ -22,7 +22,7 @@ from openalice_scheduler.store import LeaseRecord, format_us
 # A worker image without the hand-off: the path is not there (404), or the server knows
 # no POST there (405; 501 from busybox httpd outside /cgi-bin).
 NO_HANDOFF = frozenset({404, 405, 501})
-# Where a worker is told it is preempted (README, Priorities and preemption).
+# Where a worker is told it is preempted (docs/concepts/priorities.md#priorities-and-preemption).
 PREEMPT_PATH = "/openalice/preempt"
 
 
@@ -77,7 +77,8 @@ class HandOff:
 
     async def preempt(self, record: LeaseRecord) -> Outcome:
         """Tell `record`'s worker it is preempted: `POST <worker>/openalice/preempt`,
-        JSON `{"lease_id", "fence", "preempt_at"}` (README, Priorities and preemption)."""
+        JSON `{"lease_id", "fence", "preempt_at"}`
+        (docs/concepts/priorities.md#priorities-and-preemption)."""
         assert record.preempt_at is not None
         body = {
             "lease_id": record.lease_id,

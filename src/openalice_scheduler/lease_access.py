@@ -1,5 +1,6 @@
-"""What a worker may ask of its own lease (README, What a worker knows of its lease): a
-URL and a token scoped to that one lease, for `GET /v1/lease/{id}/self`.
+"""What a worker may ask of its own lease
+(docs/concepts/worker-self.md#what-a-worker-knows-of-its-lease): a URL and a token scoped to that
+one lease, for `GET /v1/lease/{id}/self`.
 
 The token is derived, never stored: HMAC-SHA256 of the lease id keyed by
 INTERNAL_SECRET. So every replica can check it, a restart keeps it valid, and the secret

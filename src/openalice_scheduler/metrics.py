@@ -163,7 +163,7 @@ class Metrics:
             registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
         )
-        # The same, per priority class (README, Priorities and preemption).
+        # The same, per priority class (docs/concepts/priorities.md#priorities-and-preemption).
         self.class_waiting = Gauge(
             "scheduler_waiting_callers_per_class",
             "Acquires waiting in line for capacity, per priority class.",
@@ -180,8 +180,8 @@ class Metrics:
         self.workers_lost = Counter(
             "scheduler_workers_lost",
             "Workers that stopped after their hand-out (their lease ended `lost`, an idle "
-            "pool worker recycled), by provider and cause (README, A worker lost after "
-            "its hand-out).",
+            "pool worker recycled), by provider and cause "
+            "(docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out).",
             ["provider", "cause"],
             registry=r,
         )

@@ -92,11 +92,13 @@ class LeaseState(StrEnum):
     releasing = "releasing"
     released = "released"
     failed = "failed"
-    # A warm-pool worker, owned by nobody (README, Warm pools): being made, then ready.
+    # A warm-pool worker, owned by nobody (docs/concepts/pools.md#warm-pools): being made, then
+    # ready.
     warming = "warming"
     idle = "idle"
-    # Displaced by a caller of a higher class (README, Priorities and preemption): its
-    # worker runs until `preempt_at`, then goes.
+    # Displaced by a caller of a higher class
+    # (docs/concepts/priorities.md#priorities-and-preemption): its worker runs until `preempt_at`,
+    # then goes.
     preempting = "preempting"
 
 
@@ -125,10 +127,10 @@ class ReleaseReason(StrEnum):
 
 
 class LostCause(StrEnum):
-    """Why a worker stopped after its hand-out (README, A worker lost after its hand-out),
-    as its backend tells it: its process ended by itself, the kernel's OOM killer ended
-    it, its node (or the kubelet) evicted it, its node was lost, the backend's own
-    deadline ended it, or the backend does not say."""
+    """Why a worker stopped after its hand-out
+    (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out), as its backend tells it:
+    its process ended by itself, the kernel's OOM killer ended it, its node (or the kubelet) evicted
+    it, its node was lost, the backend's own deadline ended it, or the backend does not say."""
 
     exited = "exited"
     oom_killed = "oom_killed"
@@ -138,7 +140,7 @@ class LostCause(StrEnum):
     unknown = "unknown"
 
 
-# A priority class's name (README, Priorities and preemption).
+# A priority class's name (docs/concepts/priorities.md#priorities-and-preemption).
 PRIORITY_CLASS_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
 
 # Caller-given identifiers (owner_id, correlation_id, region): printable ASCII, no spaces
@@ -242,7 +244,7 @@ class Lease(BaseModel):
     )
     price_per_hour: float | None = Field(
         None,
-        description="What the worker costs, USD per hour (README, Prices and caps); "
+        description="What the worker costs, USD per hour (docs/concepts/money.md#prices-and-caps); "
         "null when unknown",
     )
     granted_at: Timestamp | None = Field(
@@ -254,12 +256,14 @@ class Lease(BaseModel):
         "released_at, USD; 0 for a lease never granted; null while live",
     )
     priority_class: str = Field(
-        "default", description="Its caller's priority class (README, Priorities and preemption)"
+        "default",
+        description="Its caller's priority class "
+        "(docs/concepts/priorities.md#priorities-and-preemption)",
     )
     preempt_at: Timestamp | None = Field(
         None,
-        description="While `preempting`: when its worker is destroyed (README, "
-        "Priorities and preemption); null otherwise",
+        description="While `preempting`: when its worker is destroyed "
+        "(docs/concepts/priorities.md#priorities-and-preemption); null otherwise",
     )
     lost_cause: LostCause | None = Field(
         None,
@@ -308,7 +312,8 @@ class HostView(BaseModel):
 
 
 class GuardView(BaseModel):
-    """A guard watching a provider's workers (README, The guard), in `GET /v1/providers`."""
+    """A guard watching a provider's workers (docs/concepts/guard.md#the-guard), in
+    `GET /v1/providers`."""
 
     guard_id: str
     last_contact: Timestamp = Field(description="Its last poll of any replica")
@@ -420,7 +425,7 @@ class Readiness(BaseModel):
     ready: bool = True
 
 
-# --- usage (GET /v1/usage; README, Usage and retention) ---
+# --- usage (GET /v1/usage; docs/concepts/money.md#usage-and-retention) ---
 
 GroupBy = Literal["owner", "provider", "kind", "gpu"]
 

@@ -1,6 +1,6 @@
-"""Money settings read (README, Prices and caps): the per-owner caps of OWNER_BUDGETS,
-and prices per GPU class (LOCAL_DOCKER_PRICE_PER_HOUR, STATIC_PRICE_PER_HOUR). What the
-caps admit is the core's (lifecycle/admission.py)."""
+"""Money settings read (docs/concepts/money.md#prices-and-caps): the per-owner caps of
+OWNER_BUDGETS, and prices per GPU class (LOCAL_DOCKER_PRICE_PER_HOUR, STATIC_PRICE_PER_HOUR). What
+the caps admit is the core's (lifecycle/admission.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Priority classes read from the settings (README, Priorities and preemption):
+"""Priority classes read from the settings (docs/concepts/priorities.md#priorities-and-preemption):
 PRIORITY_CLASSES (`live=100:preempts,default=50,anim=10:preemptible`) and
 OWNER_PRIORITY_CLASSES (`live-control=live,anim=anim`). What a class is allowed to do
 (jump the line, displace another lease) is the core's (lifecycle/)."""

@@ -1,6 +1,6 @@
 """`serve`: the app under uvicorn, with uvicorn's public settings only.
 
-What uvicorn bounds here, and what it cannot (README, "HTTP limits"):
+What uvicorn bounds here, and what it cannot (docs/reference/api.md#http-limits):
 - Headers: its h11 protocol buffers at most `MAX_INCOMPLETE_HEADERS` bytes of a request
   that has not finished its headers and then answers 400 (plain text, h11's 431 hint is
   not used) and closes. httptools, the faster parser (HTTP_PARSER=httptools: about half

@@ -1,4 +1,4 @@
-"""Start-up that explains itself (README, "Start-up errors").
+"""Start-up that explains itself (docs/operations/startup-errors.md#start-up-errors).
 
 - `load_settings`: the settings from the environment, or every reason they cannot be
   used at once (the settings' own rules and the providers' configuration), one line each.
@@ -90,7 +90,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
         if close:
             warnings.append(f"{name} is not a setting; did you mean {close[0]}?")
         elif upper.startswith(OWN_PREFIXES):
-            warnings.append(f"{name} is not a setting (README, Configuration); ignored")
+            warnings.append(f"{name} is not a setting (docs/reference/configuration.md); ignored")
     return warnings
 
 

@@ -1,4 +1,4 @@
-"""The guards' poll (README, The guard): gated by the secret like every /v1 route."""
+"""The guards' poll (docs/concepts/guard.md#the-guard): gated by the secret like every /v1 route."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""`GET /v1/lease/{id}/self`: a worker asks whether its own lease still holds (README,
-What a worker knows of its lease). SecretGate (middleware.py) lets this one path through
-with the lease's own token (`Authorization: Bearer`, lease_access.py) instead of the
-internal secret, and refuses a token of another lease (403); so the route sees only
-callers entitled to this lease."""
+"""`GET /v1/lease/{id}/self`: a worker asks whether its own lease still holds
+(docs/concepts/worker-self.md#what-a-worker-knows-of-its-lease). SecretGate (middleware.py) lets
+this one path through with the lease's own token (`Authorization: Bearer`, lease_access.py) instead
+of the internal secret, and refuses a token of another lease (403); so the route sees only callers
+entitled to this lease."""
 
 from __future__ import annotations
 

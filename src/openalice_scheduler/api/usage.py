@@ -1,5 +1,5 @@
 """GET /v1/usage: leases, lease-hours and cost per owner, provider, kind or GPU class
-over a period (README, Usage and retention). The counting is store/usage.py's."""
+over a period (docs/concepts/money.md#usage-and-retention). The counting is store/usage.py's."""
 
 from __future__ import annotations
 

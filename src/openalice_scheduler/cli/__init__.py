@@ -49,14 +49,15 @@ def _root(
 
 @app.command()
 def serve() -> None:
-    """Run the service. Configured only by environment variables (see README)."""
+    """Run the service. Configured only by environment variables
+    (docs/reference/configuration.md)."""
     _run_server_part("server", "serve")
 
 
 @app.command()
 def guard() -> None:
     """Run a guard: destroys this instance's workers past their lease once no scheduler
-    answers it (README, The guard). Configured by environment variables."""
+    answers it (docs/concepts/guard.md#the-guard). Configured by environment variables."""
     _run_server_part("guard", "run")
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class ExitCode(IntEnum):
-    """What scripts can rely on; documented in `--help` and the README."""
+    """What scripts can rely on; documented in `--help` and docs/reference/client.md#exit-codes."""
 
     ok = 0
     error = 1  # anything else: 409 still provisioning, 500, an unexpected answer

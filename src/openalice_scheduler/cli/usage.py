@@ -1,5 +1,6 @@
-"""`openalice-scheduler usage`: GET /v1/usage as a table (README, Usage and retention).
-Registered by the package's `__init__`; its session and output are common.py's."""
+"""`openalice-scheduler usage`: GET /v1/usage as a table
+(docs/concepts/money.md#usage-and-retention). Registered by the package's `__init__`; its session
+and output are common.py's."""
 
 from __future__ import annotations
 

@@ -36,10 +36,11 @@ class HeldLease:
     """A lease held by `lease()`, kept fresh by its renewals. `lost` turns true when the
     scheduler ended the lease (a renewal answered 404): the worker is gone, stop using it;
     or when it preempts it for a caller of a higher class (409 `preempting`): the worker
-    goes at `lease.preempt_at`, so save what you can and let go (README, Priorities and
-    preemption); or when its worker stopped after its hand-out (409 `worker_lost`):
-    `lease.lost_cause` and `lease.exit_code` say why (README, A worker lost after its
-    hand-out). Either way it is no longer renewed.
+    goes at `lease.preempt_at`, so save what you can and let go
+    (docs/concepts/priorities.md#priorities-and-preemption); or when its worker stopped after its
+    hand-out (409 `worker_lost`): `lease.lost_cause` and `lease.exit_code` say why
+    (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out). Either way it is no
+    longer renewed.
 
     Then `on_lost(lease_id, reason)` is called, once, if given: from the renewal thread of
     `SchedulerClient`, or in the event loop (the renewal task) of `AsyncSchedulerClient`;

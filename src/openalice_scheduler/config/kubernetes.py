@@ -1,4 +1,4 @@
-"""Kubernetes' settings (README, Workers on Kubernetes)."""
+"""Kubernetes' settings (docs/backends/kubernetes.md#workers-on-kubernetes)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,24 @@ _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
 class KubernetesSettings(BaseSettings):
+    """Pods on a Kubernetes cluster: the context and namespace, each kind's image, the
+    GPU classes' resources and node selectors, the cap, prices, the pod's deadline and
+    grace, and its readiness."""
+
     k8s_context: str | None = Field(
         None, description="The kubeconfig context to use (KUBECONFIG's current one if unset)."
     )
     k8s_namespace: str = Field("openalice", description="Where the pods and secrets are made.")
-    k8s_renderer_image: str = Field("openalice-demo-worker:latest", min_length=1)
-    k8s_anim_image: str = Field("openalice-demo-worker:latest", min_length=1)
+    k8s_renderer_image: str = Field(
+        "openalice-demo-worker:latest",
+        min_length=1,
+        description="The renderer worker's image; the image's own entrypoint runs.",
+    )
+    k8s_anim_image: str = Field(
+        "openalice-demo-worker:latest",
+        min_length=1,
+        description="The anim worker's image, as K8S_RENDERER_IMAGE.",
+    )
     k8s_gpu_classes: str = Field(
         K8S_DEFAULT_GPU_CLASSES,
         description="Per GPU class, the pod's resource and node selector: "

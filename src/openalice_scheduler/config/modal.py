@@ -1,4 +1,4 @@
-"""Modal's settings (README, Workers on Modal)."""
+"""Modal's settings (docs/backends/modal.md#workers-on-modal)."""
 
 from __future__ import annotations
 
@@ -15,25 +15,49 @@ MODAL_MAX_TIMEOUT_S = 86_400
 
 
 class ModalSettings(BaseSettings):
-    modal_token_id: str | None = None
-    modal_token_secret: SecretStr | None = None
-    modal_app_name: str = Field("openalice-scheduler", min_length=1, max_length=64)
+    """Modal sandboxes: the token, the app, each kind's image and command, the GPU type
+    of each class, the cap, prices, the sandbox's own deadline and its readiness."""
+
+    modal_token_id: str | None = Field(
+        None,
+        description="Modal's token id; `modal` without both it and MODAL_TOKEN_SECRET is "
+        "skipped with a warning.",
+    )
+    modal_token_secret: SecretStr | None = Field(
+        None, description="Modal's token secret: never logged, stored or shown."
+    )
+    modal_app_name: str = Field(
+        "openalice-scheduler",
+        min_length=1,
+        max_length=64,
+        description="The Modal app the sandboxes belong to (looked up, made if missing).",
+    )
     modal_renderer_image: str = Field(
         "openalice-demo-worker:latest", min_length=1, description="A registry reference."
     )
-    modal_anim_image: str = Field("openalice-demo-worker:latest", min_length=1)
+    modal_anim_image: str = Field(
+        "openalice-demo-worker:latest",
+        min_length=1,
+        description="The anim worker's image, as MODAL_RENDERER_IMAGE.",
+    )
     modal_renderer_command: str = Field(
         "/bin/sh /entry.sh",
         min_length=1,
         description="What the sandbox runs (Modal runs no CMD of an image): shell words.",
     )
-    modal_anim_command: str = Field("/bin/sh /entry.sh", min_length=1)
+    modal_anim_command: str = Field(
+        "/bin/sh /entry.sh", min_length=1, description="As MODAL_RENDERER_COMMAND, for anim."
+    )
     modal_gpu_types: str = Field(
         "entry=L4,mid=L40S,high=H100",
         description="Modal's GPU type per GPU class; `none` runs on CPU.",
     )
     modal_max_sandboxes: int = Field(0, ge=0, description="Cap on live sandboxes; 0 = none.")
-    modal_price_per_hour: str = Field(MODAL_DEFAULT_PRICES)
+    modal_price_per_hour: str = Field(
+        MODAL_DEFAULT_PRICES,
+        description="USD per hour per GPU class (Modal's published per-second rates for 1 "
+        "core, 2 GiB and the GPU).",
+    )
     modal_sandbox_timeout_seconds: int = Field(
         MODAL_MAX_TIMEOUT_S,
         ge=60,

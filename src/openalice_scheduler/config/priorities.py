@@ -1,5 +1,6 @@
-"""Callers with priorities (README, Priorities and preemption): the classes, the owners'
-classes, the grace a preempted lease gets, and how long the line may grow."""
+"""Callers with priorities (docs/concepts/priorities.md#priorities-and-preemption): the
+classes, the owners' classes, the grace a preempted lease gets, and how long the line may
+grow."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from openalice_scheduler.priorities import (
 
 
 class PrioritySettings(BaseSettings):
+    """The priority classes callers name, each owner's class, the grace a preempted
+    lease's worker gets, and how long the waiting line may grow."""
+
     priority_classes: str | None = Field(
         None,
         description="name=value[:preempts][:preemptible], comma list (e.g. "

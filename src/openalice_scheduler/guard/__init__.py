@@ -1,4 +1,4 @@
-"""The guard (`openalice-scheduler guard`; README, The guard): a small process of its
+"""The guard (`openalice-scheduler guard`; docs/concepts/guard.md#the-guard): a small process of its
 own, deployed apart from the scheduler, that destroys the workers of one
 SCHEDULER_INSTANCE once no scheduler has answered it for GUARD_SILENCE_SECONDS and
 their lease (as last learned) ended GUARD_GRACE_SECONDS ago. It watches through the

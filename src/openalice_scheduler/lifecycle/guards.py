@@ -1,4 +1,4 @@
-"""What the scheduler tells its guards, and shows of them (README, The guard).
+"""What the scheduler tells its guards, and shows of them (docs/concepts/guard.md#the-guard).
 
 A guard (guard/, `openalice-scheduler guard`) polls `GET /v1/guard` every
 GUARD_POLL_SECONDS. The answer is what it must know to act alone once no scheduler

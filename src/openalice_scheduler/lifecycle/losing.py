@@ -1,7 +1,8 @@
-"""A worker that stopped after its hand-out (README, A worker lost after its hand-out):
-its lease ends at once, `released` with reason `lost` and the cause its backend gave (an
-idle pool worker is `recycled` for it, and replaced), its room is free for the next
-caller, and what remains of the worker (a stopped container, a failed pod) is destroyed.
+"""A worker that stopped after its hand-out
+(docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out): its lease ends at once,
+`released` with reason `lost` and the cause its backend gave (an idle pool worker is `recycled` for
+it, and replaced), its room is free for the next caller, and what remains of the worker (a stopped
+container, a failed pod) is destroyed.
 
 Deaths come from two places, and both end here: a backend's event stream (the Docker
 engine's events, the Kubernetes pod watch, the static endpoints' probes), heard by the
@@ -72,7 +73,8 @@ class Losing:
         """`record`'s worker stopped for good, as `death` says: the lease ends (if it
         still holds the worker) and the remains are destroyed. Whether this call ended
         it. A lease whose expiry has passed ends `expired` instead: its worker gone is
-        that expiry enforced (by a guard while no scheduler ran, README: The guard)."""
+        that expiry enforced (by a guard while no scheduler ran,
+        docs/concepts/guard.md#the-guard)."""
         core = self.core
         now = core.now_us()
         expired = record.state == LeaseState.active and record.expires_at <= now

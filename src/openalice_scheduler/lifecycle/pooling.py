@@ -1,7 +1,7 @@
-"""Warm pools (README, Warm pools): WARM_POOL idle, ready workers per kind and GPU class,
-kept in the store as lease rows with no owner (store/pool.py). The pool is one of the
-supplies an acquire tries (acquiring.py), the first: a faster way to get a provider's
-worker, through the same path as a cold one.
+"""Warm pools (docs/concepts/pools.md#warm-pools): WARM_POOL idle, ready workers per kind and GPU
+class, kept in the store as lease rows with no owner (store/pool.py). The pool is one of the
+supplies an acquire tries (acquiring.py), the first: a faster way to get a provider's worker,
+through the same path as a cold one.
 
 Kept filled by a loop (loops/warm.py) that calls `refill`: it recycles idle workers past
 WARM_POOL_MAX_IDLE_SECONDS (or beyond their target), then makes the missing ones on the

@@ -1,8 +1,8 @@
-"""Preemption (README, Priorities and preemption): a caller of a class that preempts,
-willing to wait, that found every provider full and no idle pool worker, displaces one
-lease of a lower, preemptible class. Which lease, and that the room it frees is this
-caller's alone, is admission's (admission.preempt, one transaction); how the victim
-ends is ending's (Ending.preempted: counted, told, destroyed at its deadline)."""
+"""Preemption (docs/concepts/priorities.md#priorities-and-preemption): a caller of a class that
+preempts, willing to wait, that found every provider full and no idle pool worker, displaces one
+lease of a lower, preemptible class. Which lease, and that the room it frees is this caller's alone,
+is admission's (admission.preempt, one transaction); how the victim ends is ending's
+(Ending.preempted: counted, told, destroyed at its deadline)."""
 
 from __future__ import annotations
 

@@ -146,8 +146,8 @@ class LeaseService:
         max_idle_seconds: float,
         idle_gauge: Gauge,
     ) -> Pool:
-        """The warm pool (README, Warm pools), kept filled by its loop (loops/warm.py);
-        with no targets it only recycles what an earlier run left."""
+        """The warm pool (docs/concepts/pools.md#warm-pools), kept filled by its loop
+        (loops/warm.py); with no targets it only recycles what an earlier run left."""
         self.pool = Pool(
             self.core,
             self.ending,
@@ -162,7 +162,7 @@ class LeaseService:
         return self.pool
 
     def open_guards(self, *, instance: str, most: int, forget_seconds: float) -> GuardDesk:
-        """What the guards poll (README, The guard)."""
+        """What the guards poll (docs/concepts/guard.md#the-guard)."""
         self.guards = GuardDesk(
             self.core.store,
             instance=instance,
@@ -246,8 +246,8 @@ class LeaseService:
         return await self.store.list_json((LeaseState.active, LeaseState.preempting))
 
     async def usage(self, group_by: GroupBy, *, since: int, until: int) -> counting.Usage:
-        """What leases held in [since, until) cost, per group (README, Usage and
-        retention)."""
+        """What leases held in [since, until) cost, per group
+        (docs/concepts/money.md#usage-and-retention)."""
         return await counting.usage(
             self.store.backend, group_by, since=since, until=until, now=self.now_us()
         )
@@ -302,7 +302,7 @@ class LeaseService:
 
 def _refuse_lost(record: LeaseRecord, owner: str | None) -> None:
     """A renewal of a lease whose worker stopped after its hand-out: 409 `worker_lost`,
-    naming why (README, A worker lost after its hand-out)."""
+    naming why (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out)."""
     if record.release_reason != ReleaseReason.lost or record.lost_cause is None:
         return
     check_owner(record, owner)

@@ -1,8 +1,8 @@
 """What the store does not keep for ever, each a loop of its own: ended leases past
-LEASE_RETENTION_DAYS (README, Usage and retention), without which the leases table grows
-with every lease ever made; and guards silent past GUARD_FORGET_SECONDS (README, The
-guard), without which each guard ever seen stays listed, a series on /metrics and an
-alert."""
+LEASE_RETENTION_DAYS (docs/concepts/money.md#usage-and-retention), without which the leases table
+grows with every lease ever made; and guards silent past GUARD_FORGET_SECONDS
+(docs/concepts/guard.md#the-guard), without which each guard ever seen stays listed, a series on
+/metrics and an alert."""
 
 from __future__ import annotations
 

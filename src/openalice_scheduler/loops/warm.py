@@ -1,5 +1,5 @@
-"""The warm pool's loop (README, Warm pools): woken at start, after each take or recycle,
-and every few seconds, it has the pool recycle what is stale and make what is missing
+"""The warm pool's loop (docs/concepts/pools.md#warm-pools): woken at start, after each take or
+recycle, and every few seconds, it has the pool recycle what is stale and make what is missing
 (lifecycle/pooling.py)."""
 
 from __future__ import annotations

@@ -84,9 +84,9 @@ class Worker:
 
 @dataclass(frozen=True, slots=True)
 class WorkerDeath:
-    """How a worker stopped, as its backend tells it (README, A worker lost after its
-    hand-out): the cause, its exit code when the backend gives one, and the backend's
-    own words."""
+    """How a worker stopped, as its backend tells it
+    (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out): the cause, its exit code
+    when the backend gives one, and the backend's own words."""
 
     cause: LostCause
     exit_code: int | None = None

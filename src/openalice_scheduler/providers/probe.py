@@ -1,6 +1,6 @@
-"""Readiness probes: a new worker is handed out only once it answers (README, Workers
-ready when handed out). A container that started, or a pod RunPod calls RUNNING, may still be
-pulling its image or starting its process for minutes.
+"""Readiness probes: a new worker is handed out only once it answers
+(docs/concepts/readiness-and-loss.md#workers-ready-when-handed-out). A container that started, or a
+pod RunPod calls RUNNING, may still be pulling its image or starting its process for minutes.
 
 Per worker kind, the probe is an HTTP GET of RENDERER_READY_PATH / ANIM_READY_PATH
 answered 2xx or, when unset, a TCP connect to the worker's port (behind a proxy or a

@@ -1,7 +1,7 @@
-"""The warm pool's transactions (README, Warm pools). A pool worker is a row of `leases`
-with no owner: `warming` while made and probed, `idle` once ready. So every cap and
-exclusive device the lease path counts (`_COUNT_LIVE`, `_TAKEN`) counts pool workers too,
-and reconciliation sees them by their lease id; quotas and idempotency (`_HELD`) do not.
+"""The warm pool's transactions (docs/concepts/pools.md#warm-pools). A pool worker is a row of
+`leases` with no owner: `warming` while made and probed, `idle` once ready. So every cap and
+exclusive device the lease path counts (`_COUNT_LIVE`, `_TAKEN`) counts pool workers too, and
+reconciliation sees them by their lease id; quotas and idempotency (`_HELD`) do not.
 
 Claiming an idle worker for a request is one guarded UPDATE (`idle → provisioning`, the
 core's move): two acquires (two replicas) racing for one worker never both win it. Which

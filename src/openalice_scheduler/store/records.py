@@ -56,12 +56,12 @@ class LeaseRecord:
     revision: int = 0
     # The engine of a local-docker fleet holding the worker (DOCKER_HOSTS), else None.
     host: str | None = None
-    # A warm-pool worker's address for its hand-off (README, Warm pools), else None.
+    # A warm-pool worker's address for its hand-off (docs/concepts/pools.md#warm-pools), else None.
     probe_url: str | None = None
-    # The lease's fencing token (README, What a worker knows of its lease).
+    # The lease's fencing token (docs/concepts/worker-self.md#what-a-worker-knows-of-its-lease).
     fence: int | None = None
-    # What it costs (README, Prices and caps): the GPU type it got, USD per hour (None:
-    # unknown), when it became active, and once ended its cost.
+    # What it costs (docs/concepts/money.md#prices-and-caps): the GPU type it got, USD per hour
+    # (None: unknown), when it became active, and once ended its cost.
     gpu_type: str | None = None
     price_per_hour: float | None = None
     granted_at: int | None = None

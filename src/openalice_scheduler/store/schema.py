@@ -68,8 +68,8 @@ leases = Table(
     Column("price_per_hour", Float),
     Column("granted_at", BigInteger),
     Column("cost", Float),
-    # Its caller's priority class (README, Priorities and preemption); when it is being
-    # preempted, the moment its worker goes, and the request that displaces it.
+    # Its caller's priority class (docs/concepts/priorities.md#priorities-and-preemption); when it
+    # is being preempted, the moment its worker goes, and the request that displaces it.
     Column("priority_class", String(32), nullable=False, server_default=text("'default'")),
     Column("preempt_at", BigInteger),
     Column("preempted_by", String(300)),

@@ -1,5 +1,5 @@
-"""What leases cost over time (README, Prices and caps): the figures usage reports and
-an owner's caps in money are weighed against (lifecycle/admission.py).
+"""What leases cost over time (docs/concepts/money.md#prices-and-caps): the figures usage reports
+and an owner's caps in money are weighed against (lifecycle/admission.py).
 
 A lease costs its `price_per_hour` from `granted_at` until `released_at` (or now, while
 it lives). Spend over a period counts, of each lease, the part of that time inside the

@@ -1,5 +1,5 @@
 """Usage over a period (GET /v1/usage) and the purge of ended leases past retention
-(README, Usage and retention).
+(docs/concepts/money.md#usage-and-retention).
 
 Both read or delete straight from the leases table over the store's backend: usage is a
 report, not a state change, and the purge only removes rows no rule looks at any more."""

@@ -1,5 +1,5 @@
-// The dashboard (README, "Dashboard: /ui"). Plain script, no build step: it asks for
-// the secret once, keeps it in sessionStorage (this tab only; never a URL, a cookie or
+// The dashboard (docs/operations/dashboard.md#dashboard-ui). Plain script, no build step: it asks
+// for the secret once, keeps it in sessionStorage (this tab only; never a URL, a cookie or
 // localStorage) and reads the gated JSON endpoints with it every few seconds.
 //
 // Every value from the service is put into the page as text (textContent, text
@@ -371,7 +371,7 @@ async function refreshSpend() {
 }
 
 // Owner → cost from a `GET /v1/usage?group_by=owner` answer: {groups: [{key, cost, …}]},
-// `key` null for leases without an owner (README, Usage and retention).
+// `key` null for leases without an owner (docs/concepts/money.md#usage-and-retention).
 function usageByOwner(answer) {
   const costs = new Map();
   for (const group of (answer && answer.groups) || []) {

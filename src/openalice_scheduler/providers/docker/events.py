@@ -1,7 +1,7 @@
-"""A Docker engine's event stream, as the deaths of this scheduler's containers (README,
-A worker lost after its hand-out): each `die` event of a container labelled with this
-SCHEDULER_INSTANCE is a WorkerEnded, OOM-killed when the engine said `oom` for it (or
-its inspection says so: Docker sends `oom` before `die`, but nothing promises it).
+"""A Docker engine's event stream, as the deaths of this scheduler's containers
+(docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out): each `die` event of a
+container labelled with this SCHEDULER_INSTANCE is a WorkerEnded, OOM-killed when the engine said
+`oom` for it (or its inspection says so: Docker sends `oom` before `die`, but nothing promises it).
 
 The SDK's stream blocks, so it is read in a thread of its own for the stream's life and
 handed to the event loop through a queue. A stream that breaks (the engine restarted,

@@ -1,5 +1,5 @@
-"""DOCKER_HOSTS: the Docker engines of a fleet, parsed and checked (README, "A fleet of
-Docker hosts").
+"""DOCKER_HOSTS: the Docker engines of a fleet, parsed and checked
+(docs/backends/docker.md#a-fleet-of-docker-hosts).
 
 One entry per engine, entries separated by `;`, each `name=address` followed by options
 separated by spaces:

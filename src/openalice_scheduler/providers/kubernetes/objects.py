@@ -177,9 +177,10 @@ _FAILED = {
 
 
 def death(obj: Pod, *, deleted: bool = False) -> WorkerDeath | None:
-    """How the pod's worker stopped for good (README, A worker lost after its hand-out),
-    or None while it runs or starts. `deleted`: the pod itself is gone (a DELETED event):
-    a worker deleted with no other word of why is `unknown`."""
+    """How the pod's worker stopped for good
+    (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out), or None while it runs or
+    starts. `deleted`: the pod itself is gone (a DELETED event): a worker deleted with no other word
+    of why is `unknown`."""
     status = obj.status
     phase = (status.phase if status else None) or "Pending"
     conditions = {c.type: c for c in (status.conditions or [])} if status else {}

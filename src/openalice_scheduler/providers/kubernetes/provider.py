@@ -1,6 +1,6 @@
-"""Workers on Kubernetes (README, Workers on Kubernetes): a lease is a Pod, made through
-lightkube's async client, configured the Kubernetes way (the pod's service account when
-the scheduler runs in a cluster, else KUBECONFIG and K8S_CONTEXT).
+"""Workers on Kubernetes (docs/backends/kubernetes.md#workers-on-kubernetes): a lease is a Pod, made
+through lightkube's async client, configured the Kubernetes way (the pod's service account when the
+scheduler runs in a cluster, else KUBECONFIG and K8S_CONTEXT).
 
 - The pod (objects.py) runs the kind's image, never restarted, with the GPU class's
   extended resource as its limit and its node selector (K8S_GPU_CLASSES); the worker's

@@ -1,8 +1,8 @@
-"""The deaths of this scheduler's pods, from one watch of the namespace (README, A worker
-lost after its hand-out), as a controller follows its pods: list the pods with this
-SCHEDULER_INSTANCE's label, then watch from the list's resourceVersion. A pod whose
-worker stopped for good (objects.death: its container terminated, OOM-killed, evicted,
-its node lost, its deadline reached, the pod deleted) is a WorkerEnded.
+"""The deaths of this scheduler's pods, from one watch of the namespace
+(docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out), as a controller follows its
+pods: list the pods with this SCHEDULER_INSTANCE's label, then watch from the list's
+resourceVersion. A pod whose worker stopped for good (objects.death: its container terminated,
+OOM-killed, evicted, its node lost, its deadline reached, the pod deleted) is a WorkerEnded.
 
 A watch the API server ends (its timeout) is made again by lightkube from the last
 version heard; a version too old to watch from (410 Expired, in the stream as an ERROR

@@ -1,5 +1,5 @@
-"""Workers on Modal (README, Workers on Modal): a lease is a Modal Sandbox, made through
-the official `modal` client.
+"""Workers on Modal (docs/backends/modal.md#workers-on-modal): a lease is a Modal Sandbox, made
+through the official `modal` client.
 
 - The sandbox runs the kind's image (a registry reference) with the kind's command
   (Modal runs no CMD of an image), its GPU type per GPU class (MODAL_GPU_TYPES; `none`
