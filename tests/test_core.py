@@ -4,15 +4,25 @@ table of states: the service in this process over a real store and the static pr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from opentelemetry.trace import NoOpTracer
 
-from openalice_scheduler.errors import LeaseNotFound, NoProviderAvailable, WorkerLost
+from openalice_scheduler.config import Settings
+from openalice_scheduler.errors import (
+    LeaseNotFound,
+    NoProviderAvailable,
+    ReleaseFailed,
+    WorkerLost,
+)
 from openalice_scheduler.lifecycle import LeaseService, states
+from openalice_scheduler.lifecycle.admission import Priorities
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import (
@@ -22,23 +32,32 @@ from openalice_scheduler.models import (
     ReleaseReason,
     WorkerKind,
 )
+from openalice_scheduler.priorities import parse_priority_classes
 from openalice_scheduler.providers import WorkerDeath, WorkerEnded
+from openalice_scheduler.providers.docker import LocalDockerProvider
 from openalice_scheduler.providers.static import StaticProvider
-from openalice_scheduler.store import open_store
-from tests.harness import database_url
+from openalice_scheduler.store import LeaseRecord, open_store, to_us
+from tests.dockerproxy import DockerProxy
+from tests.harness import SECRET, WORKER_IMAGE, database_url, remove_instance
 
 
 class Clock:
-    """The service's clock, moved by the test."""
+    """The service's one clock (lifecycle/clock.py), moved by the test: wall time and
+    monotonic time go forward together."""
 
     def __init__(self) -> None:
-        self.now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+        self.wall = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+        self.seconds = 1000.0
 
-    def __call__(self) -> datetime:
-        return self.now
+    def now(self) -> datetime:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.seconds
 
     def move(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+        self.wall += timedelta(seconds=seconds)
+        self.seconds += seconds
 
 
 @pytest.fixture
@@ -144,3 +163,100 @@ async def test_a_death_heard_twice_ends_the_lease_once_and_after_its_expiry_as_e
     assert await service.worker_ended(provider, death) is True
     late = await service.get(again.lease_id)
     assert (late.release_reason, late.lost_cause) == (ReleaseReason.expired, None)
+
+
+async def test_a_preempted_lease_runs_its_grace_on_the_moved_clock_then_goes(
+    tmp_path: Path, clock: Clock
+) -> None:
+    with database_url("sqlite", tmp_path) as url:
+        store = open_store(url)
+        await store.migrate()
+        service = LeaseService(
+            store,
+            [StaticProvider("renderer=http://only:8080")],
+            OrderedFirstAvailable(),
+            Metrics(),
+            NoOpTracer(),
+            clock=clock,
+            priorities=Priorities(
+                parse_priority_classes("live=100:preempts,default=50:preemptible")
+            ),
+            preemption_grace=30,
+        )
+        victim = await service.acquire(LeaseRequest(kind=WorkerKind.renderer, ttl_seconds=600))
+        # A live caller waits for the one endpoint: the victim is told, and goes after its
+        # grace, counted on the service's clock.
+        waiting = asyncio.create_task(
+            service.acquire(
+                LeaseRequest(kind=WorkerKind.renderer, priority_class="live", wait_seconds=60)
+            )
+        )
+        preempting = await _until(lambda: service.get(victim.lease_id), "preempting")
+        assert preempting.preempt_at == clock_us(clock) + 30_000_000
+        clock.move(29.999)
+        assert await service.release_due() == 0
+        clock.move(0.001)
+        assert await service.release_due() == 1
+        ended = await service.get(victim.lease_id)
+        assert ended.release_reason == ReleaseReason.preempted
+        served = await asyncio.wait_for(waiting, 30)
+        assert served.priority_class == "live" and served.endpoint == "http://only:8080"
+        await store.close()
+
+
+async def test_a_failed_release_is_retried_after_1_2_4_s_on_the_moved_clock(
+    tmp_path: Path, clock: Clock
+) -> None:
+    # A real Docker engine behind a proxy the test cuts off: the release cannot be
+    # confirmed, and is retried after 1, 2, 4 … s (at most 30), on the service's clock.
+    where = Path(tempfile.mkdtemp(prefix="oa-cut-", dir="/tmp"))
+    instance = f"t-{uuid.uuid4().hex[:10]}"
+    with DockerProxy(where / "docker.sock").start() as cut:
+        settings = Settings(  # type: ignore[call-arg]
+            internal_secret=SECRET,
+            scheduler_instance=instance,
+            docker_network=f"oa-{instance}",
+            docker_host=cut.url,
+            renderer_image=WORKER_IMAGE,
+            local_gpu_devices="",
+        )
+        store = open_store(f"sqlite:///{tmp_path / 'retry.db'}")
+        await store.migrate()
+        provider = LocalDockerProvider(settings)
+        service = LeaseService(
+            store, [provider], OrderedFirstAvailable(), Metrics(), NoOpTracer(), clock=clock
+        )
+        try:
+            lease = await service.acquire(LeaseRequest(kind=WorkerKind.renderer))
+            cut.stop()
+            with pytest.raises(ReleaseFailed):
+                await service.release(lease.lease_id, None)
+            for wait in (1, 2, 4):
+                record = await service.get(lease.lease_id)
+                assert record.next_attempt_at == clock_us(clock) + wait * 1_000_000
+                clock.move(wait - 0.001)
+                assert await service.release_due() == 0  # not due yet
+                clock.move(0.001)
+                assert await service.release_due() == 1  # tried, and failed again
+            cut.start()
+            clock.move(8)
+            assert await service.release_due() == 1
+            assert (await service.get(lease.lease_id)).state == LeaseState.released
+        finally:
+            cut.start()
+            await provider.close()
+            await store.close()
+            remove_instance(instance, f"oa-{instance}")
+
+
+def clock_us(clock: Clock) -> int:
+    return to_us(clock.now())
+
+
+async def _until(read: Callable[[], Awaitable[LeaseRecord]], state: str) -> LeaseRecord:
+    for _ in range(600):
+        record = await read()
+        if record.state == state:
+            return record
+        await asyncio.sleep(0.05)  # sleep: the other acquire runs on this loop meanwhile
+    raise AssertionError(f"never {state}")

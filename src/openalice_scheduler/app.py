@@ -13,7 +13,7 @@ from openalice_scheduler.api.access import AccessLog
 from openalice_scheduler.api.errors import install_error_handlers
 from openalice_scheduler.config import Settings
 from openalice_scheduler.lease_access import LeaseAccess
-from openalice_scheduler.lifecycle import Clock, utcnow
+from openalice_scheduler.lifecycle import SYSTEM_CLOCK, Clock
 from openalice_scheduler.lifespan import lifespan
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import Provider, build_providers
@@ -26,7 +26,7 @@ def create_app(
     settings: Settings,
     *,
     providers: Sequence[Provider] | None = None,
-    clock: Clock = utcnow,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> FastAPI:
     providers = list(providers) if providers is not None else build_providers(settings)
     metrics = Metrics(owner_series=settings.metrics_owner_series)

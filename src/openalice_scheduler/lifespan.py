@@ -32,7 +32,7 @@ from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import Provider
 from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.readiness import ReadinessCheck
-from openalice_scheduler.store import LeaseStore, to_us
+from openalice_scheduler.store import LeaseStore
 from openalice_scheduler.tracing import Tracing, service_version
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def lifespan(
         probe = ReadyProbe.from_settings(settings, metrics.ready_seconds)
         try:
             await store.migrate()
-            alarm = Alarm(lambda: to_us(clock()))
+            alarm = Alarm(clock)
             beat = min(5.0, settings.reconcile_interval_seconds / 2)
             # Tells workers of their lease: a warm one its hand-off, any one its preemption.
             handoff = HandOff(

@@ -138,7 +138,7 @@ class Acquiring:
     def _attempt(self, request: LeaseRequest, caller: Waiter) -> Attempt:
         core = self.core
         lease_id = new_lease_id()
-        now = core.clock()
+        now = core.clock.now()
         spec = WorkerSpec(
             lease_id=lease_id,
             kind=request.kind,
@@ -267,8 +267,8 @@ class Acquiring:
         """The lease another acquire of the same request is making, once active; None
         when that acquire failed (this one then tries on its own)."""
         core = self.core
-        deadline = time.monotonic() + core.provision_timeout + core.probe.longest + 5
-        while time.monotonic() < deadline:
+        deadline = core.clock.monotonic() + core.provision_timeout + core.probe.longest + 5
+        while core.clock.monotonic() < deadline:
             record = await core.store.get(lease_id)
             if record is None or record.state not in (LeaseState.provisioning, LeaseState.active):
                 return None

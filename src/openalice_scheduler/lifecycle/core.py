@@ -6,25 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from opentelemetry.trace import Tracer
 
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifecycle.admission import Budgets, InLine, Priorities
+from openalice_scheduler.lifecycle.clock import SYSTEM_CLOCK, Clock
 from openalice_scheduler.lifecycle.line import CapacityQueue, Waiter
 from openalice_scheduler.lifecycle.policy import Policy
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import InstantProvider, Provider
 from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.store import LeaseStore, to_us
-
-Clock = Callable[[], datetime]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(eq=False)
@@ -40,7 +34,7 @@ class Core:
     priorities: Priorities
     line: CapacityQueue
     # A rule about time takes its time from here (tests move it).
-    clock: Clock = utcnow
+    clock: Clock = SYSTEM_CLOCK
     # Called with the moment (µs) something new becomes due (the sweeper's alarm).
     on_due: Callable[[int], None] = lambda _at: None
     provision_timeout: float = 600.0
@@ -61,7 +55,7 @@ class Core:
         self.instant = tuple(p.name for p in self.providers if isinstance(p, InstantProvider))
 
     def now_us(self) -> int:
-        return to_us(self.clock())
+        return to_us(self.clock.now())
 
     def capacity_freed(self) -> None:
         """A lease stopped holding capacity: the first acquire waiting for some tries."""

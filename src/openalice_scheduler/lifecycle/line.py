@@ -21,13 +21,13 @@ import contextlib
 import itertools
 import logging
 import math
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from openalice_scheduler.errors import LineFull, NoProviderAvailable, ShuttingDown
+from openalice_scheduler.lifecycle.clock import SYSTEM_CLOCK, Clock
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.store.waiters import WaitingRow
 
@@ -58,7 +58,7 @@ class Waiter:
     # The lease preempted for it (one victim per caller), whose capacity is its own.
     claims: str | None = None
     waiter_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    since: float = field(default_factory=time.monotonic)
+    since: float = 0.0  # when it began to ask (the line's clock, monotonic seconds)
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: bool = False
     # Ties of priority and arrival keep the order the callers came in, here.
@@ -87,8 +87,16 @@ class Waiter:
 
 
 class CapacityQueue:
-    def __init__(self, metrics: Metrics, *, most: int = 1000, per_owner: int = 500) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        most: int = 1000,
+        per_owner: int = 500,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self._queue: list[Waiter] = []  # in rank order
+        self.clock = clock
         self._metrics = metrics
         self.most = most
         self.per_owner = per_owner
@@ -119,13 +127,14 @@ class CapacityQueue:
         once the line is closed."""
         if self.closed:
             raise ShuttingDown()
-        deadline = time.monotonic() + wait_seconds
+        caller.since = self.clock.monotonic()
+        deadline = caller.since + wait_seconds
         served = False
         try:
             # Behind others already waiting: queue up rather than overtake them.
             if wait_seconds and self.busy(caller.priority):
                 await self.join(caller)
-                await self.wait(caller, deadline - time.monotonic(), gone)
+                await self.wait(caller, deadline - self.clock.monotonic(), gone)
             while True:
                 if self.closed:
                     raise ShuttingDown()
@@ -134,7 +143,7 @@ class CapacityQueue:
                     served = True
                     return result
                 except NoProviderAvailable as exc:
-                    remaining = deadline - time.monotonic()
+                    remaining = deadline - self.clock.monotonic()
                     if not exc.at_capacity or remaining <= 0 or _left(gone):
                         if exc.at_capacity:
                             self._metrics.refused_at_capacity(caller.kind, caller.gpu)
@@ -157,7 +166,8 @@ class CapacityQueue:
                         raise
         finally:
             if caller.waiting:
-                await self.leave(caller, _outcome(served, gone, deadline))
+                late = self.clock.monotonic() >= deadline
+                await self.leave(caller, _outcome(served, gone, late))
 
     async def join(self, waiter: Waiter) -> None:
         """Into the line, at its rank; LineFull when the line, or the owner's share of
@@ -195,7 +205,7 @@ class CapacityQueue:
             waiter.gpu,
             waiter.priority_class,
             outcome,
-            time.monotonic() - waiter.since,
+            self.clock.monotonic() - waiter.since,
         )
         if self.on_leave is not None:
             await self.on_leave(waiter, outcome)
@@ -253,9 +263,9 @@ def _left(gone: asyncio.Event | None) -> bool:
     return gone is not None and gone.is_set()
 
 
-def _outcome(served: bool, gone: asyncio.Event | None, deadline: float) -> str:
+def _outcome(served: bool, gone: asyncio.Event | None, late: bool) -> str:
     if served:
         return "served"
     if _left(gone):
         return "gone"
-    return "timeout" if time.monotonic() >= deadline else "refused"
+    return "timeout" if late else "refused"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 from openalice_scheduler.errors import SchedulerError
@@ -61,8 +60,8 @@ class Losing:
 
     async def _after_hand_out(self, provider: Provider, ended: WorkerEnded) -> None:
         core = self.core
-        deadline = time.monotonic() + core.provision_timeout + core.probe.longest
-        while ended.lease_id in core.in_flight and time.monotonic() < deadline:
+        deadline = core.clock.monotonic() + core.provision_timeout + core.probe.longest
+        while ended.lease_id in core.in_flight and core.clock.monotonic() < deadline:
             await asyncio.sleep(IN_FLIGHT_POLL_S)
         with contextlib.suppress(SchedulerError):  # the reconciler's listing, then
             record = await self._holder(provider, ended)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -97,7 +96,7 @@ class Pool:
         for count in await self.store.counts():
             key = (count.kind, count.gpu)
             have[key] = have.get(key, 0) + count.count
-        now = time.monotonic()
+        now = self.core.clock.monotonic()
         work = [
             self._warm_one(key, target)
             for key, target in self.targets.items()
@@ -121,8 +120,8 @@ class Pool:
                 recycled += await self._recycle(record.lease_id)
             else:
                 alive.append(record)
-        if time.monotonic() - self._checked_at >= CHECK_EVERY_S:
-            self._checked_at = time.monotonic()
+        if self.core.clock.monotonic() - self._checked_at >= CHECK_EVERY_S:
+            self._checked_at = self.core.clock.monotonic()
             problems = await asyncio.gather(
                 *(self.core.probe.check(r.kind, r.probe_url or r.endpoint) for r in alive)
             )
@@ -149,7 +148,7 @@ class Pool:
         """One pool worker made, probed and recorded idle: 1, else 0."""
         kind, gpu = key
         lease_id = new_lease_id()
-        now = self.core.clock()
+        now = self.core.clock.now()
         expires = now + timedelta(microseconds=self.max_idle_us)
         spec = WorkerSpec(
             lease_id=lease_id,
@@ -246,7 +245,7 @@ class Pool:
     def _failed(self, key: Key) -> None:
         wait = min(MAX_BACKOFF_S, self._backoff.get(key, FIRST_BACKOFF_S / 2) * 2)
         self._backoff[key] = wait
-        self._retry_at[key] = time.monotonic() + wait
+        self._retry_at[key] = self.core.clock.monotonic() + wait
 
     async def _show_idle(self) -> None:
         idle: dict[Key, int] = dict.fromkeys(self.targets, 0)

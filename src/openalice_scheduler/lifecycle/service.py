@@ -31,7 +31,8 @@ from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifecycle import states
 from openalice_scheduler.lifecycle.acquiring import Acquiring
 from openalice_scheduler.lifecycle.admission import Budgets, Priorities, check_owner
-from openalice_scheduler.lifecycle.core import Clock, Core, utcnow
+from openalice_scheduler.lifecycle.clock import SYSTEM_CLOCK, Clock
+from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.guards import GuardDesk
 from openalice_scheduler.lifecycle.line import CapacityQueue
@@ -71,7 +72,7 @@ class LeaseService:
         provision_timeout: float = 600.0,
         probe: ReadyProbe | None = None,
         max_leases_per_owner: int = 0,
-        clock: Clock = utcnow,
+        clock: Clock = SYSTEM_CLOCK,
         on_due: Callable[[int], None] = lambda _at: None,
         access: LeaseAccess | None = None,
         budgets: Budgets | None = None,
@@ -95,7 +96,9 @@ class LeaseService:
             budgets=budgets or Budgets(),
             # The priority classes (none given: one class, `default`).
             priorities=priorities or Priorities(),
-            line=CapacityQueue(metrics, most=max_waiting, per_owner=max_waiting_per_owner),
+            line=CapacityQueue(
+                metrics, most=max_waiting, per_owner=max_waiting_per_owner, clock=clock
+            ),
             clock=clock,
             on_due=on_due,
             provision_timeout=provision_timeout,
@@ -131,6 +134,11 @@ class LeaseService:
     @property
     def in_flight(self) -> set[str]:
         return self.core.in_flight
+
+    @property
+    def clock(self) -> Clock:
+        """The one source of time (lifecycle/clock.py): the loops read it too."""
+        return self.core.clock
 
     def now_us(self) -> int:
         return self.core.now_us()

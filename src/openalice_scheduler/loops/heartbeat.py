@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from openalice_scheduler.errors import StoreUnavailable
 from openalice_scheduler.lifecycle import LeaseService
 from openalice_scheduler.loops.base import LoopService
@@ -24,10 +22,12 @@ class Heartbeat(LoopService):
         try:
             await self.service.store.replicas.heartbeat(now=self.service.now_us())
         except StoreUnavailable:
-            self._failed_at = time.monotonic()
+            self._failed_at = self.service.clock.monotonic()
             raise
 
     def steady_for(self, seconds: float) -> bool:
         """No heartbeat of this replica failed in the last `seconds`: had another
         replica stopped beating meanwhile, it was not for a store outage."""
-        return self._failed_at is None or time.monotonic() - self._failed_at >= seconds
+        if self._failed_at is None:
+            return True
+        return self.service.clock.monotonic() - self._failed_at >= seconds

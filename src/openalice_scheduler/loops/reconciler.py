@@ -5,7 +5,6 @@ provisions, destroys orphan workers and marks leases whose worker vanished `lost
 from __future__ import annotations
 
 import logging
-import time
 
 from opentelemetry.trace import Tracer
 
@@ -42,7 +41,7 @@ class Reconciler(LoopService):
         # Providers whose event stream (re)opened since the last pass (`wake_for`): the
         # next pass lists only them, unless a whole pass is due anyway.
         self._due: set[str] = set()
-        self._whole_at = time.monotonic()
+        self._whole_at = self.service.clock.monotonic()
 
     def wake_for(self, provider: str) -> None:
         """A pass over `provider` soon: its event stream (re)opened, and what the stream
@@ -52,7 +51,7 @@ class Reconciler(LoopService):
 
     async def run_once(self) -> dict[str, int]:
         due, self._due = self._due, set()
-        whole = not due or time.monotonic() - self._whole_at >= self.interval
+        whole = not due or self.service.clock.monotonic() - self._whole_at >= self.interval
         providers = [p for p in self.service.providers if whole or p.name in due]
         totals = {"failed": 0, "orphans": 0, "lost": 0}
         store = self.service.store
@@ -83,7 +82,7 @@ class Reconciler(LoopService):
             # health is scheduler_provider_up's to tell.
             self.service.metrics.reconcile_last_success.set_to_current_time()
             if whole:
-                self._whole_at = time.monotonic()
+                self._whole_at = self.service.clock.monotonic()
         finally:
             await store.replicas.unlock(RECONCILE_LOCK)
         if any(totals.values()):

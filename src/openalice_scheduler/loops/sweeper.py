@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
-from collections.abc import Callable
 
 from opentelemetry.trace import Tracer
 
-from openalice_scheduler.lifecycle import LeaseService
+from openalice_scheduler.lifecycle import Clock, LeaseService
 from openalice_scheduler.loops.base import LoopService
+from openalice_scheduler.store import to_us
 
 
 class Alarm:
@@ -19,13 +18,13 @@ class Alarm:
     (`due`, the service's `on_due`), it wakes the sweeper when that comes before the
     sweeper's next pass."""
 
-    def __init__(self, now_us: Callable[[], int]) -> None:
-        self.now_us = now_us
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self.event = asyncio.Event()
         self.wake_at = math.inf  # monotonic time the sweeper will next wake
 
     def due(self, at_us: int) -> None:
-        if time.monotonic() + (at_us - self.now_us()) / 1e6 < self.wake_at:
+        if self.clock.monotonic() + (at_us - to_us(self.clock.now())) / 1e6 < self.wake_at:
             self.event.set()
 
 
@@ -60,5 +59,5 @@ class Sweeper(LoopService):
         wait = self.interval
         if due is not None:
             wait = min(wait, max(0.0, (due - self.service.now_us()) / 1e6))
-        self.alarm.wake_at = time.monotonic() + wait
+        self.alarm.wake_at = self.alarm.clock.monotonic() + wait
         return wait
