@@ -8,9 +8,10 @@ each request head, then the body (Content-Length or chunked), and forwards them;
 responses are piped back raw. Faults:
 
 - `delay(pattern, seconds)`: a request whose `"<METHOD> <path>"` matches the regex is
-  held for `seconds` before it is forwarded (`held` counts the ones waiting now). A held
-  request whose client went away meanwhile is dropped, never forwarded; `drop_held()`
-  drops all held requests now (their connections are closed unanswered).
+  read whole, then held for `seconds` before it is forwarded (`held` counts the ones
+  waiting now; `wait_held(n)` waits until that is n). A held request whose client went
+  away meanwhile is dropped at once, never forwarded; `drop_held()` drops all held
+  requests now (their connections are closed unanswered).
 - `stop()`: the listener and every open connection are closed, so the engine is
   unreachable (connections are refused); `start()` serves again on the same path.
 
@@ -23,7 +24,6 @@ import asyncio
 import contextlib
 import re
 import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,6 @@ from typing import Any
 
 _HEAD_LIMIT = 1 << 20
 _CHUNK = 1 << 16
-_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,11 @@ class DockerProxy:
         self.url = f"unix://{self.path}"
         self.seen: list[str] = []  # "<METHOD> <path>" of every request forwarded or held
         self.held = 0
+        self._held_changed = threading.Condition()  # notified whenever `held` changes
         self._rules: tuple[_Rule, ...] = ()
         self._drop_generation = 0
+        # The held requests' drop signals, with the drop generation each began in.
+        self._holds: dict[asyncio.Future[None], int] = {}
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -92,16 +94,15 @@ class DockerProxy:
     def drop_held(self) -> None:
         """Close the connections of all held requests without forwarding them."""
         self._drop_generation += 1
+        self._loop.call_soon_threadsafe(self._drop, self._drop_generation)
 
     def wait_held(self, count: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.held != count:
-            if time.monotonic() > deadline:
+        with self._held_changed:
+            if not self._held_changed.wait_for(lambda: self.held == count, timeout):
                 raise AssertionError(
                     f"proxy holds {self.held} requests, not {count}, "
                     f"after {timeout}s; seen: {self.seen[-10:]}"
                 )
-            time.sleep(_POLL_S)
 
     def __enter__(self) -> DockerProxy:
         return self.start()
@@ -149,21 +150,32 @@ class DockerProxy:
                 return  # the engine itself is down: the client sees the connection close
             self._writers.add(upstream_w)
             pipe = asyncio.create_task(self._pipe(upstream_r, client_w))
+            early = b""  # what a client sent while its request was held: sent on after it
             while True:
                 try:
-                    head = await client_r.readuntil(b"\r\n\r\n")
+                    head = early + await client_r.readuntil(b"\r\n\r\n")
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
+                early = b""
                 method, target, headers = _parse_head(head)
                 what = f"{method} {target}"
                 self.seen.append(what)
                 rule = next((r for r in self._rules if r.pattern.search(what)), None)
-                if rule is not None and not await self._hold(rule, client_r):
-                    return
-                upstream_w.write(head)
-                await self._forward_body(client_r, upstream_w, headers)
+                upgrade = "upgrade" in headers.get("connection", "").lower()
+                if rule is None:
+                    upstream_w.write(head)
+                    await self._forward_body(client_r, upstream_w, headers)
+                else:
+                    body = _Buffer()
+                    await self._forward_body(client_r, body, headers)
+                    forward, early = await self._hold(rule, client_r)
+                    if not forward:
+                        return
+                    upstream_w.write(head + body.data)
+                    if upgrade:
+                        upstream_w.write(early)
                 await upstream_w.drain()
-                if "upgrade" in headers.get("connection", "").lower():
+                if upgrade:
                     await self._pipe(client_r, upstream_w)  # hijacked: raw from now on
                     return
         except ConnectionError:
@@ -178,22 +190,55 @@ class DockerProxy:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pipe
 
-    async def _hold(self, rule: _Rule, client_r: asyncio.StreamReader) -> bool:
-        """Wait out the delay. False when the request must be dropped instead."""
-        generation = self._drop_generation
-        deadline = time.monotonic() + rule.seconds
-        self.held += 1
+    async def _hold(self, rule: _Rule, client_r: asyncio.StreamReader) -> tuple[bool, bytes]:
+        """Wait out the delay (the request read whole): whether to forward it, and what
+        its client sent meanwhile. Not forwarded when dropped (`drop_held`), or when its
+        client left: the client waits for an answer, so a read returns only at its end
+        (or with data it sends early, kept)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + rule.seconds
+        dropped: asyncio.Future[None] = loop.create_future()
+        self._holds[dropped] = self._drop_generation
+        left = asyncio.ensure_future(client_r.read(1))
+        forward = True
+        self._count_held(+1)
         try:
-            while time.monotonic() < deadline:
-                if generation != self._drop_generation or client_r.at_eof():
-                    return False  # dropped, or the client is gone: never forward it
-                await asyncio.sleep(_POLL_S)
-            return True
+            waiting: set[asyncio.Future[Any]] = {dropped, left}
+            while (remaining := deadline - loop.time()) > 0:
+                done, _ = await asyncio.wait(
+                    waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                if dropped in done:
+                    forward = False
+                    break
+                if left in done:
+                    waiting.discard(left)
+                    if not left.result():
+                        forward = False  # the client is gone: never forward it
+                        break
         finally:
-            self.held -= 1
+            self._count_held(-1)
+            del self._holds[dropped]
+            if not left.done():
+                left.cancel()
+                await asyncio.wait([left])  # settled before the stream is read again
+        return forward, b"" if left.cancelled() else left.result()
+
+    def _drop(self, generation: int) -> None:
+        for dropped, began in self._holds.items():
+            if began < generation and not dropped.done():
+                dropped.set_result(None)
+
+    def _count_held(self, change: int) -> None:
+        with self._held_changed:
+            self.held += change
+            self._held_changed.notify_all()
 
     async def _forward_body(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter | _Buffer,
+        headers: dict[str, str],
     ) -> None:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             while True:
@@ -228,6 +273,19 @@ class DockerProxy:
             pass
         finally:
             writer.transport.abort()
+
+
+class _Buffer:
+    """A held request's body, read before its hold (a writer to `_forward_body`)."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    async def drain(self) -> None:
+        pass
 
 
 def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:

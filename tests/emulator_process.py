@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
@@ -78,23 +77,33 @@ def run_until_stopped(
     `exit_with_parent`, once the process that started this one is gone (a test process
     killed -9 leaves no emulator behind)."""
 
-    async def watch_parent(stop: asyncio.Event) -> None:
+    def watch_parent(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> int:
+        """Set `stop` once the parent is gone: a pidfd of the parent turns readable when it
+        ends (Linux 5.3 and later), an event of the kernel rather than a poll."""
         parent = os.getppid()
-        while os.getppid() == parent:
-            await asyncio.sleep(1)
-        stop.set()
+        pidfd = os.pidfd_open(parent)
+
+        def gone() -> None:
+            loop.remove_reader(pidfd)  # readable from now on: heard once is enough
+            stop.set()
+
+        loop.add_reader(pidfd, gone)
+        if os.getppid() != parent:  # gone before the pidfd was opened: that one is another's
+            stop.set()
+        return pidfd
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        watcher = asyncio.ensure_future(watch_parent(stop)) if exit_with_parent else None
+        pidfd = watch_parent(loop, stop) if exit_with_parent else None
         try:
             await serve(stop)
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            if pidfd is not None:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
 
     asyncio.run(run())
 
@@ -184,14 +193,15 @@ class EmulatorProcess:
         return dict(json.loads(lines[0]))
 
     def _wait_answering(self) -> None:
+        # The ready line is printed once the control API listens: it answers the first
+        # request, there is nothing to poll for.
         assert self._http is not None
-        deadline = time.monotonic() + _START_TIMEOUT
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if self._http.get("/_emulator/healthz").status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.title}'s control API does not answer")
+        try:
+            answer = self._http.get("/_emulator/healthz", timeout=_START_TIMEOUT)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"{self.title}'s control API does not answer: {exc!r}") from None
+        if answer.status_code != 200:
+            raise RuntimeError(f"{self.title}'s control API answers {answer.status_code}")
 
     def _exit_note(self) -> str:
         code = self.proc.poll() if self.proc else None

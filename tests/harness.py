@@ -153,21 +153,26 @@ class Scheduler:
         return self
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise AssertionError(f"scheduler exited {self.proc.returncode}:\n{self.log()}")
+                raise _Exited(f"scheduler exited {self.proc.returncode}:\n{self.log()}")
             try:
                 # With the secret: another scheduler on the port (of another test session
                 # on this machine) answers 401, this one anything else (a 503 too, its
                 # store down: some tests want that).
-                if self.http.get("/v1/leases", params={"limit": 1}, timeout=1).status_code != 401:
-                    return
+                return (
+                    self.http.get("/v1/leases", params={"limit": 1}, timeout=1).status_code != 401
+                )
             except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"scheduler not ready in {timeout}s:\n{self.log()}")
+                return False
+
+        try:
+            wait_for(answers, timeout, what="the scheduler to answer")
+        except _Exited as exited:
+            raise AssertionError(str(exited)) from None
+        except AssertionError:
+            raise AssertionError(f"scheduler not ready in {timeout}s:\n{self.log()}") from None
 
     def kill(self) -> None:
         """kill -9: no shutdown code runs."""
@@ -275,7 +280,16 @@ def remove_instance(instance: str, network: str | None = None, engine: str = SHA
                     net.remove()
 
 
+class _Exited(Exception):
+    """The scheduler process ended while `wait_ready` waited for it."""
+
+
 def wait_for(predicate: Any, timeout: float, interval: float = 0.05, what: str = "") -> Any:
+    """Poll `predicate` until it returns something true (returned), else fail after
+    `timeout` seconds. The suite's one shared poll: for a condition that only shows by
+    being looked at (another process's state, a container, a file), where nothing can
+    be awaited. An async test runs it off its loop, `await asyncio.to_thread(wait_for,
+    ...)`, so that the code under test runs meanwhile."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -283,6 +297,7 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.05, what: str =
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        # sleep: the pause between two looks of the poll; what is polled has no event.
         time.sleep(interval)
 
 

@@ -4,8 +4,9 @@ own (`host` for a DATABASE_URL) whose connections are forwarded to the server's 
 `lose_commit_answer(marker)`: on the next connection whose client sends `marker` (bytes
 of a statement's parameters, e.g. a value only one INSERT carries), the transaction's
 COMMIT is forwarded to the server and the server's answer is not: once the server has
-had a moment to commit, the connection is cut. The commit happened; the client cannot
-know it, as when a server stops right after committing.
+answered it (CommandComplete `COMMIT`: committed, and flushed with the default
+synchronous_commit), the connection is cut. The commit happened; the client cannot know
+it, as when a server stops right after committing.
 
 The proxy runs its own asyncio loop in a daemon thread; call its methods from the test."""
 
@@ -18,8 +19,10 @@ import threading
 from pathlib import Path
 
 _CHUNK = 1 << 16
-# Long enough for the server to write and flush the commit before the cut.
-_COMMIT_S = 0.5
+# The server's CommandComplete message (type C, length 11) for a COMMIT: sent once the
+# transaction is committed (and, with synchronous_commit on, the default, flushed).
+_COMMITTED = b"C\x00\x00\x00\x0bCOMMIT\x00"
+_ANSWER_TIMEOUT_S = 30.0
 
 
 class PgProxy:
@@ -52,6 +55,7 @@ class PgProxy:
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_unix_connection(self.upstream)
         cutting = asyncio.Event()
+        committed = asyncio.Event()  # the server answered the COMMIT (not passed on)
 
         async def to_server() -> None:
             marked = False
@@ -64,17 +68,24 @@ class PgProxy:
                     cutting.set()  # the answer to this is not passed on
                     server_w.write(chunk)
                     await server_w.drain()
-                    await asyncio.sleep(_COMMIT_S)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(committed.wait(), _ANSWER_TIMEOUT_S)
                     self.cut.set()
                     return
                 server_w.write(chunk)
                 await server_w.drain()
 
         async def to_client() -> None:
+            dropped = b""
             while chunk := await server_r.read(_CHUNK):
-                if not cutting.is_set():  # else dropped: the cut comes from to_server
+                if not cutting.is_set():
                     client_w.write(chunk)
                     await client_w.drain()
+                    continue
+                # Dropped: the cut comes from to_server, once the server has answered.
+                dropped = dropped[-len(_COMMITTED) :] + chunk
+                if _COMMITTED in dropped:
+                    committed.set()
 
         tasks = [asyncio.ensure_future(to_server()), asyncio.ensure_future(to_client())]
         with contextlib.suppress(ConnectionError):

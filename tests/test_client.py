@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -203,7 +202,18 @@ def test_lease_context_renews_in_the_background(static: Scheduler, client: Sched
     unrenewed = client.acquire("renderer", ttl_seconds=3)
     with client.lease("renderer", ttl_seconds=3, owner_id="me") as held:
         first_expiry = held.expires_at
-        time.sleep(7)
+        # Renewed every second (a third of the TTL): five renewals take five seconds at
+        # least, past the 3 s TTL plus a sweep (1 s) however slow the machine; and the
+        # control has been swept as expired meanwhile.
+        wait_for(
+            lambda: (
+                held.renewals >= 5
+                and static.http.get(f"/v1/lease/{unrenewed.lease_id}").json()["state"] == "released"
+            ),
+            60,
+            0.2,
+            what="five renewals, and the unrenewed control expired",
+        )
         now = static.http.get(f"/v1/lease/{held.lease_id}").json()
         assert now["state"] == "active"
         assert now["expires_at"] > first_expiry
@@ -238,7 +248,11 @@ async def test_async_client(static: Scheduler) -> None:
 
         async with client.lease("renderer", ttl_seconds=3, owner_id="me") as held:
             first_expiry = held.expires_at
-            await asyncio.sleep(5)
+            # Past the 3 s TTL plus a sweep (1 s), counted in renewals (one a second):
+            # polled off the loop, where the renewal task runs.
+            await asyncio.to_thread(
+                wait_for, lambda: held.renewals >= 5, 60, 0.2, what="five renewals"
+            )
             now = static.http.get(f"/v1/lease/{held.lease_id}").json()
             assert now["state"] == "active" and now["expires_at"] > first_expiry
             assert held.renewals >= 1
@@ -416,11 +430,11 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
             ) as held:
                 await other.release(held.lease_id, owner="me")
                 try:
-                    await asyncio.sleep(60)
+                    # Until the block is cancelled; a minute without it fails the test.
+                    await asyncio.wait_for(asyncio.Event().wait(), 60)
                 except asyncio.CancelledError:
                     seen.append("cancelled")
                     raise
-                seen.append("slept through")
         assert seen == ["cancelled"]
         assert (ended.value.lease_id, ended.value.reason) == (held.lease_id, "explicit")
         assert isinstance(ended.value, LeaseNotFound)
@@ -428,7 +442,7 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
         # The task itself was not left cancelled: it goes on after the block.
         current = asyncio.current_task()
         assert current is not None and current.cancelling() == 0
-        await asyncio.sleep(0)
+        assert (await client.get(held.lease_id)).state == LeaseState.released  # awaits fine
 
         # Not asked to cancel: the block runs to its end, and on_lost still hears of it.
         told = asyncio.Event()
@@ -447,13 +461,14 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
         ) as stubborn:
             await other.release(stubborn.lease_id, owner="me")
             try:
-                await asyncio.sleep(60)
+                await asyncio.wait_for(asyncio.Event().wait(), 60)  # until cancelled
             except asyncio.CancelledError:
                 seen.append("swallowed")
         assert seen[-1] == "swallowed" and current.cancelling() == 0
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.05):
-                await asyncio.sleep(5)
+                # Never set: only the timeout ends it (else the test's own timeout does).
+                await asyncio.Event().wait()
 
 
 def test_a_failing_on_lost_is_logged(
@@ -514,7 +529,14 @@ def test_a_held_lease_that_is_preempted_stops_renewing_and_hears_why(
             assert held.lost and held.lost_reason == "preempted"
             assert held.lease.state == LeaseState.preempting and held.lease.preempt_at
             asked = sched.log().count(f"/v1/lease/{held.lease_id}/renew")
-            time.sleep(2.5)  # a renewal was due every 2 s: none is tried any more
+            # None is tried any more: the renewal thread has ended (no thread is left
+            # to send one), and the scheduler heard no renewal since.
+            renewer = f"renew-lease-{held.lease_id[:8]}"
+            wait_for(
+                lambda: not any(t.name == renewer for t in threading.enumerate()),
+                30,
+                what="the renewal thread to end",
+            )
             assert sched.log().count(f"/v1/lease/{held.lease_id}/renew") == asked
         # Leaving the block releases the lease (unless its TTL, no longer renewed, ran
         # out first): the preemptor is served.

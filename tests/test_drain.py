@@ -308,24 +308,35 @@ def test_readyz_names_an_unreachable_store_and_recovers(
     assert s.lease(kind="renderer")["state"] == "active"
 
 
+class TellingReconciler(Reconciler):
+    """The reconciler, telling when its first pass has finished (`finished`). The loop
+    counts the pass (what readiness reads) in the same step of the event loop as the
+    pass returns, before anyone waiting on `finished` runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.finished = asyncio.Event()
+
+    async def run_once(self) -> dict[str, int]:
+        totals = await super().run_once()
+        self.finished.set()
+        return totals
+
+
 async def test_ready_once_a_reconciliation_finished_and_not_while_draining(
     tmp_path: Path,
 ) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'ready.db'}")
     await store.migrate()
     service = LeaseService(store, [], OrderedFirstAvailable(), Metrics(), NoOpTracer())
-    reconciler = Reconciler(service, NoOpTracer(), 60, replica_timeout=30)
+    reconciler = TellingReconciler(service, NoOpTracer(), 60, replica_timeout=30)
     try:
         # The pass before serving did not finish: not ready until the loop's pass does.
         readiness = ReadinessCheck(service, reconciler, reconciled=False)
         assert await readiness.reasons() == ["start-up reconciliation not finished"]
         reconciler.start()
-
-        async def until_ready() -> None:
-            while await readiness.reasons():
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(until_ready(), 30)
+        await asyncio.wait_for(reconciler.finished.wait(), 30)
+        assert await readiness.reasons() == []
 
         service.drain()
         assert await readiness.reasons() == ["shutting down"]

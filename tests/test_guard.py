@@ -19,6 +19,7 @@ import pytest
 from tests.guardproc import FAST, CutProxy, GuardProcess
 from tests.harness import HTTP, SECRET, Scheduler, wait_for
 from tests.runpod_emulator import RunPodEmulator
+from tests.test_lifecycle import container_stops
 
 KEY = "rpk-guard-" + uuid.uuid4().hex
 LEASE_LABEL = "openalice.scheduler.lease_id"
@@ -64,6 +65,9 @@ def polled_since(
 
 # Whether the worker of a lease id runs, as its provider says.
 Alive = Callable[[str], bool]
+# When a lease's worker was first stopped, or its provider first asked to stop it (unix
+# time, by the provider's own record); None: never.
+Stopped = Callable[[dict[str, Any]], float | None]
 
 
 def docker_workers(sched: Scheduler) -> Alive:
@@ -88,15 +92,50 @@ def runpod_workers(runpod: RunPodEmulator, sched: Scheduler) -> Alive:
     return alive
 
 
-def never_early(alive: Alive, lease: dict[str, Any]) -> None:
-    """The worker still runs until its lease's end + grace (checked only while this test
-    is itself on time: a late look proves nothing either way)."""
-    until = at(lease["expires_at"]) + GRACE - 0.5
-    while time.time() < until:
-        running = alive(lease["lease_id"])
-        if time.time() < until:
-            assert running, "the guard destroyed a worker before its lease's end + grace"
-        time.sleep(0.25)
+def docker_stops(stops: dict[str, float]) -> Stopped:
+    """From the engine's events (`container_stops`): its containers' first kill, die, stop
+    or destroy."""
+    return lambda lease: stops.get(lease["lease_id"])
+
+
+def runpod_stops(runpod: RunPodEmulator) -> Stopped:
+    """From the emulator's record of calls: the first terminate of the lease's pod."""
+
+    def stopped(lease: dict[str, Any]) -> float | None:
+        asked = [c.at for c in runpod.calls("terminate") if c.pod_id == lease["provider_token"]]
+        return min(asked, default=None)
+
+    return stopped
+
+
+def never_early(stopped: Stopped, lease: dict[str, Any]) -> None:
+    """The worker ran until its lease's end + grace: by the provider's own record, it was
+    stopped, or its provider asked to, no earlier (1 ms for the clocks' rounding)."""
+    when = wait_for(lambda: stopped(lease), 30, what="the provider's record of the worker's stop")
+    due = at(lease["expires_at"]) + GRACE
+    assert when >= due - 0.001, (
+        f"the guard destroyed a worker {due - when:.3f} s before its lease's end + grace"
+    )
+
+
+def guard_passes(guard: GuardProcess, n: int) -> None:
+    """Wait for `n` more passes of the guard: each ends by writing its state file anew (a
+    new file renamed over the old, memory.py), so the last n - 1 run wholly from now on."""
+
+    def written() -> tuple[int, int] | None:
+        try:
+            stat = guard.state_file.stat()
+        except FileNotFoundError:
+            return None
+        return stat.st_ino, stat.st_mtime_ns
+
+    last = written()
+    for i in range(n):
+        last = wait_for(
+            lambda last=last: (now := written()) != last and now,
+            30,
+            what=f"pass {i + 1} of {n} of the guard (its state file written)",
+        )
 
 
 def gone_within_bound(alive: Alive, lease: dict[str, Any], last_contact: float) -> None:
@@ -112,14 +151,21 @@ def gone_within_bound(alive: Alive, lease: dict[str, Any], last_contact: float) 
 
 
 def only_the_expired_goes(
-    alive: Alive, short: dict[str, Any], long: dict[str, Any], last_contact: float
+    alive: Alive,
+    stopped: Stopped,
+    guard: GuardProcess,
+    short: dict[str, Any],
+    long: dict[str, Any],
+    last_contact: float,
 ) -> None:
-    """The short lease's worker runs until its end + grace and is gone within the bound;
-    a few more passes of the guard later, the long lease's worker still runs."""
-    never_early(alive, short)
+    """The short lease's worker is gone within the bound, having run until its end +
+    grace; four more passes of the guard later, the long lease's worker still runs, and
+    nothing ever asked its provider to stop it."""
     gone_within_bound(alive, short, last_contact)
-    time.sleep(POLL * 4)
+    never_early(stopped, short)
+    guard_passes(guard, 4)
     assert alive(long["lease_id"])
+    assert stopped(long) is None
 
 
 def back_and_coherent(
@@ -184,9 +230,10 @@ def test_docker_worker_destroyed_within_the_bound_when_the_scheduler_is_dead(
     guard = GuardProcess(sched).start()
     try:
         alive = docker_workers(sched)
-        short, long, last = leases_learned(sched, guard, "local-docker")
-        sched.kill()
-        only_the_expired_goes(alive, short, long, last)
+        with container_stops(sched.instance) as stops:
+            short, long, last = leases_learned(sched, guard, "local-docker")
+            sched.kill()
+            only_the_expired_goes(alive, docker_stops(stops), guard, short, long, last)
         back_and_coherent(sched, guard, short, long, alive, "local-docker")
     finally:
         guard.kill()
@@ -202,14 +249,16 @@ def test_a_guard_killed_mid_silence_resumes_from_its_disk(
     guard = GuardProcess(sched).start()
     try:
         alive = docker_workers(sched)
-        short, long, last = leases_learned(sched, guard, "local-docker")
-        sched.kill()
-        time.sleep(SILENCE / 2)
-        guard.kill()
-        assert guard.state_file.exists()
-        time.sleep(1)
-        guard.start()
-        only_the_expired_goes(alive, short, long, last)
+        with container_stops(sched.instance) as stops:
+            short, long, last = leases_learned(sched, guard, "local-docker")
+            sched.kill()
+            # The silence has begun: a pass begun after the kill found no scheduler. The
+            # short lease's end + grace is seconds away yet.
+            guard_passes(guard, 2)
+            guard.kill()
+            assert guard.state_file.exists()
+            guard.start()
+            only_the_expired_goes(alive, docker_stops(stops), guard, short, long, last)
     finally:
         guard.kill()
 
@@ -227,18 +276,20 @@ def test_a_guard_alone_cut_off_acts_on_what_it_last_learned(
         guard = GuardProcess(sched, url=proxy.url).start()
         try:
             alive = docker_workers(sched)
-            # 12 s: time to make the long lease, see the guard poll, cut it off and
-            # renew through the scheduler before the short one ends, on a loaded machine.
-            short, long, _ = leases_learned(sched, guard, "local-docker", short_ttl=12)
-            proxy.cut()
-            learned = short  # what the guard knows: the short lease's first end
-            # The caller renews through the scheduler, which the guard cannot see.
-            renewed = sched.http.post(
-                f"/v1/lease/{short['lease_id']}/renew", json={"ttl_seconds": 600}
-            )
-            assert renewed.status_code == 200, renewed.text
-            never_early(alive, learned)
-            gone_within_bound(alive, learned, time.time())
+            with container_stops(sched.instance) as stops:
+                # 12 s: time to make the long lease, see the guard poll, cut it off and
+                # renew through the scheduler before the short one ends, on a loaded machine.
+                short, long, _ = leases_learned(sched, guard, "local-docker", short_ttl=12)
+                proxy.cut()
+                cut_at = time.time()  # the guard's last contact was before
+                learned = short  # what the guard knows: the short lease's first end
+                # The caller renews through the scheduler, which the guard cannot see.
+                renewed = sched.http.post(
+                    f"/v1/lease/{short['lease_id']}/renew", json={"ttl_seconds": 600}
+                )
+                assert renewed.status_code == 200, renewed.text
+                gone_within_bound(alive, learned, cut_at)
+                never_early(docker_stops(stops), learned)
             wait_for(
                 lambda: lease_state(sched, short)["state"] == "released",
                 timeout=60,
@@ -282,7 +333,7 @@ def test_runpod_pod_terminated_within_the_bound_when_the_scheduler_is_dead(
         short, long, last = leases_learned(sched, guard, "runpod", gpu="mid")
         assert alive(short["lease_id"]) and alive(long["lease_id"])
         sched.kill()
-        only_the_expired_goes(alive, short, long, last)
+        only_the_expired_goes(alive, runpod_stops(runpod), guard, short, long, last)
         back_and_coherent(sched, guard, short, long, alive, "runpod")
         assert KEY not in guard.log()
     finally:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.harness import HTTP, SECRET, Scheduler
+from tests.harness import HTTP, SECRET, Scheduler, wait_for
 
 Make = Callable[..., Scheduler]
 ONE = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://a:80"}
@@ -88,6 +88,16 @@ def acquire(**fields: object) -> bytes:
     return request("POST", "/v1/lease", json.dumps({"kind": "renderer", **fields}).encode())
 
 
+def waiting(sched: Scheduler) -> float:
+    """Callers in line for a renderer (`scheduler_waiting_callers`)."""
+    return sched.metric("scheduler_waiting_callers", kind="renderer", gpu="none")
+
+
+def waits(sched: Scheduler, outcome: str) -> float:
+    """Waits in line that ended so (`scheduler_wait_seconds{outcome}`'s count)."""
+    return sched.metric("scheduler_wait_seconds_count", outcome=outcome)
+
+
 # --- pipelining, keep-alive, hang-ups --------------------------------------------------
 
 
@@ -141,23 +151,41 @@ def test_a_caller_that_hangs_up_in_line_gets_no_worker(make_scheduler: Make, beh
     wire = Wire(sched)
     pipelined = request("GET", "/v1/leases") if behind != "nothing" else b""
     wire.send(acquire(wait_seconds=60) + pipelined)
-    time.sleep(1.0)  # in line by now (the one endpoint is held)
+    wait_for(lambda: waiting(sched) == 1, 30, interval=0.1, what="the caller in line")
     wire.close()
-    time.sleep(1.5)  # the server's watch notices (it polls twice a second)
+    # The server notices (told by uvicorn, or, with a call pipelined behind, by its watch
+    # of the kernel's table): the caller leaves the line as gone, before any worker is free.
+    wait_for(lambda: waits(sched, "gone") == 1, 30, interval=0.1, what="the hang-up noticed")
+    assert waiting(sched) == 0
     assert sched.release(held["lease_id"]).status_code == 204
-    time.sleep(1.0)
     assert sched.leases() == [], "the caller that hung up was given the freed worker"
+    assert waits(sched, "served") == 0
     assert sched.acquire().status_code == 200  # and the endpoint is free for the next one
 
 
 def test_a_waiting_caller_that_stays_gets_the_freed_worker(make_scheduler: Make) -> None:
     """The other side of the hang-up watch: a caller with a call pipelined behind it
-    that keeps its connection open is served, and then the call behind."""
+    that keeps its connection open is served, and then the call behind. The watch looks
+    at it several times first: three callers behind it, each with a call pipelined too,
+    hang up one after the other, and only a new look of the watch (one read of the
+    kernel's table for every watched connection) can notice each of them."""
     sched = make_scheduler(**ONE)
     held = sched.lease()
     wire = Wire(sched)
     wire.send(acquire(wait_seconds=60) + request("GET", "/health", secret=False))
-    time.sleep(2.0)  # several polls of the watch
+    wait_for(lambda: waiting(sched) == 1, 30, interval=0.1, what="the caller in line")
+    behind = []
+    for n in range(2, 5):
+        leaver = Wire(sched)
+        leaver.send(acquire(wait_seconds=60) + request("GET", "/health", secret=False))
+        wait_for(lambda n=n: waiting(sched) == n, 30, interval=0.1, what=f"caller {n} in line")
+        behind.append(leaver)
+    for n, leaver in enumerate(behind, 1):
+        leaver.close()
+        wait_for(
+            lambda n=n: waits(sched, "gone") == n, 30, interval=0.1, what=f"hang-up {n} noticed"
+        )
+        assert waiting(sched) == 4 - n  # the caller that stays is still in line
     assert sched.release(held["lease_id"]).status_code == 204
     status, _, body = wire.answer()
     assert status == 200, body

@@ -77,6 +77,13 @@ def waiting_reason(kube: KubeEmulator, name: str) -> str | None:
     return statuses[0].get("state", {}).get("waiting", {}).get("reason")
 
 
+def ready(kube: KubeEmulator, name: str) -> bool:
+    status = (kube.pod(name) or {}).get("status", {})
+    return status.get("phase") == "Running" and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+    )
+
+
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(c for c in pod["status"].get("conditions", []) if c["type"] == kind)
 
@@ -116,15 +123,13 @@ def test_a_pod_waits_for_its_secret_then_serves_it_from_its_ip_and_is_deleted_gr
         stored = await client.create(secret)
         assert stored.data == {"LEASE_ID": base64.b64encode(b"lease-1-id").decode()}
         assert stored.stringData is None
-        for _ in range(300):
-            pod = await client.get(Pod, "lease-1")
-            if pod.status.phase == "Running" and any(
-                c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []
-            ):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"never ready: {pod.status}")
+        await asyncio.to_thread(
+            wait_for, lambda: ready(kube, "lease-1"), 30, what="the pod to be ready"
+        )
+        pod = await client.get(Pod, "lease-1")
+        assert pod.status.phase == "Running" and any(
+            c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []
+        ), pod.status
         async with httpx.AsyncClient() as http:
             shown = (await http.get(f"http://{pod.status.podIP}:8080/", timeout=10)).json()
         answer = await client.delete(Pod, "lease-1", grace_period=3)

@@ -22,12 +22,15 @@ import pytest
 from tests.engines import PrivateEngine
 from tests.harness import HTTP, SECRET, TLS, Scheduler, docker_client, wait_for
 from tests.runpod_emulator import RunPodEmulator
+from tests.test_lifecycle import passes
 
 Make = Callable[..., Scheduler]
 ALL_STATES = ("provisioning", "active", "releasing", "released", "failed")
 KEY = "rpk-features-" + uuid.uuid4().hex
 # How far the scheduler's clock may be from ours around one request (same host).
 SLACK = timedelta(seconds=2)
+# Set at the end of each sweep (loops/sweeper.py): unix time, on the scheduler's clock.
+SWEPT = "scheduler_sweep_last_success_timestamp_seconds"
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -231,7 +234,15 @@ def test_renew_never_resurrects_released_or_expired_leases(make_scheduler: Make)
     assert lookup(sched, released["lease_id"])["state"] == "released"
 
     expiring = sched.lease(ttl_seconds=1)
-    time.sleep(1.2)  # past its expiry, whether or not the sweeper got to it yet
+    # Past its expiry on the scheduler's own clock, whether or not the sweeper got to it
+    # yet: a sweep (woken at the expiry) has finished after it.
+    due = parse_time(expiring["expires_at"]).timestamp()
+    wait_for(
+        lambda: sched.metric(SWEPT) > due,
+        30,
+        interval=0.1,
+        what="a sweep to finish past the lease's expiry",
+    )
     response = renew(sched, expiring["lease_id"], {"ttl_seconds": 600})
     assert response.status_code == 404, response.text
     assert response.json()["error"] == "lease_not_found"
@@ -279,7 +290,15 @@ def test_a_renewed_lease_outlives_its_old_expiry(make_scheduler: Make) -> None:
         what="the control lease to expire",
     )
     assert lookup(sched, control["lease_id"])["release_reason"] == "expired"
-    wait_for(lambda: datetime.now(UTC) > old_expiry + timedelta(seconds=2), 30)
+    # Sweeps past the old expiry, on the scheduler's clock: one finished after it, then
+    # two more, the last begun after it (one would have claimed the lease at its old end).
+    wait_for(
+        lambda: sched.metric(SWEPT) > old_expiry.timestamp(),
+        30,
+        interval=0.1,
+        what="a sweep to finish past the old expiry",
+    )
+    passes(sched, 2, SWEPT)
 
     after = lookup(sched, renewed["lease_id"])
     assert after["state"] == "active" and after["release_reason"] is None

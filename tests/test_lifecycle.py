@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import httpx
 from tests.harness import (
     HTTP,
     INSTANCE_LABEL,
+    SHARED_ENGINE,
     WORKER_IMAGE,
     Scheduler,
     docker_client,
@@ -32,6 +33,10 @@ from tests.harness import (
 LEASE_LABEL = "openalice.scheduler.lease_id"
 STORE_LABEL = "openalice.scheduler.store"
 RELEASED = "scheduler_leases_released_total"
+# Set at the end of each reconcile pass (loops/reconciler.py): the pass counter tests wait on.
+RECONCILED = "scheduler_reconcile_last_success_timestamp_seconds"
+# What the engine says of a container told to stop, or stopping, in its event stream.
+STOPPING = frozenset({"kill", "die", "stop", "destroy"})
 
 
 def epoch(timestamp: str) -> float:
@@ -40,6 +45,48 @@ def epoch(timestamp: str) -> float:
 
 def listed_ids(sched: Scheduler) -> set[str]:
     return {lease["lease_id"] for lease in sched.leases()}
+
+
+def passes(sched: Scheduler, n: int, gauge: str = RECONCILED, timeout: float = 60) -> None:
+    """Wait for `n` more passes of the loop whose `gauge` (unix time) is set at the end of
+    each pass: each ends after the last, so the last n - 1 run wholly from now on."""
+    last = time.time()
+    for i in range(n):
+        last = wait_for(
+            lambda last=last: (stamp := sched.metric(gauge)) > last and stamp,
+            timeout,
+            interval=0.1,
+            what=f"{gauge} to move past {last} (pass {i + 1} of {n})",
+        )
+
+
+@contextlib.contextmanager
+def container_stops(instance: str) -> Iterator[dict[str, float]]:
+    """While the block runs: when each container of `instance` was first told to stop or
+    stopped (unix time of its first kill, die, stop or destroy event), by its lease id,
+    as the engine's event stream tells it. The engine's own clock: a later look cannot
+    be fooled by a slow test, and its event buffer (256) is not relied on."""
+    client = docker.DockerClient(base_url=SHARED_ENGINE, version="1.41")  # read by a thread
+    stream = client.events(
+        decode=True, filters={"type": "container", "label": f"{INSTANCE_LABEL}={instance}"}
+    )
+    first: dict[str, float] = {}
+
+    def read() -> None:
+        with contextlib.suppress(Exception):  # the stream closed at the end
+            for event in stream:
+                lease_id = event.get("Actor", {}).get("Attributes", {}).get(LEASE_LABEL)
+                if event.get("Action") in STOPPING and lease_id:
+                    first.setdefault(lease_id, event["timeNano"] / 1e9)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield first
+    finally:
+        stream.close()
+        reader.join(10)
+        client.close()
 
 
 # --- expiry ----------------------------------------------------------------------------
@@ -53,28 +100,30 @@ def test_lease_expires_on_time_without_waiting_for_the_sweep_interval(
     sched = make_scheduler()
     assert "SWEEP_INTERVAL_SECONDS" not in sched.env
     keeper = sched.lease(ttl_seconds=600)
-    # 6 s: its worker's start (counted in the TTL) leaves it a few seconds, on a loaded
-    # machine too.
-    lease = sched.lease(ttl_seconds=6)
-    expires = epoch(lease["expires_at"])
-    assert 5.5 < expires - epoch(lease["created_at"]) <= 6.0 + 1e-6
+    with container_stops(sched.instance) as stops:
+        # 6 s: its worker's start (counted in the TTL) leaves it a few seconds, on a
+        # loaded machine too.
+        lease = sched.lease(ttl_seconds=6)
+        expires = epoch(lease["expires_at"])
+        assert 5.5 < expires - epoch(lease["created_at"]) <= 6.0 + 1e-6
 
-    # Not cut short: still listed and running shortly before it is due.
-    while time.time() < expires - 2.0:
-        time.sleep(0.05)
-    assert lease["lease_id"] in listed_ids(sched)
-    assert [c.id for c in sched.containers() if c.id == lease["provider_token"]]
+        def gone() -> bool:
+            return (
+                lease["lease_id"] not in listed_ids(sched)
+                and {c.id for c in sched.containers()} == {keeper["provider_token"]}
+                and sched.metric(RELEASED, provider="local-docker", reason="expired") == 1
+            )
 
-    def gone() -> bool:
-        return (
-            lease["lease_id"] not in listed_ids(sched)
-            and {c.id for c in sched.containers()} == {keeper["provider_token"]}
-            and sched.metric(RELEASED, provider="local-docker", reason="expired") == 1
-        )
-
-    wait_for(gone, timeout=60, interval=0.02, what="the expired lease to be released")
-    lag = time.time() - expires  # upper bound: includes the last check's own duration
-    print(f"\nexpiry lag: lease gone {lag:.3f} s after expires_at")
+        wait_for(gone, timeout=60, interval=0.05, what="the expired lease to be released")
+        lag = time.time() - expires  # upper bound: includes the last check's own duration
+        print(f"\nexpiry lag: lease gone {lag:.3f} s after expires_at")
+        wait_for(lambda: lease["lease_id"] in stops, 30, what="the engine's word of its stop")
+    # Not cut short: its worker ran, and its lease held, until it was due (the engine's
+    # and the store's times of it).
+    assert stops[lease["lease_id"]] >= expires, (stops, expires)
+    released = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
+    assert released["state"] == "released" and epoch(released["released_at"]) >= expires
+    assert keeper["lease_id"] not in stops
     # Its release (a container stopped and removed) well before the 30 s sweep interval;
     # on an idle machine within a second.
     assert lag <= 10, f"lease released {lag:.2f} s after expires_at (the interval is 30 s)"
@@ -129,7 +178,7 @@ def test_periodic_reconcile_destroys_orphans_and_marks_vanished_workers_lost(
         assert sched.release(doomed["lease_id"]).status_code == 404
 
         # The healthy lease and the other instance's container are untouched.
-        time.sleep(2.5)  # at least two more reconcile passes
+        passes(sched, 3)  # at least two more reconcile passes, wholly from now on
         assert listed_ids(sched) == {kept["lease_id"]}
         assert [c.id for c in sched.containers(all=False)] == [kept["provider_token"]]
         foreign.reload()
@@ -179,7 +228,8 @@ def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_w
             interval=0.2,
             what="the unlabelled orphan to be destroyed",
         )
-        time.sleep(2.5)  # at least two more passes of each
+        for sched in (first, second):
+            passes(sched, 3)  # at least two more passes of each, wholly from now on
         for sched, lease in zip((first, second), leases, strict=True):
             assert listed_ids(sched) == {lease["lease_id"]}
             assert sched.metric(RELEASED, provider="local-docker", reason="lost") == 0
@@ -200,8 +250,9 @@ def test_lease_that_expired_while_the_service_was_down_is_released_at_start_up(
     sched.kill()  # SIGKILL: no shutdown code runs
 
     expires = epoch(lease["expires_at"])
-    while time.time() < expires + 1.0:
-        time.sleep(0.1)
+    # sleep: the service is dead (killed) so that nothing acts at the expiry; only the
+    # wall clock can pass it, and nothing running observes that moment.
+    time.sleep(max(0.0, expires + 1.0 - time.time()))
     # Nobody released it meanwhile: its worker is still there.
     assert lease["provider_token"] in {c.id for c in sched.containers()}
 
@@ -234,7 +285,7 @@ def test_graceful_stop_keeps_leases_and_workers_and_a_restart_lists_them(
 
     sched.start()
     assert sorted(sched.leases(), key=lambda x: x["created_at"]) == leases
-    time.sleep(2.5)  # reconcile passes after the restart change nothing
+    passes(sched, 3)  # reconcile passes after the restart change nothing
     assert sorted(sched.leases(), key=lambda x: x["created_at"]) == leases
     assert {c.id for c in sched.containers(all=False)} == tokens
     assert sched.metric("scheduler_active_leases") == 2
@@ -437,7 +488,10 @@ def test_another_process_holding_the_sqlite_write_lock_stalls_no_one(
     )
     try:
         caller.start()
-        time.sleep(0.5)  # the acquire is waiting for the lock by now
+        # sleep: the acquire is waiting for the lock by now. Nothing tells when it is
+        # (no log line or metric while a write waits for SQLite's lock); were it late, the
+        # checks below would still hold, only proving less.
+        time.sleep(0.5)
         assert not answers
         for path_ in ("/health", "/metrics", "/v1/leases"):
             response = HTTP.get(f"{sched.url}{path_}", headers=sched.http.headers, timeout=5)

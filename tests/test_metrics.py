@@ -155,7 +155,9 @@ def test_waiting_callers_and_their_wait_time(make_scheduler: Callable[..., Sched
     try:
         wait_for(lambda: waiting() == 1, 30, what="the caller counted as waiting")
         assert s.metric("scheduler_waiting_callers", kind="anim", gpu="none") == 0
-        time.sleep(0.3)  # a wait long enough to land above the first bucket
+        # sleep: the wait's length is what the histogram measures; it must outlast the
+        # first bucket (0.1 s) and make the sum at least 0.3 s, which only time can do.
+        time.sleep(0.3)
         assert s.release(held["lease_id"]).status_code == 204
     finally:
         waiter.join(60)

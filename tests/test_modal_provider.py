@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import ssl
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -51,12 +50,19 @@ def page_of(lease: dict[str, Any], emulator: ModalEmulator) -> dict[str, Any]:
     on that way, seen once in a loaded full run and not in the scheduler's own calls,
     is tried again, for up to 5 s."""
     trust = ssl.create_default_context(cafile=emulator.ca_file)
-    for _ in range(20):
+    failed: list[httpx.TransportError] = []
+
+    def fetch() -> dict[str, Any] | None:
         try:
             return dict(httpx.get(lease["endpoint"] + "/", verify=trust, timeout=10).json())
-        except httpx.TransportError:
-            time.sleep(0.25)
-    return dict(httpx.get(lease["endpoint"] + "/", verify=trust, timeout=10).json())
+        except httpx.TransportError as exc:
+            failed.append(exc)
+            return None
+
+    try:
+        return dict(wait_for(fetch, 5, 0.25, what="the worker's page through its tunnel"))
+    except AssertionError:
+        raise AssertionError(f"the worker's page: {failed[-1]!r}") from failed[-1]
 
 
 def asked(emulator: ModalEmulator, lease: dict[str, Any]) -> dict[str, Any]:
@@ -240,9 +246,20 @@ def test_the_guard_ends_a_modal_sandbox_when_the_scheduler_is_dead(
                 for s in modal.sandboxes()
             )
 
+        def stopped(lease: dict[str, Any]) -> float | None:
+            """When the lease's sandbox ended, by the emulator's record."""
+            return next(
+                (
+                    s["ended_at"]
+                    for s in modal.sandboxes()
+                    if s["tags"].get("openalice_lease") == lease["lease_id"] and s["ended_at"]
+                ),
+                None,
+            )
+
         short, long, last = leases_learned(sched, guard, "modal")
         sched.kill()
-        only_the_expired_goes(alive, short, long, last)
+        only_the_expired_goes(alive, stopped, guard, short, long, last)
         assert [s["result"]["returncode"] for s in modal.sandboxes() if s["state"] == "ended"] == [
             137
         ]  # terminated by the guard, well before Modal's own deadline

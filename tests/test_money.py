@@ -43,6 +43,13 @@ def held_cost(lease: dict[str, Any]) -> float:
     return float(lease["price_per_hour"]) * held / 3600
 
 
+def spent_so_far(sched: Scheduler, owner: str) -> float:
+    """What `owner`'s leases cost so far, live ones up to now, as the scheduler counts
+    it (GET /v1/usage, the last 24 h)."""
+    report = sched.http.get("/v1/usage", params={"group_by": "owner"}).json()
+    return sum(group["cost"] for group in report["groups"] if group["key"] == owner)
+
+
 @pytest.fixture
 def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
     runpod_server.reset()
@@ -81,7 +88,13 @@ def test_a_runpod_lease_records_the_pods_own_gpu_type_price_and_cost(
     assert sched.metric("scheduler_live_cost_per_hour_dollars", provider="runpod") == pytest.approx(
         0.61
     )
-    time.sleep(1.5)
+    # Held until the scheduler counts 1.5 s of it.
+    wait_for(
+        lambda: spent_so_far(sched, "anim") >= 0.61 * 1.5 / 3600,
+        60,
+        0.1,
+        what="1.5 s of the lease's price spent",
+    )
     assert sched.release(lease["lease_id"], owner="anim").status_code == 204
     ended = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
     assert ended["state"] == "released"
@@ -202,7 +215,8 @@ def test_the_daily_cap_holds_across_a_restart(make_scheduler: Callable[..., Sche
     env = {"LOCAL_DOCKER_PRICE_PER_HOUR": "3600", "MAX_SPEND_PER_DAY_PER_OWNER": "3"}
     sched = make_scheduler(**env)
     lease = sched.lease(owner_id="anim", ttl_seconds=600)
-    time.sleep(4)
+    # Held until the scheduler counts more than the day's 3 $ spent on it.
+    wait_for(lambda: spent_so_far(sched, "anim") > 3.5, 60, 0.1, what="3.5 $ spent")
     assert sched.release(lease["lease_id"], owner="anim").status_code == 204
     spent = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()["cost"]
     assert spent > 3

@@ -49,11 +49,14 @@ from tests.engines import PrivateEngine
 from tests.harness import SECRET, TLS, Scheduler, database_url, wait_for
 from tests.pgproxy import PgProxy
 from tests.postgres import PrivatePostgres
+from tests.test_lifecycle import passes
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
 START = r"^POST /v[\d.]+/containers/[^/?]+/start(\?|$)"
 LIST = r"^GET /v[\d.]+/containers/json"
 RELEASED = "scheduler_leases_released_total"
+# Set at the end of each sweep (loops/sweeper.py): unix time, on the replica's clock.
+SWEPT = "scheduler_sweep_last_success_timestamp_seconds"
 
 Replicas = Callable[..., list[Scheduler]]
 
@@ -120,16 +123,16 @@ def burst(calls: list[tuple[Scheduler, dict[str, Any]]]) -> list[httpx.Response]
             )
             for s, _ in calls
         }
-        go = asyncio.Event()
+        # Every task waits at the gate, and this one with them: all go at once.
+        gate = asyncio.Barrier(len(calls) + 1)
 
         async def one(s: Scheduler, body: dict[str, Any]) -> httpx.Response:
-            await go.wait()
+            await gate.wait()
             return await clients[s.url].post("/v1/lease", json=body)
 
         try:
             tasks = [asyncio.create_task(one(s, body)) for s, body in calls]
-            await asyncio.sleep(0.05)  # every task is waiting at the gate
-            go.set()
+            await gate.wait()
             return await asyncio.gather(*tasks)
         finally:
             for client in clients.values():
@@ -367,7 +370,10 @@ def test_expired_leases_are_released_exactly_once_across_replicas(replicas: Repl
         )
 
     wait_for(all_released, 120, interval=0.5, what="every lease to expire")
-    time.sleep(1)  # a second release, were there one, would be counted by now
+    # A second release, were there one, would be counted by now: each replica's sweeper
+    # has run two more passes, the second wholly after every lease was gone.
+    for s in group:
+        passes(s, 2, SWEPT)
     per_replica = [s.metric(RELEASED, provider="local-docker", reason="expired") for s in group]
     print(f"\nexpired releases per replica: {per_replica}")
     assert sum(per_replica) == n
@@ -679,11 +685,17 @@ class Traffic:
                 except httpx.HTTPError as exc:
                     with self.lock:
                         self.unexpected.append(f"replica {replica}: {type(exc).__name__} {exc}")
-                time.sleep(self.pause)
-            deadline = time.monotonic() + 60
-            while releasing and time.monotonic() < deadline:
-                self._release(http, replica, releasing, retried)
-                time.sleep(0.1)
+                # The traffic's pace (a caller's think time, not a wait for anything);
+                # cut short when the traffic stops.
+                self.stopping.wait(self.pause)
+
+            def settled() -> bool:
+                if releasing:
+                    self._release(http, replica, releasing, retried)
+                return not releasing
+
+            with contextlib.suppress(AssertionError):
+                wait_for(settled, 60, interval=0.1, what="releases to be confirmed")
             if releasing:
                 with self.lock:
                     self.unexpected.append(f"replica {replica}: releases never confirmed")
@@ -772,7 +784,16 @@ def test_postgres_stopped_and_started_under_traffic(
                 interval=0.1,
                 what="both replicas to answer 503 while it is down",
             )
-            time.sleep(max(0.0, stopped_at + 5.0 - time.monotonic()))
+            # Down for 5 s at least, and still answered: each replica answers 503 then.
+            wait_for(
+                lambda: all(
+                    traffic.count(i, "acquire", 503, "store_unavailable", since=stopped_at + 5)
+                    for i in range(2)
+                ),
+                60,
+                interval=0.1,
+                what="both replicas to answer 503 five seconds into the outage",
+            )
         finally:
             starting_at = time.monotonic()
             if not private_pg.running():
@@ -785,7 +806,18 @@ def test_postgres_stopped_and_started_under_traffic(
             what="both replicas to serve again",
         )
         recovered = [traffic.first(i, "acquire", 200, since=up_at) - up_at for i in range(2)]
-        time.sleep(2)
+        # Traffic goes on a while after: as much again, and releases, on each replica.
+        again_at = time.monotonic()
+        wait_for(
+            lambda: all(
+                traffic.count(i, "acquire", 200, since=again_at) >= enough
+                and traffic.count(i, "release", 204, since=again_at) >= 1
+                for i in range(2)
+            ),
+            120,
+            interval=0.1,
+            what="traffic to go on after the recovery",
+        )
     finally:
         traffic.stop()
 
@@ -870,9 +902,13 @@ def test_store_outage_longer_than_the_replica_timeout_declares_no_replica_dead(
         try:
             private_pg.stop()
             b.proc.send_signal(signal.SIGSTOP)
+            # sleep: the outage must outlast the replica timeout (4 s) on the replicas'
+            # own clocks, which no test can move; the store, down, shows nothing meanwhile.
             time.sleep(6.0)  # > 4 s: B's last heartbeat is older than that when it is back
             private_pg.start()
-            time.sleep(1.5)  # A reconciles (it retries every second); B is silent
+            # A reconciles (it retries every second) while B is silent: a pass of A's
+            # finishes with the store back.
+            passes(a, 1)
         finally:
             if not private_pg.running():
                 private_pg.start()

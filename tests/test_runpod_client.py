@@ -5,6 +5,7 @@ reports it (the provider's reaction to each row is in test_runpod_provider.py)."
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from openalice_scheduler.providers.runpod.client import (
     RunPodError,
     build_client,
 )
+from tests.harness import wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 
 KEY = "rpk-client-" + uuid.uuid4().hex
@@ -72,7 +74,7 @@ async def test_build_client_picks_the_transport(runpod: RunPodEmulator) -> None:
 async def test_create_read_list_terminate(
     api: str, client: RunPodClient, runpod: RunPodEmulator
 ) -> None:
-    runpod.provision_delay = 0.3
+    runpod.provision_delay = 1000  # until the test says (below)
     request = pod_request()
     pod = await client.create_pod(request)
     assert pod.name == request.name and not pod.running
@@ -83,7 +85,7 @@ async def test_create_read_list_terminate(
 
     seen = await client.get_pod(pod.id)
     assert seen is not None and seen.id == pod.id and not seen.running
-    time.sleep(0.35)
+    runpod.provision_delay = 0  # its time has come: RUNNING at the next look
     seen = await client.get_pod(pod.id)
     assert seen is not None and seen.running
 
@@ -364,9 +366,7 @@ async def test_slow_create_times_out_as_uncertain(api: str, runpod: RunPodEmulat
     assert caught.value.kind == ErrorKind.timeout and caught.value.uncertain
     assert runpod.call_count("create") == 1
     # The call was heard: the pod lands after the client gave up.
-    deadline = time.monotonic() + 5
-    while not runpod.list_pods() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    await asyncio.to_thread(wait_for, runpod.list_pods, 5, what="the pod to land")
     assert len(runpod.list_pods()) == 1
     await client.close()
 

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from tests.dockerproxy import DockerProxy
 from tests.harness import HTTP, Scheduler, wait_for
 from tests.otlp_receiver import OtlpReceiver
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
+from tests.test_lifecycle import passes
 
 KEY = "rpk-e2e-" + uuid.uuid4().hex
 MID = ["NVIDIA L40S", "NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX A6000"]
@@ -400,7 +400,8 @@ def test_schedulers_sharing_an_instance_name_but_not_a_store_leave_each_others_p
         30,
         what="the pod without a store to be destroyed as an orphan",
     )
-    time.sleep(1.5)  # several more passes of each reconciler
+    for sched in (first, second):
+        passes(sched, 3)  # several more passes of each reconciler, wholly from now on
     assert sorted(p.id for p in runpod.list_pods()) == sorted(
         lease["provider_token"] for lease in leases
     )

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.harness import wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 from tests.runpod_emulator.openapi import OpenApiSchemas
 
@@ -166,17 +167,19 @@ def test_duplicate_names_are_allowed(client: httpx.Client) -> None:
 def test_status_goes_provisioning_starting_running(
     runpod: RunPodEmulator, client: httpx.Client, schemas: OpenApiSchemas
 ) -> None:
-    runpod.provision_delay = 0.4
+    # STARTING from 0.5 s, RUNNING from 1 s: half a second of each, for a loaded machine
+    # to look at least once in each.
+    runpod.provision_delay = 1.0
     pod_id = create(client, ports=["8080/http", "22/tcp"])["id"]
     seen: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def running() -> bool:
         pod = client.get(f"/v2/pods/{pod_id}").json()
         if not seen or seen[-1]["status"] != pod["status"]:
             seen.append(pod)
-        if pod["status"] == "RUNNING":
-            break
-        time.sleep(0.03)
+        return bool(pod["status"] == "RUNNING")
+
+    wait_for(running, 10, 0.03, what="the pod to run")
     assert [pod["status"] for pod in seen] == ["PROVISIONING", "STARTING", "RUNNING"]
     assert [pod["runtime"] is None for pod in seen] == [True, True, False]
     running = seen[-1]
@@ -506,7 +509,11 @@ def test_slow_answers(runpod: RunPodEmulator, client: httpx.Client) -> None:
     # The abandoned call finishes after a reset and must not touch the new call log.
     runpod.reset()
     assert client.get("/v2/catalog/gpus").status_code == 200
-    time.sleep(0.25)
+    # Its end: uvicorn's tasks of requests being answered (the emulator has no signal of
+    # its own for it) are all done.
+    server = runpod._server
+    assert server is not None
+    wait_for(lambda: not server.server_state.tasks, 10, what="the abandoned call to end")
     assert [(c.op, c.status) for c in runpod.calls()] == [("listGpuTypes", 200)]
 
 

@@ -38,7 +38,7 @@ from openalice_scheduler.providers.runpod.client import (
     RestClient,
 )
 from openalice_scheduler.store import LeaseStore, open_store
-from tests.harness import SECRET
+from tests.harness import SECRET, wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 
 KEY = "rpk-provider-" + uuid.uuid4().hex
@@ -112,6 +112,12 @@ def spec(
         expires_at=datetime.now(UTC) + timedelta(hours=1),
         env=env or {},
     )
+
+
+async def until(predicate: Callable[[], Any], what: str, timeout: float = 10) -> Any:
+    """The shared poll (`wait_for`) of the emulator's state, run off the loop, where the
+    provider under test goes on meanwhile."""
+    return await asyncio.to_thread(wait_for, predicate, timeout, what=what)
 
 
 def create_bodies(runpod: RunPodEmulator) -> list[dict[str, Any]]:
@@ -582,8 +588,7 @@ async def test_pod_that_dies_while_starting_is_destroyed(
 ) -> None:
     runpod.provision_delay = 30
     task = asyncio.ensure_future(provider.provision(spec()))
-    while not runpod.list_pods():
-        await asyncio.sleep(0.02)
+    await until(runpod.list_pods, "the pod to be created")
     [pod] = runpod.list_pods()
     runpod.set_pod_status(pod.id, "EXITED")
     with pytest.raises(ProviderError) as caught:
@@ -602,8 +607,7 @@ async def test_dead_pod_that_cannot_be_terminated_still_fails_cleanly(
     task = asyncio.ensure_future(
         stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
     )
-    while not runpod.list_pods():
-        await asyncio.sleep(0.02)
+    await until(runpod.list_pods, "the pod to be created")
     [pod] = runpod.list_pods()
     runpod.fail_next(500, count=4, op="terminate")  # every try of the first terminate
     runpod.set_pod_status(pod.id, "ERROR" if api == "rest" else "EXITED")
@@ -629,8 +633,7 @@ async def test_pod_that_vanishes_while_starting_fails_the_provision(
 ) -> None:
     runpod.provision_delay = 30
     task = asyncio.ensure_future(provider.provision(spec()))
-    while not runpod.list_pods():
-        await asyncio.sleep(0.02)
+    await until(runpod.list_pods, "the pod to be created")
     runpod.vanish_pod(runpod.list_pods()[0].id)
     with pytest.raises(ProviderError) as caught:
         await asyncio.wait_for(task, 10)
@@ -671,6 +674,8 @@ async def test_a_steady_stream_of_new_pods_never_postpones_the_look(
     tasks = []
     for _ in range(100):  # one new pod every 50 ms for 5 s
         tasks.append(asyncio.ensure_future(timed()))
+        # sleep: the stream's pace is the case itself (new pods more often than the poll
+        # interval, for several intervals); nothing but time can space the arrivals.
         await asyncio.sleep(0.05)
     durations = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     # About 0.8 s each (0.3 s to run, a 0.5 s poll); a postponed look would keep the
@@ -686,8 +691,7 @@ async def test_one_bad_pod_among_many_fails_alone(
     runpod.provision_delay = 2.0
     specs = [spec() for _ in range(6)]
     tasks = [asyncio.ensure_future(provider.provision(s)) for s in specs]
-    while len(runpod.list_pods()) < 6:
-        await asyncio.sleep(0.02)
+    await until(lambda: len(runpod.list_pods()) >= 6, "the 6 pods to be created")
     by_name = {p.name: p.id for p in runpod.list_pods()}
     vanished = by_name[provider.pod_name(specs[0].lease_id)]
     died = by_name[provider.pod_name(specs[1].lease_id)]
@@ -712,8 +716,7 @@ async def test_a_cancelled_wait_leaves_the_others_waiting(
     runpod.provision_delay = 1.0
     first = asyncio.ensure_future(provider.provision(spec()))
     second = asyncio.ensure_future(provider.provision(spec()))
-    while len(runpod.list_pods()) < 2:
-        await asyncio.sleep(0.02)
+    await until(lambda: len(runpod.list_pods()) >= 2, "both pods to be created")
     first.cancel()  # as the service's provision timeout does
     worker = await asyncio.wait_for(second, 10)
     assert worker.provider_token in {p.id for p in runpod.list_pods()}
@@ -800,12 +803,27 @@ async def test_list_workers_keeps_only_this_instances_pods(
 # --- through a real LeaseService, store and loops --------------------------------------
 
 
+class Clock:
+    """The service's clock: the real one, moved ahead by the test (`move`) where a rule
+    waits for time to pass."""
+
+    def __init__(self) -> None:
+        self.ahead = timedelta()
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.ahead
+
+    def move(self, seconds: float) -> None:
+        self.ahead += timedelta(seconds=seconds)
+
+
 @dataclass
 class Stack:
     service: LeaseService
     provider: RunPodProvider
     reconciler: Reconciler
     sweeper: Sweeper
+    clock: Clock
 
 
 @pytest.fixture
@@ -819,17 +837,19 @@ async def make_stack(
         stores.append(store)
         await store.migrate()
         provider = make_provider(api, **overrides)
+        clock = Clock()
         service = LeaseService(
             store,
             [provider],
             OrderedFirstAvailable(),
             Metrics(),
             NoOpTracer(),
+            clock=clock,
             provision_timeout=20,
         )
         reconciler = Reconciler(service, NoOpTracer(), 60, replica_timeout=30)
         sweeper = Sweeper(service, Alarm(service.now_us), NoOpTracer(), 60)
-        return Stack(service, provider, reconciler, sweeper)
+        return Stack(service, provider, reconciler, sweeper, clock)
 
     yield make
     for store in stores:
@@ -920,7 +940,7 @@ async def test_failed_release_stays_releasing_until_the_sweeper_succeeds(
     stored = await stack.service.store.get(record.lease_id)
     assert stored is not None and stored.state == "releasing" and stored.release_attempts == 1
     assert len(runpod.list_pods()) == 1
-    await asyncio.sleep(1.1)  # first retry is due after 1 s
+    stack.clock.move(1.1)  # the first retry is due after 1 s
     assert await stack.sweeper.run_once() == 1
     stored = await stack.service.store.get(record.lease_id)
     assert stored is not None and stored.state == "released"

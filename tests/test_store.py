@@ -31,7 +31,7 @@ from openalice_scheduler.store import (
 )
 from openalice_scheduler.store.schema import metadata
 from tests import storeops
-from tests.harness import database_url
+from tests.harness import database_url, wait_for
 
 NOW = 1_800_000_000_000_000
 
@@ -404,26 +404,23 @@ async def test_a_write_lock_held_by_another_process_is_waited_for_off_the_loop(
     lease = new_lease()
     tool = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
     tool.execute("BEGIN IMMEDIATE")
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
     try:
+        writing = asyncio.create_task(
+            storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
+        )
+        # Reads answer meanwhile, one after another, each a round trip through the loop.
+        reads = 0
+        while reads < 10 and not writing.done():
+            assert await store.get(lease.lease_id) is None
+            reads += 1
         with pytest.raises(StoreUnavailable, match="write lock"):
-            await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
-        assert await store.get(lease.lease_id) is None  # reads answer meanwhile
+            await writing
     finally:
-        ticker.cancel()
         tool.execute("ROLLBACK")
         tool.close()
-    # The loop ran on while the write waited (a wait inside SQLite would have stopped
-    # it for the whole half second: no tick at all).
-    assert ticks >= 10, ticks
+    # The loop ran on while the write waited (a wait inside SQLite would have stopped it
+    # for the whole half second: a read or two at most, before and after).
+    assert reads == 10, reads
     await storeops.reserve(store, lease, "p", Terms(NOW, max_live=0, resources=None))
     stored = await store.get(lease.lease_id)
     assert stored is not None and stored.state == "provisioning"
@@ -440,26 +437,32 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
     await store.migrate()
     first, second = new_lease(), new_lease()
+    loop = asyncio.get_running_loop()
     tool = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
     tool.execute("BEGIN IMMEDIATE")
     try:
         waiting = asyncio.create_task(
             storeops.reserve(store, first, "p", Terms(NOW, max_live=0, resources=None))
         )
-        await asyncio.sleep(1.0)
+        # A read's round trip through a thread lets the loop run the write's first steps:
+        # its batch is then with the writer thread, waiting for the lock.
+        assert await store.get(first.lease_id) is None
+        pending = store.backend._pending  # type: ignore[attr-defined]
+        assert not pending, "the first write is not with the writer thread yet"
+        arrived = loop.time()
         behind = asyncio.create_task(
             storeops.reserve(store, second, "p", Terms(NOW, max_live=0, resources=None))
         )
-        # Let go at 6.5 s: past the second write's own limit (1 + 4 = 5 s), before the
-        # limit it had when its wait only began once the first gave up (4 + 4 = 8 s); 1.5 s
-        # either side, so that a loaded machine's late wake-ups cannot blur the two.
-        await asyncio.sleep(5.5)
+        for task in (waiting, behind):
+            with pytest.raises(StoreUnavailable, match="write lock"):
+                await task
+        gave_up = loop.time() - arrived
     finally:
         tool.execute("ROLLBACK")
         tool.close()
-    for task in (waiting, behind):
-        with pytest.raises(StoreUnavailable, match="write lock"):
-            await task
+    # 4 s after its own arrival; a wait that began only once the first gave up (4 s in)
+    # ends 8 s in. The lock was held all along: 1.5 s of room for a loaded machine.
+    assert gave_up < 5.5, gave_up
     assert await store.get(first.lease_id) is None
     assert await store.get(second.lease_id) is None
     await store.close()
@@ -550,6 +553,14 @@ async def test_a_database_file_that_cannot_be_opened_fails_its_writes_instead_of
         await store.close()
 
 
+# A session of this database waiting for advisory lock 7 (its key's low half: objid).
+WAITING_FOR_LOCK_7 = """
+    SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+    WHERE d.datname = current_database() AND l.locktype = 'advisory' AND l.objid = 7
+      AND NOT l.granted
+"""
+
+
 async def test_a_pool_with_no_connection_to_lend_is_unavailable_not_an_error(
     tmp_path: Path,
 ) -> None:
@@ -571,7 +582,16 @@ async def test_a_pool_with_no_connection_to_lend_is_unavailable_not_an_error(
             holding = asyncio.create_task(
                 backend.write(lambda conn: conn.execute(text("SELECT pg_advisory_xact_lock(7)")))
             )
-            await asyncio.sleep(0.5)  # it has the pool's one connection, and waits
+            # It has the pool's one connection, and waits for the lock: the server says so.
+            loop = asyncio.get_running_loop()
+
+            def waits_for_the_lock() -> bool:
+                asked = other.fetchval(WAITING_FOR_LOCK_7)  # on the loop, from the poll's thread
+                return bool(asyncio.run_coroutine_threadsafe(asked, loop).result(10))
+
+            await asyncio.to_thread(
+                wait_for, waits_for_the_lock, 30, what="the write to wait for the lock"
+            )
             assert not holding.done()
             with pytest.raises(StoreUnavailable):
                 await backend.read(lambda conn: conn.execute(text("SELECT 1")).scalar())

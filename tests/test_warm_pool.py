@@ -19,17 +19,21 @@ from __future__ import annotations
 import calendar
 import contextlib
 import json
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import docker
 import httpx
 import pytest
 
+from tests.dockerproxy import DockerProxy
 from tests.engines import PrivateEngine
 from tests.harness import HTTP, SECRET, TLS, Scheduler, docker_client, wait_for
 from tests.test_docker_provider import device_ids
@@ -72,11 +76,15 @@ def worker_page(container_id: str, engine: Any = None) -> dict[str, Any]:
     container = (engine or docker_client()).containers.get(container_id)
     # An exec's output came back empty once under load (the page is written whole, by a
     # rename): read again before calling it a fault, and show what was read.
-    for _ in range(20):
-        result = container.exec_run(["/bin/busybox", "cat", "/www/index.html"])
-        if result.exit_code == 0 and result.output.strip():
-            break
-        time.sleep(0.25)
+    reads: list[Any] = []
+
+    def read() -> bool:
+        reads.append(container.exec_run(["/bin/busybox", "cat", "/www/index.html"]))
+        return reads[-1].exit_code == 0 and bool(reads[-1].output.strip())
+
+    with contextlib.suppress(AssertionError):
+        wait_for(read, 5, 0.25, what="the worker's page")
+    result = reads[-1]
     try:
         return dict(json.loads(result.output))
     except ValueError:
@@ -255,12 +263,26 @@ def test_kill_9_with_idle_and_claimed_pool_workers_leaks_nothing(make_scheduler:
     )
 
 
+@pytest.fixture
+def gpu_proxy(gpu_engine: PrivateEngine) -> Iterator[DockerProxy]:
+    """The GPU engine behind a proxy, which shows what the scheduler asks of it (`seen`).
+    Asked for before `make_scheduler`, so that it outlives the schedulers' clean-up."""
+    where = Path(tempfile.mkdtemp(prefix="oa-proxy-", dir="/tmp"))  # unix paths are short
+    proxy = DockerProxy(where / "docker.sock", gpu_engine.sock).start()
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def test_a_cold_gpu_acquire_gets_the_device_an_idle_pool_worker_held(
     gpu_engine: PrivateEngine,
+    gpu_proxy: DockerProxy,
     make_scheduler: Make,
 ) -> None:
     sched = make_scheduler(
-        engine=gpu_engine.url, LOCAL_GPU_DEVICES="0", WARM_POOL="anim/entry=1", **POOL_ENV
+        engine=gpu_proxy.url, LOCAL_GPU_DEVICES="0", WARM_POOL="anim/entry=1", **POOL_ENV
     )
     wait_idle(sched, 1, kind="anim", gpu="entry")
     [pool_worker] = [c.id for c in sched.containers()]
@@ -275,8 +297,18 @@ def test_a_cold_gpu_acquire_gets_the_device_an_idle_pool_worker_held(
         sched.metric("scheduler_leases_released_total", provider="local-docker", reason="recycled")
         == 1
     )
-    # The pool cannot refill while the device is leased; once released, it does.
-    time.sleep(3)
+    # The pool cannot refill while the device is leased; once released, it does. Each
+    # pass of the pool asks whether the engine can be used (a ping: nothing else pings
+    # it while nobody scrapes or acquires), then finds the device taken: two more pings
+    # are two more passes, and none of them made a container.
+    since = len(gpu_proxy.seen)
+    wait_for(
+        lambda: sum(r.endswith("/_ping") for r in gpu_proxy.seen[since:]) >= 2,
+        60,
+        0.1,
+        what="two more passes of the pool",
+    )
+    assert not [r for r in gpu_proxy.seen[since:] if "/containers/create" in r]
     assert idle(sched, kind="anim", gpu="entry") == 0
     assert sched.release(lease["lease_id"]).status_code == 204
     wait_idle(sched, 1, kind="anim", gpu="entry")
@@ -285,11 +317,15 @@ def test_a_cold_gpu_acquire_gets_the_device_an_idle_pool_worker_held(
 def test_two_replicas_share_one_pool(replicas: Replicas) -> None:  # noqa: F811
     a, b = replicas(WARM_POOL="renderer/none=3", **POOL_ENV)
     wait_for(lambda: idle(a) == 3 or idle(b) == 3, 60, 0.1, what="3 idle")
-    # Both keep filling; neither takes the pool past 3 (watched for a few passes).
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    # Both keep filling; neither takes the pool past 3: watched until each replica has
+    # ended a pass that found it full (scheduler_pool_idle is set at the end of each
+    # pass); from then on a pass has nothing to make.
+    def both_found_it_full() -> bool:
         assert len(a.containers()) <= 3
-        time.sleep(0.2)
+        return idle(a) == 3 and idle(b) == 3
+
+    wait_for(both_found_it_full, 60, 0.2, what="both replicas to find the pool full")
     assert len(a.containers()) == 3
     pool = ids(a)
 
@@ -356,7 +392,10 @@ def test_an_image_without_the_hand_off_is_not_used_warm(make_scheduler: Make) ->
     assert pool_worker not in ids(sched)
     second = sched.lease(kind="renderer")
     assert second["provider_token"] != pool_worker
-    time.sleep(3)  # a few pool passes: it is not refilled
+    # sleep: a pool pass (one each 2 s) that skips a switched-off kind shows nowhere: no
+    # Docker call, no store write, no log line, no metric change. Waited for in time,
+    # then: it is not refilled.
+    time.sleep(3)
     assert idle(sched) == 0 and len(sched.containers()) == 2
     assert sched.log().count("the renderer pool is switched off") == 1
 

@@ -169,8 +169,9 @@ def test_two_replicas_hear_one_death_and_end_its_lease_once(replicas: Replicas) 
     docker_client().containers.get(lease["provider_token"]).kill()
     gone = ended(b, lease)
     assert gone["lost_cause"] == "exited"
-    # Both heard it; one ended it, once. (Nothing tells when the other replica has
-    # heard it too and found the lease ended: it says nothing then. Give it a moment.)
+    # Both heard it; one ended it, once.
+    # sleep: nothing tells when the other replica has heard it too and found the lease
+    # ended (it says nothing then, and counts nothing): give it a moment.
     time.sleep(2)
     counted = [
         r.metric("scheduler_workers_lost_total", provider="local-docker", cause="exited")
