@@ -1,7 +1,8 @@
 """The documentation site (docs/, mkdocs.yml): its configuration reference is what the
-settings models say, every setting is documented, and every place in the code, tests and
-benchmarks that points into the docs names a page and a heading that exist. The site
-itself is built with `mkdocs build --strict` by scripts/check, before any test."""
+settings models say, its API reference what the OpenAPI document says, every setting is
+documented, and every place in the code, tests and benchmarks that points into the docs
+names a page and a heading that exist. The site itself is built with `mkdocs build
+--strict` by scripts/check, before any test."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from markdown.extensions.toc import slugify
 
+from openalice_scheduler import api_reference
 from openalice_scheduler.config import AREAS, Settings
 from openalice_scheduler.config.reference import page
 from tests.harness import REPO
@@ -25,6 +27,14 @@ def test_the_configuration_reference_is_what_the_models_say() -> None:
     assert committed == page(), (
         "docs/reference/configuration.md differs from the settings models: run "
         "`python -m openalice_scheduler.config.reference > docs/reference/configuration.md`"
+    )
+
+
+def test_the_api_reference_is_what_the_openapi_document_says() -> None:
+    committed = (DOCS / "reference" / "openapi.md").read_text()
+    assert committed == api_reference.page(api_reference.document()), (
+        "docs/reference/openapi.md differs from the service's OpenAPI document: run "
+        "`python -m openalice_scheduler.api_reference > docs/reference/openapi.md`"
     )
 
 

@@ -48,7 +48,7 @@ def create_app(
         title="openalice-scheduler",
         version=service_version(),
         description="GPU/compute lease service: acquire and release renderer and anim "
-        "workers on local Docker or RunPod.",
+        "workers on Docker hosts, RunPod, Modal, Kubernetes or a fixed pool of endpoints.",
         lifespan=lifespan(settings, store, providers, metrics, tracing, clock, access),
         # Spans are ours (tracing.py, exported only when configured); FastAPI's own
         # telemetry would look at the global OpenTelemetry providers on every request.
