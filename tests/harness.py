@@ -213,7 +213,7 @@ class Scheduler:
 
     def metric(self, name: str, **labels: str) -> float:
         """Value of one sample of /metrics (0 when absent)."""
-        text = HTTP.get(f"{self.url}/metrics", timeout=10).text
+        text = HTTP.get(f"{self.url}/metrics", timeout=60).text
         want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         for line in text.splitlines():
             if line.startswith("#"):

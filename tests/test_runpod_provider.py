@@ -804,17 +804,20 @@ async def test_list_workers_keeps_only_this_instances_pods(
 
 
 class Clock:
-    """The service's clock: the real one, moved ahead by the test (`move`) where a rule
-    waits for time to pass."""
+    """The service's one clock (lifecycle/clock.py): the machine's, wall and monotonic
+    time moved ahead together by the test (`move`) where a rule waits for time to pass."""
 
     def __init__(self) -> None:
-        self.ahead = timedelta()
+        self.ahead = 0.0
 
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.ahead
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.ahead)
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.ahead
 
     def move(self, seconds: float) -> None:
-        self.ahead += timedelta(seconds=seconds)
+        self.ahead += seconds
 
 
 @dataclass
@@ -848,7 +851,7 @@ async def make_stack(
             provision_timeout=20,
         )
         reconciler = Reconciler(service, NoOpTracer(), 60, replica_timeout=30)
-        sweeper = Sweeper(service, Alarm(service.now_us), NoOpTracer(), 60)
+        sweeper = Sweeper(service, Alarm(clock), NoOpTracer(), 60)
         return Stack(service, provider, reconciler, sweeper, clock)
 
     yield make
