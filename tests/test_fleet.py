@@ -30,6 +30,7 @@ from tests.harness import (
     remove_instance,
     wait_for,
 )
+from tests.loss import lost
 from tests.sshd import PrivateSshd
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
@@ -624,19 +625,7 @@ def test_a_worker_killed_on_one_host_ends_its_lease_at_once(
     assert hosts_of([on_gpu1, on_gpu2]) == ["gpu1", "gpu2"]
     gpu2 = engines["gpu2"]
     gpu2.client.containers.get(container_of(gpu2, s, on_gpu2)).kill()
-    ended = wait_for(
-        lambda: (
-            (lease := s.http.get(f"/v1/lease/{on_gpu2['lease_id']}").json())["state"] == "released"
-            and lease
-        ),
-        30,
-        what="the lease on gpu2 ended",
-    )
-    assert (ended["release_reason"], ended["lost_cause"], ended["exit_code"]) == (
-        "lost",
-        "exited",
-        137,
-    )
+    ended = lost(s, on_gpu2, "exited", 137)
     assert ended["provider_token"].startswith("gpu2/")
     wait_for(lambda: not on_engine(gpu2, s), 30, what="its remains removed from gpu2")
     assert state_of(s, on_gpu1) == "active" and on_engine(engines["gpu1"], s) == [

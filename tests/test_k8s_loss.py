@@ -20,7 +20,7 @@ passes are start-up's and the one each (re)opened watch wakes."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -29,7 +29,15 @@ import pytest
 from tests.harness import HTTP, Scheduler, wait_for
 from tests.k8s_emulator import KubeEmulator
 from tests.k8s_emulator.scheduling import DEFAULT_NODES
-from tests.test_k8s_provider import NAMESPACE, documented_role, gone, on_k8s, pod_of
+from tests.loss import lease_now, lost, renew, renewal_refused_as_lost
+from tests.test_k8s_provider import (
+    NAMESPACE,
+    documented_role,
+    gone,
+    on_k8s,
+    pod_calls,
+    pod_of,
+)
 from tests.test_warm_pool import wait_idle
 
 Make = Callable[..., Scheduler]
@@ -41,37 +49,15 @@ LOST = "scheduler_workers_lost_total"
 
 
 @pytest.fixture
-def kube(kube_server: KubeEmulator) -> KubeEmulator:
+def kube(kube_server: KubeEmulator) -> Iterator[KubeEmulator]:
     """The module's emulator, emptied, under the Role the docs give (as in
-    test_k8s_provider.py)."""
+    test_k8s_provider.py); after the test, every call the scheduler made was allowed by
+    that Role (the emulator enforces it)."""
     kube_server.reset()
     kube_server.set_rbac(documented_role()["rules"])
-    return kube_server
-
-
-def lease_now(sched: Scheduler, lease: dict[str, Any]) -> dict[str, Any]:
-    response = sched.http.get(f"/v1/lease/{lease['lease_id']}")
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
-def ended(sched: Scheduler, lease: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
-    """The lease once it has ended."""
-    return dict(
-        wait_for(
-            lambda: (now := lease_now(sched, lease))["state"] == "released" and now,
-            timeout,
-            0.1,
-            what=f"lease {lease['lease_id']} to end",
-        )
-    )
-
-
-def renew(sched: Scheduler, lease: dict[str, Any]) -> httpx.Response:
-    headers = {"X-Lease-Owner": lease["owner_id"]} if lease.get("owner_id") else {}
-    return sched.http.post(
-        f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 300}, headers=headers
-    )
+    yield kube_server
+    refused = [(r["verb"], r["resource"]) for r in kube_server.requests() if r["code"] == 403]
+    assert not refused, f"the documented Role refused {refused}"
 
 
 def exit_worker(lease: dict[str, Any], code: int) -> None:
@@ -80,10 +66,12 @@ def exit_worker(lease: dict[str, Any], code: int) -> None:
     assert answer.json() == {"exiting": code}, answer.text
 
 
-def running(kube: KubeEmulator, lease: dict[str, Any]) -> bool:
+def kept(sched: Scheduler, kube: KubeEmulator, lease: dict[str, Any]) -> bool:
+    """Whether a healthy lease is untouched: still active, its pod running."""
     pod = pod_of(kube, lease)
     return (
-        pod is not None
+        lease_now(sched, lease)["state"] == "active"
+        and pod is not None
         and pod["status"].get("phase") == "Running"
         and not pod["metadata"].get("deletionTimestamp")
     )
@@ -98,10 +86,8 @@ def pod_calls_since(kube: KubeEmulator, sched: Scheduler, verb: str, since: floa
     """The scheduler's `verb` calls on its pods (by its instance label) after `since`."""
     return [
         r
-        for r in kube.requests()
-        if r["verb"] == verb
-        and r["resource"] == "pods"
-        and r["time"] > since
+        for r in pod_calls(kube, verb)
+        if r["time"] > since
         and f"openalice.io/instance={sched.instance}" in r.get("label_selector", "")
     ]
 
@@ -135,12 +121,6 @@ def watch_settled(sched: Scheduler, kube: KubeEmulator, since: float = 0.0) -> f
     )
 
 
-def no_refusals(kube: KubeEmulator) -> None:
-    """Every call was allowed by the documented Role (the emulator enforces it)."""
-    refused = [(r["verb"], r["resource"]) for r in kube.requests() if r["code"] == 403]
-    assert not refused, f"the documented Role refused {refused}"
-
-
 def assert_lost(
     sched: Scheduler,
     kube: KubeEmulator,
@@ -151,22 +131,8 @@ def assert_lost(
     """What a user sees of a lease whose worker died: the lease ended `lost` with its
     cause and exit code, a renewal refused naming them, the pod and its Secret deleted,
     the death counted once."""
-    now = ended(sched, lease)
-    assert (now["state"], now["release_reason"], now["lost_cause"], now["exit_code"]) == (
-        "released",
-        "lost",
-        cause,
-        exit_code,
-    ), now
-    refused = renew(sched, lease)
-    assert refused.status_code == 409, refused.text
-    body = refused.json()
-    assert (body["error"], body["lost_cause"], body["exit_code"]) == (
-        "worker_lost",
-        cause,
-        exit_code,
-    ), body
-    assert cause in body["message"], body
+    now = lost(sched, lease, cause, exit_code)
+    renewal_refused_as_lost(sched, lease, cause, exit_code)
     wait_for(lambda: gone(kube, lease), 30, what="the dead pod and its secret deleted")
     assert sched.metric(LOST, provider="kubernetes", cause=cause) == 1
     return now
@@ -188,7 +154,6 @@ def test_a_pod_slow_to_listen_is_handed_out_once_it_answers(
     page = HTTP.get(lease["endpoint"] + "/", timeout=10).json()
     assert page["lease_id"] == lease["lease_id"]
     assert lease_now(sched, lease)["state"] == "active"
-    no_refusals(kube)
 
 
 def test_without_the_probe_the_same_pod_refuses_its_first_caller(
@@ -244,15 +209,7 @@ def test_a_worker_that_exits_ends_its_lease_and_frees_its_pod_s_room(
         sched.metric("scheduler_leases_released_total", provider="kubernetes", reason="lost") == 1
     )
     # The scheduler deleted the failed pod (the emulator's kubelet keeps it otherwise).
-    deletes = [
-        r
-        for r in kube.requests()
-        if r["verb"] == "delete"
-        and r["resource"] == "pods"
-        and r["name"] == lease["provider_token"]
-    ]
-    assert deletes, "the scheduler never deleted the dead pod"
-    no_refusals(kube)
+    assert pod_calls(kube, "delete", lease["provider_token"]), "the dead pod was never deleted"
 
 
 def _oom(kube: KubeEmulator, lease: dict[str, Any]) -> None:
@@ -309,7 +266,6 @@ def test_each_way_a_pod_dies_is_its_lease_s_lost_cause(
         kube.set_nodes([dict(n) for n in DEFAULT_NODES])  # a lost node comes back
     # Another pod is served (on the node back, for node_lost).
     assert sched.acquire(kind="renderer", ttl_seconds=100).status_code == 200
-    no_refusals(kube)
 
 
 def test_a_pod_deleted_behind_the_scheduler_s_back_is_lost_of_unknown_cause(
@@ -323,55 +279,56 @@ def test_a_pod_deleted_behind_the_scheduler_s_back_is_lost_of_unknown_cause(
     client = Client(config=KubeConfig.from_file(kube.kubeconfig_path), namespace=NAMESPACE)
     client.delete(Pod, lease["provider_token"], grace_period=0)
     assert_lost(sched, kube, lease, "unknown", None)
-    no_refusals(kube)
 
 
 # --- nothing ended by mistake ---------------------------------------------------------
 
 
-def test_a_watch_the_api_server_ends_comes_back_and_still_hears(
-    make_scheduler: Make, kube: KubeEmulator
+def _end_watches(sched: Scheduler, kube: KubeEmulator) -> float:
+    """The API server ends the scheduler's watch: it watches again, from the last version
+    it heard. When the last reconcile pass finished."""
+    passes = watch_settled(sched, kube)
+    since = time.time()
+    assert kube.end_watches() >= 1
+    wait_for(
+        lambda: pod_calls_since(kube, sched, "watch", since), 30, what="the pods watched again"
+    )
+    return passes
+
+
+def _expire_watches(sched: Scheduler, kube: KubeEmulator) -> float:
+    """The version the scheduler's watch started from expires: it lists its pods again,
+    watches from there, and the reconciler's pass (woken by the new listing) judges what
+    the listing shows. When that pass finished."""
+    watch_settled(sched, kube)
+    since = time.time()
+    assert kube.expire_watches() >= 1
+    return watch_settled(sched, kube, since)
+
+
+@pytest.mark.parametrize(
+    "interrupt",
+    [
+        pytest.param(_end_watches, id="the_api_server_ends_it"),
+        pytest.param(_expire_watches, id="its_version_expires"),
+    ],
+)
+def test_a_watch_interrupted_comes_back_keeps_the_healthy_and_still_hears(
+    make_scheduler: Make,
+    kube: KubeEmulator,
+    interrupt: Callable[[Scheduler, KubeEmulator], float],
 ) -> None:
     sched = on_k8s(make_scheduler, kube, **WATCH_ONLY)
     healthy = sched.lease(kind="renderer", ttl_seconds=300)
     doomed = sched.lease(kind="renderer", ttl_seconds=300)
-    passes = watch_settled(sched, kube)
-    since = time.time()
-    assert kube.end_watches() >= 1
-    # The scheduler watches again (from the last version it heard).
-    wait_for(
-        lambda: pod_calls_since(kube, sched, "watch", since), 30, what="the pods watched again"
-    )
-    assert lease_now(sched, healthy)["state"] == "active" and running(kube, healthy)
+    passes = interrupt(sched, kube)
+    assert kept(sched, kube, healthy)
 
     exit_worker(doomed, 4)
     assert_lost(sched, kube, doomed, "exited", 4)
     assert reconciled_at(sched) == passes  # the watch, made again, heard it
-    assert lease_now(sched, healthy)["state"] == "active" and running(kube, healthy)
+    assert kept(sched, kube, healthy)
     assert renew(sched, healthy).status_code == 200
-    no_refusals(kube)
-
-
-def test_a_watch_whose_version_expired_lists_again_and_still_hears(
-    make_scheduler: Make, kube: KubeEmulator
-) -> None:
-    sched = on_k8s(make_scheduler, kube, **WATCH_ONLY)
-    healthy = sched.lease(kind="renderer", ttl_seconds=300)
-    doomed = sched.lease(kind="renderer", ttl_seconds=300)
-    watch_settled(sched, kube)
-    since = time.time()
-    assert kube.expire_watches() >= 1
-    # The scheduler lists its pods again, watches from there, and the reconciler's pass
-    # (woken by the new listing) judges what the listing shows: the healthy one is kept.
-    passes = watch_settled(sched, kube, since)
-    assert lease_now(sched, healthy)["state"] == "active" and running(kube, healthy)
-
-    exit_worker(doomed, 5)
-    assert_lost(sched, kube, doomed, "exited", 5)
-    assert reconciled_at(sched) == passes  # the new watch heard it
-    assert lease_now(sched, healthy)["state"] == "active" and running(kube, healthy)
-    assert renew(sched, healthy).status_code == 200
-    no_refusals(kube)
 
 
 def test_a_death_while_the_scheduler_was_down_is_found_at_start_up(
@@ -390,9 +347,8 @@ def test_a_death_while_the_scheduler_was_down_is_found_at_start_up(
     sched.start()  # the same store and instance
     assert_lost(sched, kube, doomed, "exited", 6)
     # The healthy lease was judged by the same listing, and kept.
-    assert lease_now(sched, healthy)["state"] == "active" and running(kube, healthy)
+    assert kept(sched, kube, healthy)
     assert renew(sched, healthy).status_code == 200
-    no_refusals(kube)
 
 
 # --- the warm pool ------------------------------------------------------------------------
@@ -405,12 +361,7 @@ def test_an_idle_pool_pod_that_dies_is_recycled_and_replaced(
     wait_idle(sched, 1)
     [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
     kube.oom_kill(idle["provider_token"])
-    now = ended(sched, idle)
-    assert (now["release_reason"], now["lost_cause"], now["exit_code"]) == (
-        "recycled",
-        "oom_killed",
-        137,
-    ), now
+    lost(sched, idle, "oom_killed", 137, reason="recycled")
     wait_for(lambda: gone(kube, idle), 30, what="the dead pool pod deleted")
     assert sched.metric(LOST, provider="kubernetes", cause="oom_killed") == 1
 
@@ -419,7 +370,6 @@ def test_an_idle_pool_pod_that_dies_is_recycled_and_replaced(
         return len(rows) == 1 and rows[0]["lease_id"] != idle["lease_id"]
 
     wait_for(replaced, 60, 0.2, what="a new idle pool pod")
-    no_refusals(kube)
 
 
 # --- the documented Role -------------------------------------------------------------
@@ -440,4 +390,3 @@ def test_the_pod_watch_lists_and_watches_under_the_documented_role(
     )
     assert listed["code"] == 200 and watched["code"] == 200, (listed, watched)
     assert listed["namespace"] == NAMESPACE and watched["namespace"] == NAMESPACE
-    no_refusals(kube)

@@ -24,7 +24,8 @@ import yaml
 from tests.guardproc import GuardProcess
 from tests.harness import WORKER_IMAGE, Scheduler, wait_for
 from tests.k8s_emulator import KubeEmulator
-from tests.test_guard import leases_learned, only_the_expired_goes
+from tests.loss import lost
+from tests.test_guard import Alive, Stopped, leases_learned, only_the_expired_goes
 from tests.test_priorities import PREEMPTING, anim_preempted_for_live
 from tests.test_warm_pool import handed_over_warm, wait_idle
 
@@ -91,12 +92,133 @@ def gone(emulator: KubeEmulator, lease: dict[str, Any]) -> bool:
     return not pods_of(emulator, lease["lease_id"]) and not secrets_of(emulator, lease["lease_id"])
 
 
+def pod_calls(emulator: KubeEmulator, verb: str, name: str | None = None) -> list[dict[str, Any]]:
+    """The API server's record of the `verb` calls on pods (on the pod `name` only, if
+    given), in their order."""
+    return [
+        r
+        for r in emulator.requests()
+        if r["verb"] == verb and r["resource"] == "pods" and (name is None or r.get("name") == name)
+    ]
+
+
+def running_pods(emulator: KubeEmulator) -> Alive:
+    """Whether a lease id's pod runs (and is not being deleted), as the API holds it."""
+
+    def alive(lease_id: str) -> bool:
+        return any(
+            p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+            for p in pods_of(emulator, lease_id)
+        )
+
+    return alive
+
+
+def pod_deletes(emulator: KubeEmulator) -> Stopped:
+    """When the lease's pod was first asked to be deleted, by the API server's record."""
+    return lambda lease: min(
+        (r["time"] for r in pod_calls(emulator, "delete", lease["provider_token"])), default=None
+    )
+
+
+# --- what a cloud provider shows, on Kubernetes as on Modal (test_modal_provider.py) ---
+
+
+def leased_with_a_scene(sched: Scheduler, provider: str) -> dict[str, Any]:
+    """A renderer lease of the owner "me" for 600 s, its env SCENE=intro (a value the
+    provider must keep out of all it shows), served by `provider`."""
+    lease = sched.lease(kind="renderer", owner_id="me", ttl_seconds=600, env={"SCENE": "intro"})
+    assert lease["provider"] == provider
+    return lease
+
+
+def renewed_and_released(sched: Scheduler, lease: dict[str, Any]) -> None:
+    """Its owner ("me") renews the lease to 900 s and releases it: the lease is then
+    `released`, with its cost."""
+    renewed = sched.http.post(
+        f"/v1/lease/{lease['lease_id']}/renew",
+        json={"ttl_seconds": 900},
+        headers={"X-Lease-Owner": "me"},
+    )
+    assert renewed.status_code == 200, renewed.text
+    assert sched.release(lease["lease_id"], owner="me").status_code == 204
+    done = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
+    assert done["state"] == "released" and done["cost"] is not None
+
+
+def refuses_a_class_it_names_no_gpu_for(sched: Scheduler, setting: str) -> None:
+    """A GPU class the provider's `setting` names nothing for (`high`) is not served
+    there, and the answer says which setting."""
+    refused = sched.acquire(kind="anim", gpu="high")
+    assert refused.status_code == 503, refused.text
+    assert setting in refused.json()["message"]
+
+
+def bounded_by_the_worker_s_deadline(sched: Scheduler, setting: str) -> dict[str, Any]:
+    """A lease lives at most its worker's deadline on the provider (`setting`, 120 s): a
+    longer TTL is not served there, and a renewal past it is refused, saying when the
+    worker goes. The lease (of 60 s) that is served."""
+    too_long = sched.acquire(kind="renderer", ttl_seconds=600)
+    assert too_long.status_code == 503, too_long.text
+    assert setting in too_long.json()["message"]
+    lease = sched.lease(kind="renderer", ttl_seconds=60)
+    past = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 300})
+    assert past.status_code == 409, past.text
+    assert past.json()["error"] == "past_provider_deadline" and "deadline" in past.json()
+    return lease
+
+
+def killed_mid_create(sched: Scheduler, asked_for: Callable[[], Any], what: str) -> None:
+    """A caller's acquire is under way when the scheduler is killed: as soon as
+    `asked_for()` shows the provider was asked for the worker (`what`)."""
+
+    def acquire() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # its scheduler is killed under it
+            sched.acquire(kind="renderer", ttl_seconds=300)
+
+    caller = threading.Thread(target=acquire, daemon=True)
+    caller.start()
+    wait_for(asked_for, 30, what=what)
+    sched.kill()
+    caller.join(30)
+
+
+def shows_its_cap_of_two(sched: Scheduler, provider: str) -> None:
+    """/v1/providers shows the provider healthy, with its cap of 2 workers (for each
+    class), and 2 in use once two leases hold it; a third lease is refused, at the cap."""
+    [view] = sched.http.get("/v1/providers").json()
+    assert view["name"] == provider and view["healthy"], view
+    assert view["max_workers"] == 2
+    assert {gpu: use["capacity"] for gpu, use in view["gpu"].items()} == {"none": 2, "entry": 2}
+    held = [sched.lease(kind="renderer", ttl_seconds=300) for _ in range(2)]
+    view = sched.http.get("/v1/providers").json()[0]
+    assert view["in_use"] == 2 and view["gpu"]["none"]["in_use"] == 2
+    third = sched.acquire(kind="renderer", ttl_seconds=300)
+    assert third.status_code == 503, third.text
+    for lease in held:
+        assert sched.release(lease["lease_id"]).status_code == 204
+
+
+def the_guard_alone_ends_only_the_expired(
+    sched: Scheduler, provider: str, alive: Alive, stopped: Stopped
+) -> None:
+    """With the scheduler killed, its guard ends the worker of the lease that expired,
+    within the bound and never early, and leaves the other's running
+    (test_guard.py)."""
+    guard = GuardProcess(sched).start()
+    try:
+        short, long, last = leases_learned(sched, guard, provider)
+        sched.kill()
+        only_the_expired_goes(alive, stopped, guard, short, long, last)
+    finally:
+        guard.kill()
+
+
 def test_a_lease_on_kubernetes_is_a_pod_reached_at_its_ip(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     sched = on_k8s(make_scheduler, kube, K8S_POD_DEADLINE_SECONDS="3600")
-    lease = sched.lease(kind="renderer", owner_id="me", ttl_seconds=600, env={"SCENE": "intro"})
-    assert lease["provider"] == "kubernetes"
+    lease = leased_with_a_scene(sched, "kubernetes")
     pod = pod_of(kube, lease)
     assert pod is not None and pod["status"]["phase"] == "Running"
     assert lease["endpoint"] == f"http://{pod['status']['podIP']}:8080"
@@ -121,16 +243,8 @@ def test_a_lease_on_kubernetes_is_a_pod_reached_at_its_ip(
     env = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert env["SCENE"] == "intro" and env["LEASE_ID"] == lease["lease_id"]
 
-    renewed = sched.http.post(
-        f"/v1/lease/{lease['lease_id']}/renew",
-        json={"ttl_seconds": 900},
-        headers={"X-Lease-Owner": "me"},
-    )
-    assert renewed.status_code == 200, renewed.text
-    assert sched.release(lease["lease_id"], owner="me").status_code == 204
+    renewed_and_released(sched, lease)
     wait_for(lambda: gone(kube, lease), 30, what="the pod and its secret to go")
-    done = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
-    assert done["state"] == "released" and done["cost"] is not None
     # The kubeconfig's token is nowhere in the scheduler's log.
     assert kube.token not in sched.log()
 
@@ -146,10 +260,7 @@ def test_a_gpu_class_asks_for_its_resource_on_its_nodes(
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
     assert lease["gpu_type"] == "NVIDIA-L4" and lease["price_per_hour"] == 0.7
-    # A class with no resource named is not served on Kubernetes, and says why.
-    refused = sched.acquire(kind="anim", gpu="high")
-    assert refused.status_code == 503, refused.text
-    assert "K8S_GPU_CLASSES" in refused.json()["message"]
+    refuses_a_class_it_names_no_gpu_for(sched, "K8S_GPU_CLASSES")
     assert sched.release(lease["lease_id"]).status_code == 204
 
 
@@ -158,15 +269,8 @@ def test_the_kubelet_ends_the_pod_at_its_deadline_with_no_scheduler_and_no_guard
 ) -> None:
     sched = on_k8s(make_scheduler, kube, K8S_POD_DEADLINE_SECONDS="120")
     guard = GuardProcess(sched).start()
-    # A lease on Kubernetes lives at most the pod's deadline: a longer TTL is not served
-    # there, and a renewal past it is refused, saying when the worker goes.
-    too_long = sched.acquire(kind="renderer", ttl_seconds=600)
-    assert too_long.status_code == 503, too_long.text
-    assert "K8S_POD_DEADLINE_SECONDS" in too_long.json()["message"]
-    lease = sched.lease(kind="renderer", ttl_seconds=60)
-    past = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 300})
-    assert past.status_code == 409, past.text
-    assert past.json()["error"] == "past_provider_deadline"
+    # A lease on Kubernetes lives at most the pod's deadline.
+    lease = bounded_by_the_worker_s_deadline(sched, "K8S_POD_DEADLINE_SECONDS")
 
     sched.kill()
     guard.kill()  # neither the scheduler nor the guard runs
@@ -236,16 +340,7 @@ def test_a_scheduler_killed_mid_create_leaves_one_pod_and_no_secret_behind(
 ) -> None:
     sched = on_k8s(make_scheduler, kube, RECONCILE_INTERVAL_SECONDS="1")
     kube.pause_kubelet()  # the pod is made, its container waits
-
-    def acquire() -> None:
-        with contextlib.suppress(httpx.HTTPError):  # its scheduler is killed under it
-            sched.acquire(kind="renderer", ttl_seconds=300)
-
-    caller = threading.Thread(target=acquire, daemon=True)
-    caller.start()
-    wait_for(lambda: kube.secrets(NAMESPACE), 30, what="the pod and its secret to be made")
-    sched.kill()
-    caller.join(30)
+    killed_mid_create(sched, lambda: kube.secrets(NAMESPACE), "the pod and its secret made")
     [pod] = kube.pods(NAMESPACE)
     lease_id = pod["metadata"]["labels"]["openalice.io/lease"]
     kube.resume_kubelet()
@@ -255,8 +350,7 @@ def test_a_scheduler_killed_mid_create_leaves_one_pod_and_no_secret_behind(
     wait_for(lambda: not kube.secrets(NAMESPACE), 30, what="its secret to be collected")
     leases = sched.http.get("/v1/leases", params={"state": ["failed", "released"]}).json()
     assert [(x["lease_id"], x["state"]) for x in leases] == [(lease_id, "failed")]
-    creates = [r for r in kube.requests() if r["verb"] == "create" and r["resource"] == "pods"]
-    assert len(creates) == 1  # one pod for the one lease, never two
+    assert len(pod_calls(kube, "create")) == 1  # one pod for the one lease, never two
 
 
 def test_an_image_that_never_starts_fails_the_acquire_and_leaves_nothing(
@@ -276,12 +370,10 @@ def test_api_errors_are_retried_and_make_one_pod(make_scheduler: Make, kube: Kub
     kube.fail_next(2, 503, verb="create", resource="pods")
     kube.fail_next(1, 429, verb="delete", resource="pods")
     lease = sched.lease(kind="renderer", ttl_seconds=300)
-    creates = [r for r in kube.requests() if r["verb"] == "create" and r["resource"] == "pods"]
-    assert [r["code"] for r in creates] == [503, 503, 201]
+    assert [r["code"] for r in pod_calls(kube, "create")] == [503, 503, 201]
     assert [p["metadata"]["name"] for p in kube.pods(NAMESPACE)] == [lease["provider_token"]]
     assert sched.release(lease["lease_id"]).status_code == 204
-    deletes = [r for r in kube.requests() if r["verb"] == "delete" and r["resource"] == "pods"]
-    assert [r["code"] for r in deletes] == [429, 200]
+    assert [r["code"] for r in pod_calls(kube, "delete")] == [429, 200]
     wait_for(lambda: gone(kube, lease), 30, what="the pod to go")
 
 
@@ -298,15 +390,7 @@ def test_kubernetes_shows_in_providers_and_k8s_max_pods_holds(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     sched = on_k8s(make_scheduler, kube, K8S_MAX_PODS="2")
-    [view] = sched.http.get("/v1/providers").json()
-    assert view["name"] == "kubernetes" and view["healthy"], view
-    assert view["max_workers"] == 2
-    assert {gpu: use["capacity"] for gpu, use in view["gpu"].items()} == {"none": 2, "entry": 2}
-    held = [sched.lease(kind="renderer", ttl_seconds=300) for _ in range(2)]
-    third = sched.acquire(kind="renderer", ttl_seconds=300)
-    assert third.status_code == 503, third.text
-    for lease in held:
-        assert sched.release(lease["lease_id"]).status_code == 204
+    shows_its_cap_of_two(sched, "kubernetes")
     # A Role without `list` shows as unhealthy, in the API's words.
     kube.set_rbac([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}])
     view = sched.http.get("/v1/providers").json()[0]
@@ -318,20 +402,9 @@ def test_the_guard_deletes_an_expired_lease_s_pod_when_the_scheduler_is_dead(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     sched = on_k8s(make_scheduler, kube)
-    guard = GuardProcess(sched).start()
-    try:
-
-        def alive(lease_id: str) -> bool:
-            return any(
-                p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-                for p in pods_of(kube, lease_id)
-            )
-
-        short, long, last = leases_learned(sched, guard, "kubernetes")
-        sched.kill()
-        only_the_expired_goes(alive, short, long, last)
-    finally:
-        guard.kill()
+    the_guard_alone_ends_only_the_expired(
+        sched, "kubernetes", running_pods(kube), pod_deletes(kube)
+    )
 
 
 def test_a_live_caller_preempts_an_anim_pod_deleted_with_its_grace_period(
@@ -341,13 +414,7 @@ def test_a_live_caller_preempts_an_anim_pod_deleted_with_its_grace_period(
     victim = anim_preempted_for_live(sched, "kubernetes")
     # Deleted with the pod's own grace period (K8S_TERMINATION_GRACE_SECONDS), after
     # the notice: SIGTERM, then the kubelet's kill.
-    [delete] = [
-        r
-        for r in kube.requests()
-        if r["verb"] == "delete"
-        and r["resource"] == "pods"
-        and r["name"] == victim["provider_token"]
-    ]
+    [delete] = pod_calls(kube, "delete", victim["provider_token"])
     assert delete["grace_period"] == 3, delete
     wait_for(lambda: gone(kube, victim), 30, what="the victim's pod to go")
 
@@ -386,10 +453,7 @@ def test_a_create_whose_answer_was_lost_finds_the_lease_s_one_pod(
     # answers 409, and the provider takes the pod of that name as the lease's own.
     kube.fail_next(1, 500, verb="create", resource="pods", after=True)
     lease = sched.lease(kind="renderer", ttl_seconds=300)
-    creates = [
-        r["code"] for r in kube.requests() if r["verb"] == "create" and r["resource"] == "pods"
-    ]
-    assert creates == [500, 409]
+    assert [r["code"] for r in pod_calls(kube, "create")] == [500, 409]
     assert [p["metadata"]["name"] for p in kube.pods(NAMESPACE)] == [lease["provider_token"]]
     assert httpx.get(lease["endpoint"] + "/", timeout=10).json()["lease_id"] == lease["lease_id"]
 
@@ -432,15 +496,7 @@ def test_a_pod_deleted_behind_the_scheduler_s_back_ends_its_lease_and_a_404_is_g
     wait_for(lambda: gone(kube, lease), 30, what="the pod and its secret to go")
     # The watch heard it: the lease ended `lost`. The scheduler's own delete of what
     # remained answered 404: the worker is gone, which is what was asked (no retry).
-    ended = wait_for(
-        lambda: (
-            (now := sched.http.get(f"/v1/lease/{lease['lease_id']}").json())["state"] == "released"
-            and now
-        ),
-        30,
-        what="the lease ended",
-    )
-    assert (ended["release_reason"], ended["lost_cause"]) == ("lost", "unknown")
+    lost(sched, lease, "unknown", None)
     assert sched.release(lease["lease_id"]).status_code == 404
     codes = [
         r["code"]

@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from tests.harness import Scheduler, wait_for
+from tests.loss import end_of, lease_now, lost, renewal_refused_as_lost
 from tests.modal_emulator import ModalEmulator
 from tests.test_modal_provider import asked, on_modal
 
@@ -77,28 +78,6 @@ def exit_worker(lease: dict[str, Any], emulator: ModalEmulator, code: int) -> di
         return None
 
     return dict(wait_for(ended, 60, interval=0.5, what=f"the worker to exit with {code}"))
-
-
-def lease_now(sched: Scheduler, lease: dict[str, Any]) -> dict[str, Any]:
-    response = sched.http.get(f"/v1/lease/{lease['lease_id']}")
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
-def lost(sched: Scheduler, lease: dict[str, Any]) -> dict[str, Any]:
-    """The lease once it has ended (its worker's death noticed by a reconcile pass)."""
-    return dict(
-        wait_for(
-            lambda: (now := lease_now(sched, lease))["state"] == "released" and now,
-            60,
-            interval=0.2,
-            what=f"lease {lease['lease_id']} to end",
-        )
-    )
-
-
-def renew(sched: Scheduler, lease: dict[str, Any]) -> httpx.Response:
-    return sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", headers={"X-Lease-Owner": "me"})
 
 
 def terminated_by_scheduler(emulator: ModalEmulator, lease: dict[str, Any]) -> bool:
@@ -219,13 +198,9 @@ def test_a_sandbox_that_exits_ends_its_lease_and_frees_its_room(
 
     sandbox = exit_worker(lease, modal, 3)
     assert sandbox["result"]["returncode"] == 3  # Modal lists it no more
-    gone = lost(sched, lease)
-    assert (gone["release_reason"], gone["lost_cause"], gone["exit_code"]) == ("lost", "exited", 3)
+    lost(sched, lease, "exited", 3)
     # The caller hears it at its renewal: refused, saying why.
-    refused = renew(sched, lease)
-    assert refused.status_code == 409, refused.text
-    body = refused.json()
-    assert (body["error"], body["lost_cause"], body["exit_code"]) == ("worker_lost", "exited", 3)
+    renewal_refused_as_lost(sched, lease, "exited", 3)
     # The room is free at once; what remains of the sandbox is terminated.
     assert sched.acquire(kind="renderer").status_code == 200
     assert terminated_by_scheduler(modal, lease)
@@ -245,15 +220,8 @@ def test_a_sandbox_ended_at_its_timeout_ends_its_lease_as_deadline(
     assert lease_now(sched, lease)["state"] == "active"
 
     assert modal.advance_clock(2) == [lease["provider_token"]]
-    gone = lost(sched, lease)
-    assert (gone["release_reason"], gone["lost_cause"], gone["exit_code"]) == (
-        "lost",
-        "deadline",
-        124,
-    )
-    refused = renew(sched, lease)
-    assert refused.status_code == 409, refused.text
-    assert (refused.json()["lost_cause"], refused.json()["exit_code"]) == ("deadline", 124)
+    lost(sched, lease, "deadline", 124)
+    renewal_refused_as_lost(sched, lease, "deadline", 124)
     assert asked(modal, lease)["result"]["status"] == "TIMEOUT"
     assert sched.metric("scheduler_workers_lost_total", provider="modal", cause="deadline") == 1
 
@@ -283,13 +251,7 @@ def test_a_death_while_the_scheduler_was_down_ends_that_lease_at_start_up(
     sched.kill()
     exit_worker(doomed, modal, 5)
     sched.start()  # start-up reconciliation runs before the first request is served
-    gone = lease_now(sched, doomed)
-    assert (gone["state"], gone["release_reason"], gone["lost_cause"], gone["exit_code"]) == (
-        "released",
-        "lost",
-        "exited",
-        5,
-    )
+    assert end_of(lease_now(sched, doomed)) == ("released", "lost", "exited", 5)
     assert lease_now(sched, healthy)["state"] == "active"
     assert asked(modal, healthy)["state"] == "running"
     assert sched.metric("scheduler_workers_lost_total", provider="modal", cause="exited") == 1

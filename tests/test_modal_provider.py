@@ -4,9 +4,7 @@ sandbox a real Docker container of the demo worker reached through its TLS tunne
 
 from __future__ import annotations
 
-import contextlib
 import ssl
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -14,10 +12,18 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.guardproc import GuardProcess
 from tests.harness import WORKER_IMAGE, Scheduler, wait_for
 from tests.modal_emulator import ModalEmulator
-from tests.test_guard import leases_learned, only_the_expired_goes
+from tests.test_guard import Alive, Stopped
+from tests.test_k8s_provider import (
+    bounded_by_the_worker_s_deadline,
+    killed_mid_create,
+    leased_with_a_scene,
+    refuses_a_class_it_names_no_gpu_for,
+    renewed_and_released,
+    shows_its_cap_of_two,
+    the_guard_alone_ends_only_the_expired,
+)
 from tests.test_priorities import PREEMPTING, anim_preempted_for_live
 from tests.test_warm_pool import handed_over_warm, wait_idle
 
@@ -70,12 +76,39 @@ def asked(emulator: ModalEmulator, lease: dict[str, Any]) -> dict[str, Any]:
     return emulator.sandbox(lease["provider_token"])
 
 
+def running_sandboxes(emulator: ModalEmulator) -> Alive:
+    """Whether a lease id's sandbox runs, by the emulator's record."""
+
+    def alive(lease_id: str) -> bool:
+        return any(
+            s["tags"].get("openalice_lease") == lease_id and s["state"] != "ended"
+            for s in emulator.sandboxes()
+        )
+
+    return alive
+
+
+def sandbox_ends(emulator: ModalEmulator) -> Stopped:
+    """When the lease's sandbox ended, by the emulator's record."""
+
+    def stopped(lease: dict[str, Any]) -> float | None:
+        return next(
+            (
+                s["ended_at"]
+                for s in emulator.sandboxes()
+                if s["tags"].get("openalice_lease") == lease["lease_id"] and s["ended_at"]
+            ),
+            None,
+        )
+
+    return stopped
+
+
 def test_a_lease_on_modal_is_a_sandbox_reached_through_its_tunnel(
     make_scheduler: Make, modal: ModalEmulator
 ) -> None:
     sched = on_modal(make_scheduler, modal, MODAL_SANDBOX_TIMEOUT_SECONDS="3600")
-    lease = sched.lease(kind="renderer", owner_id="me", ttl_seconds=600, env={"SCENE": "intro"})
-    assert lease["provider"] == "modal"
+    lease = leased_with_a_scene(sched, "modal")
     assert lease["endpoint"].startswith("https://")
     assert lease["price_per_hour"] == PRICES["none"] and lease["gpu_type"] is None
     # The worker itself answers through the tunnel, with its lease.
@@ -91,17 +124,9 @@ def test_a_lease_on_modal_is_a_sandbox_reached_through_its_tunnel(
     assert {"SCENE", "LEASE_ID", "LEASE_FENCE"} <= set(sandbox["env_keys"])
     assert "intro" not in str(modal.state())
 
-    renewed = sched.http.post(
-        f"/v1/lease/{lease['lease_id']}/renew",
-        json={"ttl_seconds": 900},
-        headers={"X-Lease-Owner": "me"},
-    )
-    assert renewed.status_code == 200, renewed.text
-    assert sched.release(lease["lease_id"], owner="me").status_code == 204
+    renewed_and_released(sched, lease)
     ended = asked(modal, lease)
     assert ended["state"] == "ended" and ended["result"]["returncode"] == 137
-    done = sched.http.get(f"/v1/lease/{lease['lease_id']}").json()
-    assert done["state"] == "released" and done["cost"] is not None
 
 
 def test_each_gpu_class_asks_modal_for_its_gpu_type(
@@ -111,10 +136,7 @@ def test_each_gpu_class_asks_modal_for_its_gpu_type(
     lease = sched.lease(kind="anim", gpu="entry", ttl_seconds=300)
     assert asked(modal, lease)["gpu"] == "L4"
     assert lease["gpu_type"] == "L4" and lease["price_per_hour"] == PRICES["entry"]
-    # A class with no type named is not served on Modal, and says why.
-    refused = sched.acquire(kind="anim", gpu="high")
-    assert refused.status_code == 503, refused.text
-    assert "MODAL_GPU_TYPES" in refused.json()["message"]
+    refuses_a_class_it_names_no_gpu_for(sched, "MODAL_GPU_TYPES")
     assert sched.release(lease["lease_id"]).status_code == 204
 
 
@@ -122,16 +144,9 @@ def test_modal_ends_the_sandbox_at_its_deadline_with_no_scheduler_running(
     make_scheduler: Make, modal: ModalEmulator
 ) -> None:
     sched = on_modal(make_scheduler, modal, MODAL_SANDBOX_TIMEOUT_SECONDS="120")
-    # A lease on Modal lives at most the sandbox's timeout: a longer TTL is not served
-    # there, and a renewal past it is refused, saying when the worker goes.
-    too_long = sched.acquire(kind="renderer", ttl_seconds=600)
-    assert too_long.status_code == 503, too_long.text
-    assert "MODAL_SANDBOX_TIMEOUT_SECONDS" in too_long.json()["message"]
-    lease = sched.lease(kind="renderer", ttl_seconds=60)
+    # A lease on Modal lives at most the sandbox's timeout.
+    lease = bounded_by_the_worker_s_deadline(sched, "MODAL_SANDBOX_TIMEOUT_SECONDS")
     assert asked(modal, lease)["timeout_secs"] == 120
-    past = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 300})
-    assert past.status_code == 409, past.text
-    assert past.json()["error"] == "past_provider_deadline" and "deadline" in past.json()
 
     sched.kill()  # no scheduler, and no guard runs
     assert asked(modal, lease)["state"] == "running"
@@ -181,16 +196,7 @@ def test_a_scheduler_killed_mid_create_leaves_no_sandbox_behind(
 ) -> None:
     sched = on_modal(make_scheduler, modal, RECONCILE_INTERVAL_SECONDS="1")
     modal.set_schedule_delay(4)  # the create waits for its container
-
-    def acquire() -> None:
-        with contextlib.suppress(httpx.HTTPError):  # its scheduler is killed under it
-            sched.acquire(kind="renderer", ttl_seconds=300)
-
-    caller = threading.Thread(target=acquire, daemon=True)
-    caller.start()
-    wait_for(lambda: modal.sandboxes(), 30, what="the sandbox to be asked for")
-    sched.kill()
-    caller.join(30)
+    killed_mid_create(sched, lambda: modal.sandboxes(), "the sandbox to be asked for")
     modal.set_schedule_delay(0)
     sched.start()
     # The restarted scheduler resolves the lease it was making, and its sandbox goes.
@@ -220,51 +226,18 @@ def test_modal_shows_in_providers_with_its_capacity(
     make_scheduler: Make, modal: ModalEmulator
 ) -> None:
     sched = on_modal(make_scheduler, modal, MODAL_MAX_SANDBOXES="2", MODAL_GPU_TYPES="entry=L4")
-    [view] = sched.http.get("/v1/providers").json()
-    assert view["name"] == "modal" and view["healthy"], view
-    assert view["max_workers"] == 2
-    assert {gpu: use["capacity"] for gpu, use in view["gpu"].items()} == {"none": 2, "entry": 2}
-    held = [sched.lease(kind="renderer", ttl_seconds=300) for _ in range(2)]
-    view = sched.http.get("/v1/providers").json()[0]
-    assert view["in_use"] == 2 and view["gpu"]["none"]["in_use"] == 2
-    third = sched.acquire(kind="renderer", ttl_seconds=300)
-    assert third.status_code == 503, third.text  # MODAL_MAX_SANDBOXES holds
-    for lease in held:
-        assert sched.release(lease["lease_id"]).status_code == 204
+    shows_its_cap_of_two(sched, "modal")  # MODAL_MAX_SANDBOXES holds
 
 
 def test_the_guard_ends_a_modal_sandbox_when_the_scheduler_is_dead(
     make_scheduler: Make, modal: ModalEmulator
 ) -> None:
     sched = on_modal(make_scheduler, modal)
-    guard = GuardProcess(sched).start()
-    try:
-
-        def alive(lease_id: str) -> bool:
-            return any(
-                s["tags"].get("openalice_lease") == lease_id and s["state"] != "ended"
-                for s in modal.sandboxes()
-            )
-
-        def stopped(lease: dict[str, Any]) -> float | None:
-            """When the lease's sandbox ended, by the emulator's record."""
-            return next(
-                (
-                    s["ended_at"]
-                    for s in modal.sandboxes()
-                    if s["tags"].get("openalice_lease") == lease["lease_id"] and s["ended_at"]
-                ),
-                None,
-            )
-
-        short, long, last = leases_learned(sched, guard, "modal")
-        sched.kill()
-        only_the_expired_goes(alive, stopped, guard, short, long, last)
-        assert [s["result"]["returncode"] for s in modal.sandboxes() if s["state"] == "ended"] == [
-            137
-        ]  # terminated by the guard, well before Modal's own deadline
-    finally:
-        guard.kill()
+    the_guard_alone_ends_only_the_expired(
+        sched, "modal", running_sandboxes(modal), sandbox_ends(modal)
+    )
+    # Terminated by the guard, well before Modal's own deadline.
+    assert [s["result"]["returncode"] for s in modal.sandboxes() if s["state"] == "ended"] == [137]
 
 
 def test_a_live_caller_preempts_an_anim_sandbox_on_modal(
@@ -317,24 +290,18 @@ def test_an_orphan_sandbox_of_this_scheduler_is_terminated_and_others_are_left(
     with modal_client.Client.from_credentials(modal.token_id, modal.token_secret) as client:
         app = modal_client.App.lookup(app_name, client=client)
         image = modal_client.Image.from_registry(WORKER_IMAGE)
-        # A sandbox with this scheduler's tags and a lease its store never had...
-        orphan = modal_client.Sandbox.create(
-            "/bin/sh",
-            "/entry.sh",
-            app=app,
-            image=image,
-            client=client,
-            tags={"openalice_instance": sched.instance, "openalice_lease": str(uuid.uuid4())},
-        )
-        # ...and one of another instance, which is none of its business.
-        other = modal_client.Sandbox.create(
-            "/bin/sh",
-            "/entry.sh",
-            app=app,
-            image=image,
-            client=client,
-            tags={"openalice_instance": "someone-else", "openalice_lease": str(uuid.uuid4())},
-        )
+
+        def sandbox(instance: str) -> modal_client.Sandbox:
+            """A sandbox of the worker with `instance`'s tag and a lease no store had."""
+            tags = {"openalice_instance": instance, "openalice_lease": str(uuid.uuid4())}
+            return modal_client.Sandbox.create(
+                "/bin/sh", "/entry.sh", app=app, image=image, client=client, tags=tags
+            )
+
+        # A sandbox with this scheduler's tags and a lease its store never had, and one
+        # of another instance, which is none of its business.
+        orphan = sandbox(sched.instance)
+        other = sandbox("someone-else")
     wait_for(
         lambda: modal.sandbox(orphan.object_id)["state"] == "ended",
         60,

@@ -25,8 +25,9 @@ import httpx
 import pytest
 
 from tests.harness import HTTP, Scheduler
+from tests.loss import end_of, lease_now, lost, renewal_refused_as_lost
 from tests.runpod_emulator import RunPodEmulator
-from tests.test_modal_loss import EVERY_SECOND, lease_now, lost, reconcile_passes, renew
+from tests.test_modal_loss import EVERY_SECOND, reconcile_passes
 
 KEY = "rpk-loss-" + uuid.uuid4().hex
 Make = Callable[..., Scheduler]
@@ -112,16 +113,8 @@ def test_an_exited_pod_ends_its_lease_frees_its_room_and_is_terminated(
     assert sched.acquire(kind="renderer", gpu="mid").status_code == 503  # RUNPOD_MAX_PODS
 
     runpod.set_pod_status(lease["provider_token"], "EXITED")
-    gone = lost(sched, lease)
-    assert (gone["release_reason"], gone["lost_cause"], gone["exit_code"]) == (
-        "lost",
-        "exited",
-        None,  # RunPod tells no exit code
-    )
-    refused = renew(sched, lease)
-    assert refused.status_code == 409, refused.text
-    body = refused.json()
-    assert (body["error"], body["lost_cause"], body["exit_code"]) == ("worker_lost", "exited", None)
+    lost(sched, lease, "exited", None)  # RunPod tells no exit code
+    renewal_refused_as_lost(sched, lease, "exited", None)
     # The room is free at once; the pod is terminated, not left to bill.
     served = sched.acquire(kind="renderer", gpu="mid")
     assert served.status_code == 200, served.text
@@ -140,15 +133,8 @@ def test_a_pod_in_error_ends_its_lease_as_unknown(
     failed = sched.lease(kind="renderer", gpu="mid", ttl_seconds=300, owner_id="me")
     kept = sched.lease(kind="renderer", gpu="mid", ttl_seconds=300, owner_id="me")
     runpod.set_pod_status(failed["provider_token"], "ERROR")
-    gone = lost(sched, failed)
-    assert (gone["release_reason"], gone["lost_cause"], gone["exit_code"]) == (
-        "lost",
-        "unknown",
-        None,
-    )
-    refused = renew(sched, failed)
-    assert refused.status_code == 409, refused.text
-    assert (refused.json()["error"], refused.json()["lost_cause"]) == ("worker_lost", "unknown")
+    lost(sched, failed, "unknown", None)
+    renewal_refused_as_lost(sched, failed, "unknown", None)
     assert terminated(runpod, failed)
     assert lease_now(sched, kept)["state"] == "active"
     assert pod_ids(runpod) == [kept["provider_token"]]
@@ -161,15 +147,8 @@ def test_a_pod_gone_from_runpod_ends_its_lease_as_unknown(
     sched = on_runpod(make_scheduler, runpod, api, RUNPOD_MAX_PODS="1")
     lease = sched.lease(kind="renderer", gpu="mid", ttl_seconds=300, owner_id="me")
     assert runpod.vanish_pod(lease["provider_token"])  # RunPod reclaimed it
-    gone = lost(sched, lease)
-    assert (gone["release_reason"], gone["lost_cause"], gone["exit_code"]) == (
-        "lost",
-        "unknown",
-        None,
-    )
-    refused = renew(sched, lease)
-    assert refused.status_code == 409, refused.text
-    assert (refused.json()["error"], refused.json()["lost_cause"]) == ("worker_lost", "unknown")
+    lost(sched, lease, "unknown", None)
+    renewal_refused_as_lost(sched, lease, "unknown", None)
     assert sched.acquire(kind="renderer", gpu="mid").status_code == 200  # its room is free
     assert sched.metric("scheduler_workers_lost_total", provider="runpod", cause="unknown") == 1
 
@@ -205,13 +184,7 @@ def test_a_pod_that_exited_while_the_scheduler_was_down_ends_its_lease_at_start_
     sched.kill()
     runpod.set_pod_status(doomed["provider_token"], "EXITED")
     sched.start()  # start-up reconciliation runs before the first request is served
-    gone = lease_now(sched, doomed)
-    assert (gone["state"], gone["release_reason"], gone["lost_cause"], gone["exit_code"]) == (
-        "released",
-        "lost",
-        "exited",
-        None,
-    )
+    assert end_of(lease_now(sched, doomed)) == ("released", "lost", "exited", None)
     assert terminated(runpod, doomed)
     assert lease_now(sched, healthy)["state"] == "active"
     assert pod_ids(runpod) == [healthy["provider_token"]]

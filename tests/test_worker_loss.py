@@ -21,29 +21,13 @@ import httpx
 
 from tests.dockerproxy import DockerProxy
 from tests.harness import Scheduler, docker_client, fetch_in_network, wait_for
+from tests.loss import end_of, ended, lease_now, lost, renew, renewal_refused_as_lost
 from tests.test_replicas import Replicas, replicas  # noqa: F401 - the fixture
 from tests.test_warm_pool import wait_idle
 
 Make = Callable[..., Scheduler]
 # Only the event stream may notice, in these tests: no reconcile pass within them.
 STREAM_ONLY = {"RECONCILE_INTERVAL_SECONDS": "3600"}
-
-
-def lease_now(s: Scheduler, lease: dict[str, Any]) -> dict[str, Any]:
-    response = s.http.get(f"/v1/lease/{lease['lease_id']}")
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
-def ended(s: Scheduler, lease: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
-    """The lease once it has ended (its worker's death heard)."""
-    return dict(
-        wait_for(
-            lambda: (now := lease_now(s, lease))["state"] == "released" and now,
-            timeout,
-            what=f"lease {lease['lease_id']} ended",
-        )
-    )
 
 
 def container_address(lease: dict[str, Any]) -> str:
@@ -54,29 +38,15 @@ def container_address(lease: dict[str, Any]) -> str:
     return f"http://{address}:8080"
 
 
-def renew(s: Scheduler, lease: dict[str, Any], owner: str | None = None) -> httpx.Response:
-    headers = {"X-Lease-Owner": owner} if owner else {}
-    return s.http.post(f"/v1/lease/{lease['lease_id']}/renew", headers=headers)
-
-
 def test_a_killed_container_ends_its_lease_and_frees_its_room(make_scheduler: Make) -> None:
     s = make_scheduler(LOCAL_DOCKER_MAX_WORKERS="1", **STREAM_ONLY)
     lease = s.lease(owner_id="me", ttl_seconds=600)
     assert s.acquire().status_code == 503  # at capacity, as the issue found it
 
     docker_client().containers.get(lease["provider_token"]).kill()
-    gone = ended(s, lease)
-    assert (gone["release_reason"], gone["lost_cause"], gone["exit_code"]) == (
-        "lost",
-        "exited",
-        137,
-    )
+    lost(s, lease, "exited", 137)
     # The caller hears it: its renewal is refused, naming the cause.
-    refused = renew(s, lease, owner="me")
-    assert refused.status_code == 409, refused.text
-    body = refused.json()
-    assert (body["error"], body["lost_cause"], body["exit_code"]) == ("worker_lost", "exited", 137)
-    assert "exited" in body["message"]
+    renewal_refused_as_lost(s, lease, "exited", 137)
     # Its room is free: the next caller is served; its remains are removed.
     assert s.acquire().status_code == 200
     wait_for(
@@ -92,8 +62,7 @@ def test_a_worker_that_exits_has_its_exit_code_on_its_lease(make_scheduler: Make
     s = make_scheduler(**STREAM_ONLY)
     lease = s.lease(ttl_seconds=600)
     httpx.get(container_address(lease) + "/cgi-bin/exit?3", timeout=10)
-    gone = ended(s, lease)
-    assert (gone["lost_cause"], gone["exit_code"]) == ("exited", 3)
+    lost(s, lease, "exited", 3)
 
 
 def test_an_oom_killed_worker_is_lost_as_oom_killed(make_scheduler: Make) -> None:
@@ -103,8 +72,7 @@ def test_an_oom_killed_worker_is_lost_as_oom_killed(make_scheduler: Make) -> Non
     # A memory limit the worker then outgrows: the kernel's OOM killer ends it.
     container.update(mem_limit="32m", memswap_limit="32m")
     httpx.get(container_address(lease) + "/cgi-bin/hog", timeout=10)
-    gone = ended(s, lease, timeout=60)
-    assert (gone["lost_cause"], gone["exit_code"]) == ("oom_killed", 137)
+    lost(s, lease, "oom_killed", 137)
     assert (
         s.metric("scheduler_workers_lost_total", provider="local-docker", cause="oom_killed") == 1
     )
@@ -137,12 +105,11 @@ def test_a_stream_cut_off_misses_no_death_and_ends_no_healthy_lease(make_schedul
         assert lease_now(s, doomed)["state"] == "active"  # nobody could know
         cut.start()
         # The stream again, and a listing for what it missed (the reconciler woken).
-        gone = ended(s, doomed)
-        assert (gone["lost_cause"], gone["exit_code"]) == ("exited", 137)
+        lost(s, doomed, "exited", 137)
         assert lease_now(s, healthy)["state"] == "active"
         # And the new stream hears the next death as the first one did.
         docker_client().containers.get(healthy["provider_token"]).kill()
-        assert ended(s, healthy)["lost_cause"] == "exited"
+        lost(s, healthy, "exited", 137)
 
 
 def test_a_death_while_the_scheduler_is_down_is_found_at_its_restart(
@@ -158,8 +125,7 @@ def test_a_death_while_the_scheduler_is_down_is_found_at_its_restart(
         what="the worker exited",
     )
     s.start()  # start-up reconciliation lists the workers
-    gone = lease_now(s, doomed)
-    assert (gone["state"], gone["lost_cause"], gone["exit_code"]) == ("released", "exited", 7)
+    assert end_of(lease_now(s, doomed)) == ("released", "lost", "exited", 7)
     assert lease_now(s, healthy)["state"] == "active"
 
 
@@ -167,8 +133,7 @@ def test_two_replicas_hear_one_death_and_end_its_lease_once(replicas: Replicas) 
     a, b = replicas(**STREAM_ONLY)
     lease = a.lease(ttl_seconds=600)
     docker_client().containers.get(lease["provider_token"]).kill()
-    gone = ended(b, lease)
-    assert gone["lost_cause"] == "exited"
+    lost(b, lease, "exited", 137)
     # Both heard it; one ended it, once.
     # sleep: nothing tells when the other replica has heard it too and found the lease
     # ended (it says nothing then, and counts nothing): give it a moment.
@@ -191,7 +156,7 @@ def test_a_renewal_racing_the_death_is_answered_200_or_409_never_more(
 
     def renewing() -> None:
         while not stop.is_set():
-            answers.append(renew(s, lease, owner="me").status_code)
+            answers.append(renew(s, lease).status_code)
 
     racer = threading.Thread(target=renewing)
     racer.start()
@@ -217,8 +182,7 @@ def test_an_idle_pool_worker_that_dies_is_recycled_and_replaced(make_scheduler: 
     idle = docker_client().containers.get(row["provider_token"])
     pool_lease = {"lease_id": row["lease_id"]}
     idle.kill()
-    gone = ended(s, pool_lease)
-    assert (gone["release_reason"], gone["lost_cause"]) == ("recycled", "exited")
+    lost(s, pool_lease, "exited", 137, reason="recycled")
     # A new one takes its place, and serves the next caller warm.
     wait_for(
         lambda: [c for c in s.containers() if c.status == "running" and c.id != idle.id],
