@@ -1,12 +1,14 @@
 """What the suite's emulators of clouds (modal_emulator/, k8s_emulator/) share as
-processes: on the emulator's side, serving until SIGINT, SIGTERM or the end of the
-process that started it (`run_until_stopped`); on the test's side, the handle that
+processes: on the emulator's side, its common options and configuration (`arguments`,
+`ServerConfig`), its ready line (`print_ready`), serving until SIGINT, SIGTERM or the end
+of the process that started it (`run_until_stopped`); on the test's side, the handle that
 starts it, waits until it answers and stops it (`EmulatorProcess`).
 
 An emulator is `python -m <module> …`: it prints one JSON line on stdout once it serves
 (with `control_url`, its control API, which answers `GET /_emulator/healthz`), and
 labels every Docker container and network it makes with its instance, so that all of
-them are found and removed by label, also after it died without doing so."""
+them are found and removed by label, also after it died without doing so. What they share
+as servers is in emulator_common.py."""
 
 from __future__ import annotations
 
@@ -16,18 +18,22 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import docker
 import docker.errors
 import httpx
+
+from tests.emulator_common import Served
 
 REPO = Path(__file__).resolve().parents[1]
 _START_TIMEOUT = 60.0
@@ -60,6 +66,43 @@ def arguments(
     )
     parser.add_argument("--log-level", default="WARNING")
     return parser
+
+
+@dataclass(kw_only=True)
+class ServerConfig:
+    """What every emulator serves with, from the options of `arguments`; an emulator's
+    own configuration adds its fields."""
+
+    instance: str
+    state_dir: Path
+    network: str | None = None
+    port: int = 0
+    control_port: int = 0
+
+    @classmethod
+    def from_arguments(cls, args: argparse.Namespace, state_prefix: str, **own: Any) -> Self:
+        """From the parsed command line (an instance and a temporary state directory,
+        named `state_prefix…`, made up when not given), with the emulator's `own`
+        fields."""
+        return cls(
+            instance=args.instance or secrets.token_hex(5),
+            state_dir=args.state_dir or Path(tempfile.mkdtemp(prefix=state_prefix)),
+            network=args.network,
+            port=args.port,
+            control_port=args.control_port,
+            **own,
+        )
+
+
+def print_ready(made_up: dict[str, str]) -> Callable[[dict[str, Any]], None]:
+    """The `ready(info)` of an emulator's server: `info` as the one JSON line on stdout
+    that the test's handle waits for, with the secrets the emulator `made_up` (those the
+    process that started it did not give it, which nothing else tells)."""
+
+    def ready(info: dict[str, Any]) -> None:
+        print(json.dumps({**info, **made_up}), flush=True)
+
+    return ready
 
 
 def log_to_stderr(level: str) -> None:
@@ -119,26 +162,52 @@ def free_port() -> int:
     return suite_port()
 
 
-class EmulatorProcess:
+class EmulatorProcess(Served):
     """The handle on one emulator process. A subclass names it (`title`, `module`, the
-    Docker label of its instance, `instance_label`), gives its `arguments()` and
-    `environment()`, and may act once it answers (`started`) and once it is gone
-    (`stopped`)."""
+    Docker label of its instance, `instance_label`), gives its own options
+    (`own_arguments()`) and `environment()`, and may act once it answers (`started`) and
+    once it is gone (`stopped`). Every emulator serves its API at `server_url`, with
+    certificates of its own CA (`ca_file`), and runs its containers on `network`."""
 
     title = "the emulator"
     module = ""
     instance_label = ""
     stop_timeout = 20.0
 
-    def __init__(self, instance: str, log_path: Path | None) -> None:
+    def __init__(
+        self,
+        instance: str,
+        log_path: Path | None,
+        *,
+        network: str | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.instance = instance
         self.log_path = log_path
+        self.network = network
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
         self._http: httpx.Client | None = None
 
     def arguments(self) -> list[str]:
-        """The command line after `python -m <module>`."""
+        """The command line after `python -m <module>`: the options of every emulator
+        (`arguments` above), the emulator's own, then `extra_args`."""
+        return [
+            "--port",
+            str(free_port()),
+            "--control-port",
+            str(free_port()),
+            "--instance",
+            self.instance,
+            "--exit-with-parent",
+            *(["--network", self.network] if self.network else []),
+            *self.own_arguments(),
+            *self.extra_args,
+        ]
+
+    def own_arguments(self) -> list[str]:
+        """The options of this emulator only."""
         return []
 
     def environment(self) -> dict[str, str]:
@@ -151,6 +220,16 @@ class EmulatorProcess:
 
     def stopped(self) -> None:
         """Called once the emulator and everything it made are gone."""
+
+    @property
+    def server_url(self) -> str:
+        """`http(s)://127.0.0.1:<port>`: the emulated API, for its client."""
+        return str(self.info["server_url"])
+
+    @property
+    def ca_file(self) -> str:
+        """The emulator's CA (PEM), which signed the certificates it serves with."""
+        return str(self.info["ca_file"])
 
     @property
     def control_url(self) -> str:
@@ -243,17 +322,6 @@ class EmulatorProcess:
             return len(found)
         finally:
             client.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # --- control -----------------------------------------------------------------------
 

@@ -80,6 +80,20 @@ def worker_answer(url: str, context: ssl.SSLContext, timeout: float = 30) -> dic
     return dict(wait_for(fetch, timeout, interval=0.2, what=f"the worker at {url}"))
 
 
+def leased_worker(app: modal.App, image: modal.Image, kind: str, **options: Any) -> modal.Sandbox:
+    """The demo worker in a sandbox as a provider starts one: `LEASE_VALUE` in a secret,
+    `kind` in its env, its port 8080 behind a TLS tunnel."""
+    return modal.Sandbox.create(
+        *WORKER,
+        app=app,
+        image=image,
+        secrets=[modal.Secret.from_dict({"LEASE_ID": LEASE_VALUE})],
+        env={"WORKER_KIND": kind},
+        encrypted_ports=[8080],
+        **options,
+    )
+
+
 def container_gone(container_id: str) -> bool:
     return not docker_client().containers.list(all=True, filters={"id": container_id})
 
@@ -146,18 +160,7 @@ def test_an_image_missing_locally_fails_its_build(app: modal.App) -> None:
 def test_a_gpu_sandbox_takes_the_older_path_and_its_worker_answers_over_https(
     emulator: ModalEmulator, app: modal.App, image: modal.Image, emulator_ca: ssl.SSLContext
 ) -> None:
-    sandbox = modal.Sandbox.create(
-        *WORKER,
-        app=app,
-        image=image,
-        secrets=[modal.Secret.from_dict({"LEASE_ID": LEASE_VALUE})],
-        env={"WORKER_KIND": "renderer"},
-        gpu="L4",
-        cpu=1.5,
-        memory=768,
-        timeout=900,
-        encrypted_ports=[8080],
-    )
+    sandbox = leased_worker(app, image, "renderer", gpu="L4", cpu=1.5, memory=768, timeout=900)
     tunnel = sandbox.tunnels()[8080]
     assert tunnel.url.startswith("https://127.0.0.1:")
     # The worker got its secret and env, and answers through the TLS tunnel.
@@ -194,15 +197,7 @@ def test_a_gpu_sandbox_takes_the_older_path_and_its_worker_answers_over_https(
 def test_a_sandbox_without_gpu_takes_the_v2_path(
     emulator: ModalEmulator, app: modal.App, image: modal.Image, emulator_ca: ssl.SSLContext
 ) -> None:
-    sandbox = modal.Sandbox.create(
-        *WORKER,
-        app=app,
-        image=image,
-        secrets=[modal.Secret.from_dict({"LEASE_ID": LEASE_VALUE})],
-        env={"WORKER_KIND": "anim"},
-        timeout=600,
-        encrypted_ports=[8080],
-    )
+    sandbox = leased_worker(app, image, "anim", timeout=600)
     answer = worker_answer(sandbox.tunnels()[8080].url, emulator_ca)
     assert answer["lease_id"] == LEASE_VALUE and answer["kind"] == "anim"
     record = emulator.sandbox(sandbox.object_id)

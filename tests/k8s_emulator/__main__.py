@@ -16,11 +16,10 @@ import logging
 import os
 import secrets
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.emulator_process import arguments, log_to_stderr, run_until_stopped
+from tests.emulator_process import arguments, log_to_stderr, print_ready, run_until_stopped
 
 from .access import DEFAULT_USER
 from .server import EmulatorConfig, serve
@@ -47,24 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     log_to_stderr(args.log_level)
     given = os.environ.get("K8S_EMULATOR_TOKEN")
     token = given or secrets.token_urlsafe(24)
-    config = EmulatorConfig(
-        instance=args.instance or secrets.token_hex(5),
+    config = EmulatorConfig.from_arguments(
+        args,
+        "k8s-emulator-",
         token=token,
-        state_dir=args.state_dir or Path(tempfile.mkdtemp(prefix="k8s-emulator-")),
-        network=args.network,
-        port=args.port,
-        control_port=args.control_port,
         user=args.user,
         namespaces=args.namespace,
         nodes=args.nodes,
         rbac=args.rbac,
     )
-
-    def ready(info: dict[str, Any]) -> None:
-        if not given:
-            info["token"] = token
-        print(json.dumps(info), flush=True)
-
+    ready = print_ready({} if given else {"token": token})
     run_until_stopped(lambda stop: serve(config, ready, stop), args.exit_with_parent)
     return 0
 

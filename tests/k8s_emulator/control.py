@@ -34,6 +34,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.emulator_common import control_app, read_json
+
 from .access import Access, Fault
 from .kubelet import Kubelet, NotRunning
 from .scheduling import validate_nodes
@@ -46,17 +48,10 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
     routes = web.RouteTableDef()
 
     async def body(request: web.Request) -> dict[str, Any]:
-        try:
-            data = await request.json() if request.can_read_body else {}
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"not JSON: {exc}") from exc
+        data = await read_json(request) if request.can_read_body else {}
         if not isinstance(data, dict):
             raise web.HTTPBadRequest(text="a JSON object is expected")
         return data
-
-    @routes.get("/_emulator/healthz")
-    async def healthz(_request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
 
     @routes.get("/_emulator/state")
     async def state(_request: web.Request) -> web.Response:
@@ -215,9 +210,7 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
         access.audit.clear()
         return web.json_response({"ok": True})
 
-    app = web.Application()
-    app.add_routes(routes)
-    return app
+    return control_app(routes)
 
 
 def _refused(error: NotRunning) -> web.HTTPException:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.emulator_process import EmulatorProcess, free_port
+from tests.emulator_process import EmulatorProcess
 
 from .runtime import LABEL_INSTANCE
 
@@ -29,6 +29,8 @@ _SLOW_CALL_SECONDS = 300.0
 
 
 class KubeEmulator(EmulatorProcess):
+    """`server_url`: `https://127.0.0.1:<port>`, the cluster's API server."""
+
     title = "the Kubernetes emulator"
     module = "tests.k8s_emulator"
     instance_label = LABEL_INSTANCE
@@ -46,26 +48,17 @@ class KubeEmulator(EmulatorProcess):
         log_level: str = "INFO",
         extra_args: tuple[str, ...] = (),
     ) -> None:
-        super().__init__("k" + secrets.token_hex(5), log_path)
-        self.network = network
+        super().__init__(
+            "k" + secrets.token_hex(5), log_path, network=network, extra_args=extra_args
+        )
         self.token = token or "kt-" + secrets.token_urlsafe(24)
         self.namespaces = namespaces
         self.nodes = nodes
         self.rbac = rbac
         self.log_level = log_level
-        self.extra_args = extra_args
         self._dir = Path(tempfile.mkdtemp(prefix="k8s-emulator-handle-"))
 
     # --- process -----------------------------------------------------------------------
-
-    @property
-    def server_url(self) -> str:
-        """`https://127.0.0.1:<port>`: the cluster's API server."""
-        return str(self.info["server_url"])
-
-    @property
-    def ca_file(self) -> str:
-        return str(self.info["ca_file"])
 
     @property
     def host_ip(self) -> str:
@@ -111,24 +104,15 @@ class KubeEmulator(EmulatorProcess):
         path.chmod(0o600)
         return path
 
-    def arguments(self) -> list[str]:
+    def own_arguments(self) -> list[str]:
         return [
-            "--port",
-            str(free_port()),
-            "--control-port",
-            str(free_port()),
-            "--instance",
-            self.instance,
             "--state-dir",
             str(self._dir / "state"),
-            "--exit-with-parent",
             "--log-level",
             self.log_level,
-            *(["--network", self.network] if self.network else []),
             *[arg for ns in self.namespaces for arg in ("--namespace", ns)],
             *(["--nodes", json.dumps(self.nodes)] if self.nodes is not None else []),
             *(["--rbac", json.dumps(self.rbac)] if self.rbac is not None else []),
-            *self.extra_args,
         ]
 
     def environment(self) -> dict[str, str]:

@@ -179,6 +179,19 @@ def terminated(pod: dict[str, Any], end: Exit, container_id: str, now: str) -> N
     container["started"] = False
 
 
+def _container_stopped(
+    pod: dict[str, Any], end: Exit | None, container_id: str | None, now: str
+) -> None:
+    """The container the kubelet stopped: terminated as the runtime reports its end, or,
+    with no end to report (it never ran, or is gone), no longer ready nor started."""
+    if end is not None and container_id is not None:
+        terminated(pod, end, container_id, now)
+    else:
+        container = _container_status(pod)
+        container["ready"] = False
+        container["started"] = False
+
+
 def exited(pod: dict[str, Any], end: Exit, container_id: str, now: str) -> None:
     """The container ended by itself (or by the OOM killer) and is not restarted: the
     pod is Succeeded if it exited 0, else Failed
@@ -215,12 +228,7 @@ def deadline_exceeded(
     (`activeDeadlineSeconds`, https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#lifecycle:
     "... before the system will actively try to mark it failed and kill associated
     containers"; kubernetes/kubernetes pkg/kubelet/active_deadline.go)."""
-    if end is not None and container_id is not None:
-        terminated(pod, end, container_id, now)
-    else:
-        container = _container_status(pod)
-        container["ready"] = False
-        container["started"] = False
+    _container_stopped(pod, end, container_id, now)
     ended(pod, "Failed", now)
     pod["status"]["reason"] = "DeadlineExceeded"
     pod["status"]["message"] = DEADLINE_MESSAGE
@@ -238,12 +246,7 @@ def evicted(
     reason and message (the DisruptionTarget condition stays): the kubelet computes the
     terminal phase from the exit codes since 1.27 (kubernetes/kubernetes issues 118310,
     120182, 141483)."""
-    if end is not None and container_id is not None:
-        terminated(pod, end, container_id, now)
-    else:
-        container = _container_status(pod)
-        container["ready"] = False
-        container["started"] = False
+    _container_stopped(pod, end, container_id, now)
     set_condition(pod, "DisruptionTarget", "True", "TerminationByKubelet", message, now)
     if end is not None and end.code == 0:
         ended(pod, "Succeeded", now)

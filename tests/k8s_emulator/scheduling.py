@@ -23,23 +23,16 @@ DEFAULT_NODES: list[dict[str, Any]] = [
         "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "2"},
     }
 ]
+# A quantity's suffixes: the decimal SI ones (powers of 1000, and the fractions n, u, m)
+# and the binary ones (powers of 1024),
+# https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/
 _SUFFIXES = {
     "n": Decimal("1e-9"),
     "u": Decimal("1e-6"),
     "m": Decimal("1e-3"),
     "": Decimal(1),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
+    **{suffix: Decimal(1000**power) for power, suffix in enumerate("kMGTPE", 1)},
+    **{suffix + "i": Decimal(1024**power) for power, suffix in enumerate("KMGTPE", 1)},
 }
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
 SELECTOR_MISMATCH = "node(s) didn't match Pod's node affinity/selector"

@@ -13,17 +13,14 @@ command line), else is made up.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import sys
-import tempfile
-from pathlib import Path
-from typing import Any
 
-from tests.emulator_process import arguments, log_to_stderr, run_until_stopped
+from tests.emulator_common import LOOPBACK
+from tests.emulator_process import arguments, log_to_stderr, print_ready, run_until_stopped
 
-from .server import LOOPBACK, EmulatorConfig, serve
+from .server import EmulatorConfig, serve
 from .version import CHECKED_CLIENT_VERSION
 
 
@@ -50,25 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     token_id = os.environ.get("MODAL_EMULATOR_TOKEN_ID") or "ak-" + secrets.token_hex(8)
     given_secret = os.environ.get("MODAL_EMULATOR_TOKEN_SECRET")
     token_secret = given_secret or "as-" + secrets.token_hex(16)
-    state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="modal-emulator-"))
-    config = EmulatorConfig(
-        instance=args.instance or secrets.token_hex(5),
+    config = EmulatorConfig.from_arguments(
+        args,
+        "modal-emulator-",
         token_id=token_id,
         token_secret=token_secret,
-        state_dir=state_dir,
-        network=args.network,
-        port=args.port,
-        control_port=args.control_port,
         tunnel_host=args.tunnel_host,
         tunnel_bind=args.tunnel_bind,
         client_versions=frozenset({CHECKED_CLIENT_VERSION, *args.accept_client_version}),
     )
-
-    def ready(info: dict[str, Any]) -> None:
-        if not given_secret:
-            info["token_secret"] = token_secret
-        print(json.dumps(info), flush=True)
-
+    ready = print_ready({} if given_secret else {"token_secret": token_secret})
     run_until_stopped(lambda stop: serve(config, ready, stop), args.exit_with_parent)
     return 0
 

@@ -150,13 +150,6 @@ class Containers(InstanceContainers):
             return False
         return bool(state.get("OOMKilled"))
 
-    def exists(self, container_id: str) -> bool:
-        try:
-            self._client.api.inspect_container(container_id)
-        except docker.errors.NotFound:
-            return False
-        return True
-
     # --- exits -------------------------------------------------------------------------
 
     def watch_exits(self, on_exit: Callable[[str, int, bool], None]) -> None:

@@ -26,6 +26,8 @@ from aiohttp import web
 from grpclib import Status
 from jsonschema import Draft202012Validator
 
+from tests.emulator_common import control_app, read_json
+
 from .engine import SandboxEngine
 from .state import EmulatorState, Fault, result_dict
 
@@ -105,18 +107,13 @@ def apply_switches(state: EmulatorState, body: dict[str, Any]) -> None:
 
 
 def make_control_app(state: EmulatorState, engine: SandboxEngine) -> web.Application:
-    async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
+    routes = web.RouteTableDef()
 
+    @routes.get("/_emulator/state")
     async def get_state(request: web.Request) -> web.Response:
         return web.json_response(state.snapshot())
 
-    async def read_json(request: web.Request) -> Any:
-        try:
-            return await request.json()
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"not JSON: {exc}") from exc
-
+    @routes.post("/_emulator/switches")
     async def post_switches(request: web.Request) -> web.Response:
         body = await read_json(request)
         errors = switch_errors(body)
@@ -128,6 +125,7 @@ def make_control_app(state: EmulatorState, engine: SandboxEngine) -> web.Applica
             {"settings": state.settings.as_dict(), "faults": [f.as_dict() for f in state.faults]}
         )
 
+    @routes.post("/_emulator/clock")
     async def post_clock(request: web.Request) -> web.Response:
         body = await read_json(request)
         errors = sorted(e.message for e in _CLOCK_VALIDATOR.iter_errors(body))
@@ -139,6 +137,7 @@ def make_control_app(state: EmulatorState, engine: SandboxEngine) -> web.Applica
         frozen = state.clock_frozen_at is not None
         return web.json_response({"now": state.now(), "frozen": frozen, "ended": ended})
 
+    @routes.post("/_emulator/sandboxes/{sandbox_id}/oom-kill")
     async def post_oom_kill(request: web.Request) -> web.Response:
         record = state.sandboxes.get(request.match_info["sandbox_id"])
         if record is None:
@@ -149,15 +148,9 @@ def make_control_app(state: EmulatorState, engine: SandboxEngine) -> web.Applica
             raise web.HTTPConflict(text=str(exc)) from exc
         return web.json_response({"result": result_dict(result)})
 
+    @routes.post("/_emulator/reset")
     async def post_reset(request: web.Request) -> web.Response:
         await engine.reset()
         return web.Response(status=204)
 
-    app = web.Application()
-    app.router.add_get("/_emulator/healthz", healthz)
-    app.router.add_get("/_emulator/state", get_state)
-    app.router.add_post("/_emulator/switches", post_switches)
-    app.router.add_post("/_emulator/clock", post_clock)
-    app.router.add_post("/_emulator/sandboxes/{sandbox_id}/oom-kill", post_oom_kill)
-    app.router.add_post("/_emulator/reset", post_reset)
-    return app
+    return control_app(routes)

@@ -17,12 +17,15 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from tests.emulator_process import EmulatorProcess, free_port
+from tests.emulator_process import EmulatorProcess
 
 from .containers import LABEL_INSTANCE
 
 
 class ModalEmulator(EmulatorProcess):
+    """`server_url`: `http://127.0.0.1:<port>`, for `MODAL_SERVER_URL`; `ca_file`: for
+    `SSL_CERT_FILE` of whoever calls a tunnel."""
+
     title = "the Modal emulator"
     module = "tests.modal_emulator"
     instance_label = LABEL_INSTANCE
@@ -38,24 +41,14 @@ class ModalEmulator(EmulatorProcess):
         log_path: Path | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> None:
-        super().__init__("t" + secrets.token_hex(5), log_path)
-        self.network = network
+        super().__init__(
+            "t" + secrets.token_hex(5), log_path, network=network, extra_args=extra_args
+        )
         self.token_id = token_id or "ak-" + secrets.token_hex(8)
         self.token_secret = token_secret or "as-" + secrets.token_hex(16)
         self.tunnel_host = tunnel_host
-        self.extra_args = extra_args
 
     # --- process -----------------------------------------------------------------------
-
-    @property
-    def server_url(self) -> str:
-        """For `MODAL_SERVER_URL`."""
-        return str(self.info["server_url"])
-
-    @property
-    def ca_file(self) -> str:
-        """The emulator's CA (PEM), for `SSL_CERT_FILE` of whoever calls a tunnel."""
-        return str(self.info["ca_file"])
 
     @property
     def network_gateway(self) -> str | None:
@@ -74,20 +67,8 @@ class ModalEmulator(EmulatorProcess):
             "REQUESTS_CA_BUNDLE": self.ca_file,
         }
 
-    def arguments(self) -> list[str]:
-        return [
-            "--port",
-            str(free_port()),
-            "--control-port",
-            str(free_port()),
-            "--instance",
-            self.instance,
-            "--tunnel-host",
-            self.tunnel_host,
-            "--exit-with-parent",
-            *(["--network", self.network] if self.network else []),
-            *self.extra_args,
-        ]
+    def own_arguments(self) -> list[str]:
+        return ["--tunnel-host", self.tunnel_host]
 
     def environment(self) -> dict[str, str]:
         return {

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpclib.server
 from google.protobuf import empty_pb2
@@ -34,9 +34,24 @@ if TYPE_CHECKING:
 
 IMAGE_BUILDER_VERSION = "2026.10"
 DEFAULT_ENVIRONMENT = "main"
-_ENVIRONMENT_ID = "en-" + "0" * 18 + "main"
+_THE_ENVIRONMENT = api_pb2.EnvironmentGetOrCreateResponse(  # the only one there is
+    environment_id="en-" + "0" * 18 + "main",
+    metadata=api_pb2.EnvironmentMetadata(
+        name=DEFAULT_ENVIRONMENT,
+        settings=api_pb2.EnvironmentSettings(image_builder_version=IMAGE_BUILDER_VERSION),
+    ),
+)
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _CREATE = api_pb2.ObjectCreationType
+Stream = grpclib.server.Stream
+RequestT = TypeVar("RequestT")
+
+
+async def received(stream: Stream[RequestT, Any]) -> RequestT:
+    """The one request message of a unary call (the client always sends it)."""
+    request = await stream.recv_message()
+    assert request is not None
+    return request
 
 
 def environment_name(name: str) -> str:
@@ -59,7 +74,7 @@ class ObjectRpcs:
     _built: set[str]
 
     async def ClientHello(
-        self, stream: grpclib.server.Stream[empty_pb2.Empty, api_pb2.ClientHelloResponse]
+        self, stream: Stream[empty_pb2.Empty, api_pb2.ClientHelloResponse]
     ) -> None:
         await stream.recv_message()
         await stream.send_message(
@@ -68,7 +83,7 @@ class ObjectRpcs:
 
     async def AuthTokenGet(
         self,
-        stream: grpclib.server.Stream[api_pb2.AuthTokenGetRequest, api_pb2.AuthTokenGetResponse],
+        stream: Stream[api_pb2.AuthTokenGetRequest, api_pb2.AuthTokenGetResponse],
     ) -> None:
         await stream.recv_message()
         await stream.send_message(
@@ -77,12 +92,9 @@ class ObjectRpcs:
 
     async def AppGetOrCreate(
         self,
-        stream: grpclib.server.Stream[
-            api_pb2.AppGetOrCreateRequest, api_pb2.AppGetOrCreateResponse
-        ],
+        stream: Stream[api_pb2.AppGetOrCreateRequest, api_pb2.AppGetOrCreateResponse],
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         environment = environment_name(request.environment_name)
         key = (environment, request.app_name)
         app = self.state.apps.get(key) or next(  # `App.lookup` also takes an app id
@@ -107,37 +119,23 @@ class ObjectRpcs:
 
     async def EnvironmentGetOrCreate(
         self,
-        stream: grpclib.server.Stream[
+        stream: Stream[
             api_pb2.EnvironmentGetOrCreateRequest, api_pb2.EnvironmentGetOrCreateResponse
         ],
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         if environment_name(request.deployment_name) != DEFAULT_ENVIRONMENT:
             raise GRPCError(
                 Status.NOT_FOUND,
                 f"Environment '{request.deployment_name}' not found (the emulator has 'main')",
             )
-        await stream.send_message(
-            api_pb2.EnvironmentGetOrCreateResponse(
-                environment_id=_ENVIRONMENT_ID,
-                metadata=api_pb2.EnvironmentMetadata(
-                    name=DEFAULT_ENVIRONMENT,
-                    settings=api_pb2.EnvironmentSettings(
-                        image_builder_version=IMAGE_BUILDER_VERSION
-                    ),
-                ),
-            )
-        )
+        await stream.send_message(_THE_ENVIRONMENT)
 
     async def ImageGetOrCreate(
         self,
-        stream: grpclib.server.Stream[
-            api_pb2.ImageGetOrCreateRequest, api_pb2.ImageGetOrCreateResponse
-        ],
+        stream: Stream[api_pb2.ImageGetOrCreateRequest, api_pb2.ImageGetOrCreateResponse],
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         image = await self._image_of(request.image)
         self.state.images[image.image_id] = image
         response = api_pb2.ImageGetOrCreateResponse(image_id=image.image_id)
@@ -148,12 +146,9 @@ class ObjectRpcs:
 
     async def ImageJoinStreaming(
         self,
-        stream: grpclib.server.Stream[
-            api_pb2.ImageJoinStreamingRequest, api_pb2.ImageJoinStreamingResponse
-        ],
+        stream: Stream[api_pb2.ImageJoinStreamingRequest, api_pb2.ImageJoinStreamingResponse],
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         image = self.state.images.get(request.image_id)
         if image is None:
             raise GRPCError(Status.NOT_FOUND, f"Image {request.image_id} not found")
@@ -197,12 +192,9 @@ class ObjectRpcs:
 
     async def SecretGetOrCreate(
         self,
-        stream: grpclib.server.Stream[
-            api_pb2.SecretGetOrCreateRequest, api_pb2.SecretGetOrCreateResponse
-        ],
+        stream: Stream[api_pb2.SecretGetOrCreateRequest, api_pb2.SecretGetOrCreateResponse],
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         env = dict(request.env_dict)
         kind = request.object_creation_type
         environment = environment_name(request.environment_name)

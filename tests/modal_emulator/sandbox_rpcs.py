@@ -17,23 +17,30 @@ Which generation a sandbox id belongs to is in its shape (`state.new_sandbox_id`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import grpclib.server
 from google.protobuf.empty_pb2 import Empty
 from grpclib import GRPCError, Status
 from modal_proto import api_pb2
 
-from .objects import environment_name
+from .objects import Stream, environment_name, received
 from .state import GenericStatus, PortRequest, SandboxRecord, new_sandbox_id
 
 if TYPE_CHECKING:
     from .engine import SandboxEngine
     from .state import EmulatorState
 
-Stream = grpclib.server.Stream
 _H2 = api_pb2.TUNNEL_TYPE_H2
 _LONGEST_WAIT = 55.0  # a long poll never holds a call longer than this
+
+
+class _AboutSandbox(Protocol):
+    """A request about one sandbox (`SandboxWaitRequest`, `SandboxTerminateRequest`, ...)."""
+
+    sandbox_id: str
+
+
+AboutSandboxT = TypeVar("AboutSandboxT", bound=_AboutSandbox)
 
 
 def _tags(tags: Iterable[api_pb2.SandboxTag]) -> dict[str, str]:
@@ -121,8 +128,7 @@ class SandboxRpcs:
     async def SandboxCreate(
         self, stream: Stream[api_pb2.SandboxCreateRequest, api_pb2.SandboxCreateResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         env = self._secret_env(request.definition.secret_ids)
         record = self._new_record(
             "v1", request.app_id, request.definition, _tags(request.tags), env
@@ -138,8 +144,7 @@ class SandboxRpcs:
     async def SandboxCreateV2(
         self, stream: Stream[api_pb2.SandboxCreateV2Request, api_pb2.SandboxCreateV2Response]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         env = self._secret_env(request.definition.secret_ids)
         env.update(request.ephemeral_secrets.contents)
         for source in request.secret_sources:
@@ -178,18 +183,21 @@ class SandboxRpcs:
 
     # --- one sandbox -------------------------------------------------------------------
 
-    def _find(self, sandbox_id: str) -> SandboxRecord:
-        self._note_sandbox(sandbox_id)
-        record = self.state.sandboxes.get(sandbox_id)
+    async def _requested(
+        self, stream: Stream[AboutSandboxT, Any]
+    ) -> tuple[AboutSandboxT, SandboxRecord]:
+        """The request of a call about one sandbox, and that sandbox (NOT_FOUND if there
+        is none)."""
+        request = await received(stream)
+        self._note_sandbox(request.sandbox_id)
+        record = self.state.sandboxes.get(request.sandbox_id)
         if record is None:
-            raise GRPCError(Status.NOT_FOUND, f"Sandbox {sandbox_id} not found")
-        return record
+            raise GRPCError(Status.NOT_FOUND, f"Sandbox {request.sandbox_id} not found")
+        return request, record
 
     def _metadata(self, record: SandboxRecord) -> api_pb2.SandboxHandleMetadata:
-        metadata = api_pb2.SandboxHandleMetadata(app_id=record.app_id)
-        if record.result is not None:
-            metadata.result.CopyFrom(record.result)
-        return metadata
+        # A field given None is left unset (protobuf): no result while the sandbox runs.
+        return api_pb2.SandboxHandleMetadata(app_id=record.app_id, result=record.result)
 
     def _tunnel_protos(self, record: SandboxRecord) -> list[api_pb2.TunnelData]:
         return [
@@ -206,44 +214,34 @@ class SandboxRpcs:
     async def _get_task_id(
         self, stream: Stream[api_pb2.SandboxGetTaskIdRequest, api_pb2.SandboxGetTaskIdResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        record = self._find(request.sandbox_id)
+        request, record = await self._requested(stream)
         if request.timeout > 0:
             await self.engine.wait_started(record, min(request.timeout, _LONGEST_WAIT))
         # No task id while queued or scheduling: the client polls again 0.5 s later
         # (modal 1.6.4, `sandbox/_common.py` `task_id_from_response`); an ended sandbox
         # also answers its result, and one that never ran (terminated while queued) has
         # no task id, so a client still waiting for one gets ConflictError.
-        response = api_pb2.SandboxGetTaskIdResponse(task_id=record.task_id)
-        if record.result is not None:
-            response.task_result.CopyFrom(record.result)
-        await stream.send_message(response)
+        await stream.send_message(
+            api_pb2.SandboxGetTaskIdResponse(task_id=record.task_id, task_result=record.result)
+        )
 
-    SandboxGetTaskId = _get_task_id
-    SandboxGetTaskIdV2 = _get_task_id
+    SandboxGetTaskId = SandboxGetTaskIdV2 = _get_task_id
 
     async def _wait(
         self, stream: Stream[api_pb2.SandboxWaitRequest, api_pb2.SandboxWaitResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        record = self._find(request.sandbox_id)
+        request, record = await self._requested(stream)
         await self.engine.wait_ended(record, min(request.timeout, _LONGEST_WAIT))
-        response = api_pb2.SandboxWaitResponse(metadata=self._metadata(record))
-        if record.result is not None:
-            response.result.CopyFrom(record.result)
-        await stream.send_message(response)
+        await stream.send_message(
+            api_pb2.SandboxWaitResponse(metadata=self._metadata(record), result=record.result)
+        )
 
-    SandboxWait = _wait
-    SandboxWaitV2 = _wait
+    SandboxWait = SandboxWaitV2 = _wait
 
     async def _get_tunnels(
         self, stream: Stream[api_pb2.SandboxGetTunnelsRequest, api_pb2.SandboxGetTunnelsResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        record = self._find(request.sandbox_id)
+        request, record = await self._requested(stream)
         response = api_pb2.SandboxGetTunnelsResponse()
         if await self.engine.wait_started(record, min(request.timeout, _LONGEST_WAIT)):
             response.tunnels.extend(self._tunnel_protos(record))
@@ -254,52 +252,38 @@ class SandboxRpcs:
             response.result.status = GenericStatus.GENERIC_STATUS_TIMEOUT
         await stream.send_message(response)
 
-    SandboxGetTunnels = _get_tunnels
-    SandboxGetTunnelsV2 = _get_tunnels
+    SandboxGetTunnels = SandboxGetTunnelsV2 = _get_tunnels
 
     async def _terminate(
         self, stream: Stream[api_pb2.SandboxTerminateRequest, api_pb2.SandboxTerminateResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        record = self._find(request.sandbox_id)
+        request, record = await self._requested(stream)
         existing = record.result
         await self.engine.end(record, GenericStatus.GENERIC_STATUS_TERMINATED)
-        response = api_pb2.SandboxTerminateResponse()
-        if existing is not None:
-            response.existing_result.CopyFrom(existing)
-        await stream.send_message(response)
+        await stream.send_message(api_pb2.SandboxTerminateResponse(existing_result=existing))
 
-    SandboxTerminate = _terminate
-    SandboxTerminateV2 = _terminate
+    SandboxTerminate = SandboxTerminateV2 = _terminate
 
     async def _tags_set(self, stream: Stream[api_pb2.SandboxTagsSetRequest, Empty]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        record = self._find(request.sandbox_id)
+        request, record = await self._requested(stream)
         record.tags = _tags(request.tags)
         await stream.send_message(Empty())
 
-    SandboxTagsSet = _tags_set
-    SandboxTagsSetV2 = _tags_set
+    SandboxTagsSet = SandboxTagsSetV2 = _tags_set
 
     async def _tags_get(
         self, stream: Stream[api_pb2.SandboxTagsGetRequest, api_pb2.SandboxTagsGetResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        record = self._find(request.sandbox_id)
+        request, record = await self._requested(stream)
         await stream.send_message(api_pb2.SandboxTagsGetResponse(tags=_tag_protos(record.tags)))
 
-    SandboxTagsGet = _tags_get
-    SandboxTagsGetV2 = _tags_get
+    SandboxTagsGet = SandboxTagsGetV2 = _tags_get
 
     async def _get_from_name(
         self,
         stream: Stream[api_pb2.SandboxGetFromNameRequest, api_pb2.SandboxGetFromNameResponse],
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         app = self.state.apps.get((environment_name(request.environment_name), request.app_name))
         named = [
             s
@@ -317,16 +301,14 @@ class SandboxRpcs:
             )
         )
 
-    SandboxGetFromName = _get_from_name
-    SandboxGetFromNameV2 = _get_from_name
+    SandboxGetFromName = SandboxGetFromNameV2 = _get_from_name
 
     # --- listing -----------------------------------------------------------------------
 
     async def _list(
         self, stream: Stream[api_pb2.SandboxListRequest, api_pb2.SandboxListResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await received(stream)
         # The client always asks `include_finished=False` (modal 1.6.4,
         # `sandbox/_sandbox.py` `_list`), for "Sandbox objects that are currently
         # running" (`_experimental_list`): not the ended ones, whatever ended them, but
@@ -348,8 +330,7 @@ class SandboxRpcs:
             api_pb2.SandboxListResponse(sandboxes=[self._info(s) for s in page])
         )
 
-    SandboxList = _list
-    SandboxListV2 = _list
+    SandboxList = SandboxListV2 = _list
 
     def _info(self, record: SandboxRecord) -> api_pb2.SandboxInfo:
         task = api_pb2.TaskInfo(
@@ -357,9 +338,8 @@ class SandboxRpcs:
             sandbox_id=record.sandbox_id,
             gpu_type=record.gpu or "",
             enqueued_at=record.created_at,
+            result=record.result,
         )
-        if record.result is not None:
-            task.result.CopyFrom(record.result)
         return api_pb2.SandboxInfo(
             id=record.sandbox_id,
             created_at=record.created_at,

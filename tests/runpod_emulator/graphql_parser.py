@@ -180,20 +180,22 @@ class _Parser:
         if self.peek(":"):
             self.take(":")
             name, alias = self.name(), name
-        arguments = self.arguments() if self.peek("(") else {}
+        arguments = self.named_values("(", ")") if self.peek("(") else {}
         self.refuse_directives()
         selections = self.selection_set() if self.peek("{") else []
         return Field(name, alias, arguments, selections)
 
-    def arguments(self) -> dict[str, Any]:
-        self.take("(")
-        arguments = {}
-        while not self.peek(")"):
+    def named_values(self, opening: str, closing: str) -> dict[str, Any]:
+        """`name: value` pairs between `opening` and `closing`: a field's arguments, or
+        the fields of an input object literal (the same grammar in the spec)."""
+        self.take(opening)
+        values = {}
+        while not self.peek(closing):
             key = self.name()
             self.take(":")
-            arguments[key] = self.value()
-        self.take(")")
-        return arguments
+            values[key] = self.value()
+        self.take(closing)
+        return values
 
     def value(self) -> Any:
         """A variable, or a literal whose containers may hold variables."""
@@ -208,14 +210,7 @@ class _Parser:
             self.take("]")
             return items
         if self.peek("{"):
-            self.take("{")
-            fields = {}
-            while not self.peek("}"):
-                key = self.name()
-                self.take(":")
-                fields[key] = self.value()
-            self.take("}")
-            return fields
+            return self.named_values("{", "}")
         return Literal(self.scalar())
 
     def scalar(self) -> Any:

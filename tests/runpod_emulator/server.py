@@ -7,24 +7,23 @@ thread starts, which makes the ephemeral port known (and `base_url` valid) witho
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from types import TracebackType
 
 import uvicorn
+
+from tests.emulator_common import LOOPBACK, Served, loopback_socket
 
 from .app import build_app
 from .openapi import OpenApiSchemas
 from .state import EmulatorState
 
-LOOPBACK = "127.0.0.1"
 DEFAULT_API_KEY = "emulator-test-key"
 _START_TIMEOUT = 10.0
 _STOP_TIMEOUT = 5.0
 
 
-class RunPodEmulator(EmulatorState):
+class RunPodEmulator(EmulatorState, Served):
     """A RunPod API (REST v2 + GraphQL) on `http://127.0.0.1:<port>`.
 
     The emulator *is* its control panel: every fault switch of `EmulatorState`
@@ -75,11 +74,7 @@ class RunPodEmulator(EmulatorState):
     def start(self) -> RunPodEmulator:
         if self._thread is not None:
             raise RuntimeError("the emulator is already running")
-        # proto must be IPPROTO_TCP, not 0: asyncio only sets TCP_NODELAY on such sockets, and
-        # without it every answer waits ~40 ms on Nagle + delayed ACK.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOOPBACK, self._requested_port))
+        sock = loopback_socket(self._requested_port)
         config = uvicorn.Config(
             build_app(self, self.api_key, self._schemas),
             log_config=None,  # leave the test process's logging configuration alone
@@ -108,17 +103,6 @@ class RunPodEmulator(EmulatorState):
             server.force_exit = True
             thread.join(_STOP_TIMEOUT)
         self._server = self._thread = self._port = None
-
-    def __enter__(self) -> RunPodEmulator:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _wait_started(self, server: uvicorn.Server, thread: threading.Thread) -> None:
         # uvicorn exposes no start event, only a flag: poll it briefly.

@@ -398,10 +398,8 @@ class EmulatorState:
     def vanish_pod(self, pod_id: str) -> bool:
         """Remove a pod behind the caller's back, as when RunPod reclaims it."""
         with self._lock:
-            pod = self._pods.pop(pod_id, None)
-            if pod is None:
+            if not self.terminate_pod(pod_id):
                 return False
-            self._release_capacity(pod)
             self._vanished.append(pod_id)
             return True
 
