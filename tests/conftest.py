@@ -1,11 +1,13 @@
 """Fixtures: a real Docker engine, the demo worker image, an engine that accepts GPU
-device requests, schedulers as processes, a migrated store on each database, and the
-RunPod, Modal and Kubernetes emulators."""
+device requests, schedulers as processes, a migrated store on each database, the RunPod, Modal and
+Kubernetes emulators, and the service's logging set up in the test process."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -140,3 +142,30 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore
         await s.migrate()
         yield s
         await s.close()
+
+
+@pytest.fixture
+def real_logging() -> Iterator[None]:
+    """The service's logging may be set up in this process (configure_logging, as
+    `serve` does); it is put back as it was afterwards, the capture of warnings too."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    switches = (
+        logging._srcfile,
+        logging.logThreads,
+        logging.logProcesses,  # type: ignore[attr-defined]
+        logging.logMultiprocessing,
+    )
+    shown = warnings.showwarning
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        warnings.showwarning = shown
+        root.handlers[:], root.level = handlers, level
+        (
+            logging._srcfile,
+            logging.logThreads,
+            logging.logProcesses,  # type: ignore[attr-defined]
+            logging.logMultiprocessing,
+        ) = switches

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import socket
 import subprocess
-import sys
 import threading
 
-from tests.harness import Scheduler, free_port
+from tests.harness import Scheduler, free_port, kill_process, spawn_command
 
 # Short enough for a test, each a knob of its own: poll 0.5 s, silence 3 s, grace 2 s.
 FAST = {"GUARD_POLL_SECONDS": "0.5", "GUARD_SILENCE_SECONDS": "3", "GUARD_GRACE_SECONDS": "2"}
@@ -44,24 +41,12 @@ class GuardProcess:
         return self.env["GUARD_ID"]
 
     def start(self) -> GuardProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RUST_LOG"))}
-        env.update(self.env, PYTHONUNBUFFERED="1")
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "openalice_scheduler", "guard"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-        )
-        log.close()
+        self.proc = spawn_command("guard", self.env, self.log_path, self.workdir)
         return self
 
     def kill(self) -> None:
         """kill -9: nothing of the guard's own runs."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        kill_process(self.proc)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -12,13 +12,15 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import docker
 import httpx
+
+from openalice_scheduler.store import NewLease
 
 REPO = Path(__file__).resolve().parent.parent
 # One TLS context for every HTTP client of the tests: httpx makes a new one, loading the
@@ -94,6 +96,61 @@ def free_port() -> int:
     raise AssertionError(f"no free port in {first}..{first + _PORT_BLOCK - 1}")
 
 
+def spawn_command(
+    command: str, env: dict[str, str], log_path: Path, cwd: Path
+) -> subprocess.Popen[bytes]:
+    """`python -m openalice_scheduler <command>` as a child process: this process's
+    environment without its OTEL_ and RUST_LOG settings, then `env`; its output,
+    unbuffered, appended to `log_path`."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RUST_LOG"))}
+    full.update(env, PYTHONUNBUFFERED="1")
+    with open(log_path, "ab") as log:  # the child has a copy of the file of its own
+        return subprocess.Popen(
+            [sys.executable, "-m", "openalice_scheduler", command],
+            env=full,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+        )
+
+
+def run_serve(
+    env: dict[str, str], cwd: Path, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`python -m openalice_scheduler serve` with exactly `env`, run to its end (a start-up
+    that is refused, say), what it printed kept as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "openalice_scheduler", "serve"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def printed_lines(text: str) -> list[str]:
+    """The lines of `text` that are not blank."""
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def kill_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """kill -9 `proc` if it still runs, and reap it."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, grace: float) -> None:
+    """SIGTERM `proc` if it still runs; kill -9 if it has not ended after `grace` s."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            kill_process(proc)
+
+
 class Scheduler:
     """One scheduler process. `env` overrides its environment; the database, instance
     and Docker network are unique to the test unless given. `engine` is the Docker
@@ -137,17 +194,8 @@ class Scheduler:
     # --- process ---------------------------------------------------------------------
 
     def start(self, wait: bool = True) -> Scheduler:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RUST_LOG"))}
-        env.update(self.env, SCHEDULER_PORT=str(self.port), PYTHONUNBUFFERED="1")
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "openalice_scheduler", "serve"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-        )
-        log.close()
+        env = {**self.env, "SCHEDULER_PORT": str(self.port)}
+        self.proc = spawn_command("serve", env, self.log_path, self.workdir)
         if wait:
             self.wait_ready()
         return self
@@ -176,17 +224,10 @@ class Scheduler:
 
     def kill(self) -> None:
         """kill -9: no shutdown code runs."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        kill_process(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.proc, grace=30)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -347,6 +388,22 @@ def database_url(kind: str, tmp_path: Path) -> Iterator[str]:
         )
 
 
+def on_static(
+    make_scheduler: Callable[..., Scheduler], workers: str = "renderer=http://only:8080", **env: str
+) -> Scheduler:
+    """A scheduler (`make_scheduler`, the fixture) whose one provider is a static pool of
+    `workers`: endpoints that are never created nor destroyed, only leased."""
+    return make_scheduler(PROVIDERS="static", STATIC_WORKERS=workers, **env)
+
+
+def flags(**options: str) -> list[str]:
+    """`--name value` for each option, as a command line gives them (`correlation_id`
+    is `--correlation-id`)."""
+    return [
+        word for name, value in options.items() for word in (f"--{name.replace('_', '-')}", value)
+    ]
+
+
 @contextmanager
 def scheduler(workdir: Path, **env: str) -> Iterator[Scheduler]:
     s = Scheduler(workdir, **env).start()
@@ -358,3 +415,17 @@ def scheduler(workdir: Path, **env: str) -> Iterator[Scheduler]:
 
 def json_lines(text: str) -> list[Any]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def new_lease_at(now: int, ttl_seconds: int = 60, **request: str | None) -> NewLease:
+    """A new lease as the store is handed it: made at `now` (µs since the epoch), expiring
+    `ttl_seconds` later; a renderer without a GPU, owner, correlation id or region unless
+    `request` says (NewLease's own names: kind, gpu, owner_id, correlation_id, region)."""
+    asked = {"kind": "renderer", "gpu": "none", "owner_id": None, "correlation_id": None}
+    return NewLease(
+        lease_id=str(uuid.uuid4()),
+        ttl_seconds=ttl_seconds,
+        created_at=now,
+        expires_at=now + ttl_seconds * 1_000_000,
+        **{**asked, "region": None, **request},  # type: ignore[arg-type]
+    )

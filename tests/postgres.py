@@ -45,6 +45,12 @@ class PrivatePostgres:
             raise AssertionError(f"{argv[0]} failed: {done.stderr.decode()[-2000:]}")
         return done
 
+    def _on_data(
+        self, program: str, *argv: str, check: bool = True
+    ) -> subprocess.CompletedProcess[bytes]:
+        """One of the server's programs (initdb, pg_ctl) on this server's data directory."""
+        return self._run(str(self.bin / program), "-D", str(self.data), *argv, check=check)
+
     def _psql(self, sql: str) -> None:
         subprocess.run(
             ["psql", "-h", str(self.root), "-U", "postgres", "-d", "postgres", "-qc", sql],
@@ -54,16 +60,7 @@ class PrivatePostgres:
         )
 
     def init(self) -> PrivatePostgres:
-        self._run(
-            str(self.bin / "initdb"),
-            "-D",
-            str(self.data),
-            "-A",
-            "trust",
-            "-U",
-            "postgres",
-            "--no-sync",
-        )
+        self._on_data("initdb", "-A", "trust", "-U", "postgres", "--no-sync")
         self.start()
         if self.user != "postgres":
             self._psql(f'CREATE ROLE "{self.user}" SUPERUSER LOGIN')
@@ -71,10 +68,8 @@ class PrivatePostgres:
         return self
 
     def start(self) -> None:
-        self._run(
-            str(self.bin / "pg_ctl"),
-            "-D",
-            str(self.data),
+        self._on_data(
+            "pg_ctl",
             "-l",
             str(self.root / "postgres.log"),
             "-w",
@@ -88,17 +83,10 @@ class PrivatePostgres:
     def stop(self, mode: str = "fast") -> None:
         """`fast`: what `pg_ctlcluster … stop` does (sessions cut, transactions rolled
         back); `immediate`: a crash."""
-        self._run(
-            str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"
-        )
+        self._on_data("pg_ctl", "-m", mode, "-w", "-t", "60", "stop")
 
     def running(self) -> bool:
-        return (
-            self._run(
-                str(self.bin / "pg_ctl"), "-D", str(self.data), "status", check=False
-            ).returncode
-            == 0
-        )
+        return self._on_data("pg_ctl", "status", check=False).returncode == 0
 
     def destroy(self) -> None:
         if self.data.exists() and self.running():

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import getpass
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.harness import free_port, wait_for
+from tests.harness import free_port, stop_process, wait_for
 
 
 class PrivateSshd:
@@ -98,10 +97,5 @@ class PrivateSshd:
         return (self.root / "sshd.log").read_text(errors="replace")
 
     def destroy(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc, grace=10)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import SECRET, Scheduler, free_port
+from tests.harness import SECRET, Scheduler, flags, free_port, on_static
 
 CLI = Path(sys.executable).parent / "openalice-scheduler"
 STATIC_WORKERS = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
@@ -23,9 +23,7 @@ ENV_VALUE = "env-value-" + uuid.uuid4().hex
 
 @pytest.fixture
 def static(make_scheduler: Callable[..., Scheduler]) -> Scheduler:
-    return make_scheduler(
-        PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS, MAX_LEASES_PER_OWNER="1"
-    )
+    return on_static(make_scheduler, STATIC_WORKERS, MAX_LEASES_PER_OWNER="1")
 
 
 def cli(url: str, *args: str, secret: str | None = SECRET) -> subprocess.CompletedProcess[str]:
@@ -47,22 +45,8 @@ def cli(url: str, *args: str, secret: str | None = SECRET) -> subprocess.Complet
 
 
 def test_lease_commands_round_trip(static: Scheduler) -> None:
-    acquired = cli(
-        static.url,
-        "lease",
-        "acquire",
-        "--kind",
-        "renderer",
-        "--ttl",
-        "600",
-        "--owner",
-        "me",
-        "--correlation-id",
-        "job-1",
-        "--env",
-        f"TOKEN={ENV_VALUE}",
-        "--json",
-    )
+    job = flags(kind="renderer", ttl="600", owner="me", correlation_id="job-1")
+    acquired = cli(static.url, "lease", "acquire", *job, "--env", f"TOKEN={ENV_VALUE}", "--json")
     assert acquired.returncode == 0, acquired.stderr
     assert acquired.stderr == ""  # the spinner shows on a terminal only
     lease = json.loads(acquired.stdout)
@@ -217,19 +201,8 @@ def test_tune_gc_freezes_what_exists_and_widens_the_first_generation() -> None:
 
 
 def test_output_formats(static: Scheduler) -> None:
-    acquired = cli(
-        static.url,
-        "lease",
-        "acquire",
-        "--kind",
-        "renderer",
-        "--owner",
-        "me",
-        "--correlation-id",
-        "job-42",
-        "-o",
-        "json",
-    )
+    job = flags(kind="renderer", owner="me", correlation_id="job-42")
+    acquired = cli(static.url, "lease", "acquire", *job, "-o", "json")
     assert acquired.returncode == 0, acquired.stderr
     lease = json.loads(acquired.stdout)
     lease_id = lease["lease_id"]
@@ -315,21 +288,8 @@ def test_an_idempotent_acquire_is_retried(make_scheduler: Callable[..., Schedule
     starter = threading.Timer(1.0, sched.start, kwargs={"wait": False})
     starter.start()
     try:
-        late = cli(
-            sched.url,
-            "lease",
-            "acquire",
-            "--kind",
-            "anim",
-            "--owner",
-            "o",
-            "--correlation-id",
-            "late",
-            "--retry-timeout",
-            "120",
-            "-o",
-            "json",
-        )
+        job = flags(kind="anim", owner="o", correlation_id="late", retry_timeout="120")
+        late = cli(sched.url, "lease", "acquire", *job, "-o", "json")
     finally:
         starter.join()
     assert late.returncode == 0, late.stderr

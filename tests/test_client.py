@@ -32,7 +32,7 @@ from openalice_scheduler.errors import (
     Unauthorized,
 )
 from openalice_scheduler.models import Lease, LeaseState, ReleaseReason
-from tests.harness import SECRET, Scheduler, free_port, wait_for
+from tests.harness import SECRET, Scheduler, free_port, on_static, wait_for
 from tests.postgres import PrivatePostgres
 
 STATIC_WORKERS = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
@@ -42,9 +42,7 @@ ENV_VALUE = "env-value-" + uuid.uuid4().hex
 @pytest.fixture
 def static(make_scheduler: Callable[..., Scheduler]) -> Scheduler:
     # A one-second sweep, so that a lease nobody renews really ends within the tests.
-    return make_scheduler(
-        PROVIDERS="static", STATIC_WORKERS=STATIC_WORKERS, SWEEP_INTERVAL_SECONDS="1"
-    )
+    return on_static(make_scheduler, STATIC_WORKERS, SWEEP_INTERVAL_SECONDS="1")
 
 
 @pytest.fixture
@@ -494,9 +492,8 @@ def test_a_failing_on_lost_is_logged(
 def test_a_held_lease_that_is_preempted_stops_renewing_and_hears_why(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    sched = make_scheduler(
-        PROVIDERS="static",
-        STATIC_WORKERS="renderer=http://only:8080",
+    sched = on_static(
+        make_scheduler,
         PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
         PREEMPTION_GRACE_SECONDS="600",
     )

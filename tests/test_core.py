@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.trace import NoOpTracer
@@ -36,7 +37,7 @@ from openalice_scheduler.priorities import parse_priority_classes
 from openalice_scheduler.providers import WorkerDeath, WorkerEnded
 from openalice_scheduler.providers.docker import LocalDockerProvider
 from openalice_scheduler.providers.static import StaticProvider
-from openalice_scheduler.store import LeaseRecord, open_store, to_us
+from openalice_scheduler.store import LeaseRecord, LeaseStore, open_store, to_us
 from tests.dockerproxy import DockerProxy
 from tests.harness import SECRET, WORKER_IMAGE, database_url, remove_instance
 
@@ -65,22 +66,25 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def service(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
-) -> AsyncIterator[LeaseService]:
-    with database_url(request.param, tmp_path) as url:
-        store = open_store(url)
-        await store.migrate()
-        yield LeaseService(
-            store,
-            [StaticProvider("renderer=http://only:8080")],
-            OrderedFirstAvailable(),
-            Metrics(),
-            NoOpTracer(),
-            clock=clock,
-        )
-        await store.close()
+def on_one_endpoint(store: LeaseStore, clock: Clock, **options: Any) -> LeaseService:
+    """The service over `store` on the test's clock, its one provider a static pool of
+    one renderer endpoint; `options` are LeaseService's own (priorities, say)."""
+    return LeaseService(
+        store,
+        [StaticProvider("renderer=http://only:8080")],
+        OrderedFirstAvailable(),
+        Metrics(),
+        NoOpTracer(),
+        clock=clock,
+        **options,
+    )
+
+
+@pytest.fixture
+def service(store: LeaseStore, clock: Clock) -> LeaseService:
+    """The service on one endpoint over a fresh store: once on SQLite, once on
+    PostgreSQL (the `store` fixture)."""
+    return on_one_endpoint(store, clock)
 
 
 async def test_a_lease_expires_when_the_clock_reaches_its_expiry(
@@ -171,13 +175,9 @@ async def test_a_preempted_lease_runs_its_grace_on_the_moved_clock_then_goes(
     with database_url("sqlite", tmp_path) as url:
         store = open_store(url)
         await store.migrate()
-        service = LeaseService(
+        service = on_one_endpoint(
             store,
-            [StaticProvider("renderer=http://only:8080")],
-            OrderedFirstAvailable(),
-            Metrics(),
-            NoOpTracer(),
-            clock=clock,
+            clock,
             priorities=Priorities(
                 parse_priority_classes("live=100:preempts,default=50:preemptible")
             ),

@@ -13,11 +13,11 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import text
 
-from openalice_scheduler.store import NewLease, Terms, open_store
+from openalice_scheduler.store import Terms, open_store
 from tests import storeops
-from tests.harness import Scheduler, database_url, docker_client
+from tests.harness import Scheduler, database_url, docker_client, new_lease_at
 from tests.test_replicas import Replicas, burst, expect, replicas  # noqa: F401 - the fixture
-from tests.test_warm_pool import POOL_ENV, wait_idle, worker_page
+from tests.test_warm_pool import POOL_ENV, warm_renderers, worker_page
 from tests.test_worker_self import image  # noqa: F401 - the fixture
 
 Make = Callable[..., Scheduler]
@@ -97,17 +97,7 @@ async def test_the_migration_numbers_existing_leases_in_created_order(
         await store.migrate()
         by_created = sorted(made, key=made.__getitem__)
         assert [(await store.get(i)).fence for i in by_created] == [1, 2, 3]  # type: ignore[union-attr]
-        new = NewLease(
-            lease_id=str(uuid.uuid4()),
-            kind="renderer",
-            gpu="none",
-            owner_id=None,
-            correlation_id=None,
-            region=None,
-            ttl_seconds=60,
-            created_at=NOW,
-            expires_at=NOW + 60_000_000,
-        )
+        new = new_lease_at(NOW)
         assert (await storeops.reserve_lease(store, new, "p", Terms(NOW))).fence == 4
         await store.close()
 
@@ -116,8 +106,7 @@ def test_a_worker_is_told_its_fence_cold_and_warm(
     make_scheduler: Make,
     image: dict[str, str],  # noqa: F811 - the fixture
 ) -> None:
-    sched = make_scheduler(WARM_POOL="renderer/none=1", **POOL_ENV, **image)
-    wait_idle(sched, 1)
+    sched = warm_renderers(make_scheduler, 1, **POOL_ENV, **image)
     [idle] = sched.http.get("/v1/leases", params={"state": "idle"}).json()
     # Cold (a kind without a pool): LEASE_FENCE in the container's environment.
     cold = sched.lease(kind="anim")

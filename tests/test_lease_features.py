@@ -108,7 +108,7 @@ class Call(threading.Thread):
         return self.result
 
 
-def acquire_in_thread(sched: Scheduler, timeout: float = 120, **body: Any) -> Call:
+def acquire_in_thread(sched: Scheduler, timeout: float | httpx.Timeout = 120, **body: Any) -> Call:
     body.setdefault("kind", "renderer")
 
     def post() -> httpx.Response:
@@ -120,6 +120,23 @@ def acquire_in_thread(sched: Scheduler, timeout: float = 120, **body: Any) -> Ca
         )
 
     return Call(post)
+
+
+def hangs_up_in_line(sched: Scheduler, owner: str) -> Call:
+    """A renderer acquire that would wait 120 s in line, from a caller who gives up after
+    3 s without an answer (a read timeout of its own): it closes the connection."""
+    return acquire_in_thread(
+        sched, timeout=httpx.Timeout(60, read=3), wait_seconds=120, owner_id=owner
+    )
+
+
+def refused(sched: Scheduler) -> float:
+    """Acquires refused so far for want of a worker, those whose caller left the line too."""
+    return sched.metric("scheduler_acquire_failures_total", reason="no_provider")
+
+
+def wait_refused(sched: Scheduler, count: float, what: str) -> None:
+    wait_for(lambda: refused(sched) >= count, 30, what=what)
 
 
 def acquire_at_once(sched: Scheduler, n: int, **body: Any) -> list[httpx.Response]:
@@ -550,17 +567,10 @@ def test_a_wait_that_runs_out_is_a_503_with_retry_after(make_scheduler: Make) ->
 def test_callers_who_hang_up_leave_the_line_and_get_no_worker(make_scheduler: Make) -> None:
     sched = static(make_scheduler)
     holder = sched.lease(ttl_seconds=600)
-    gave_up_before = sched.metric("scheduler_acquire_failures_total", reason="no_provider")
+    gave_up_before = refused(sched)
 
     # One caller times out on its own side...
-    impatient = Call(
-        lambda: HTTP.post(
-            f"{sched.url}/v1/lease",
-            headers={"X-Internal-Secret": SECRET},
-            json={"kind": "renderer", "wait_seconds": 120, "owner_id": "impatient"},
-            timeout=httpx.Timeout(60, read=3),
-        )
-    )
+    impatient = hangs_up_in_line(sched, "impatient")
     wait_for(lambda: log_count(sched, WAITING) >= 1, 30, what="the first caller in line")
     # ...another closes its connection while in line...
     closer = socket.create_connection(("127.0.0.1", sched.port))
@@ -579,14 +589,7 @@ def test_callers_who_hang_up_leave_the_line_and_get_no_worker(make_scheduler: Ma
         impatient.response(30)
     closer.close()
     # Both left the line: each ended as a refused acquire nobody hears about.
-    wait_for(
-        lambda: (
-            sched.metric("scheduler_acquire_failures_total", reason="no_provider")
-            >= gave_up_before + 2
-        ),
-        30,
-        what="the server to notice both callers left",
-    )
+    wait_refused(sched, gave_up_before + 2, what="the server to notice both callers left")
 
     assert sched.release(holder["lease_id"]).status_code == 204
     response = patient.response(100)
@@ -600,22 +603,11 @@ def test_callers_who_hang_up_leave_the_line_and_get_no_worker(make_scheduler: Ma
 def test_a_caller_who_hangs_up_does_not_keep_the_freed_slot(make_scheduler: Make) -> None:
     sched = make_scheduler(LOCAL_DOCKER_MAX_WORKERS="1")
     holder = sched.lease(ttl_seconds=600)
-    gone = Call(
-        lambda: HTTP.post(
-            f"{sched.url}/v1/lease",
-            headers={"X-Internal-Secret": SECRET},
-            json={"kind": "renderer", "wait_seconds": 120, "owner_id": "gone"},
-            timeout=httpx.Timeout(60, read=3),
-        )
-    )
+    gone = hangs_up_in_line(sched, "gone")
     wait_for(lambda: log_count(sched, WAITING) >= 1, 30, what="the caller in line")
     with pytest.raises(httpx.ReadTimeout):
         gone.response(30)
-    wait_for(
-        lambda: sched.metric("scheduler_acquire_failures_total", reason="no_provider") >= 1,
-        30,
-        what="the server to notice the caller left",
-    )
+    wait_refused(sched, 1, what="the server to notice the caller left")
 
     assert sched.release(holder["lease_id"]).status_code == 204
     # Nobody holds the freed slot: the next caller gets it without waiting.
@@ -740,6 +732,19 @@ def test_ordered_first_available_takes_the_first_listed_provider(
 # --- 8. providers view -----------------------------------------------------------------
 
 
+def providers_view(sched: Scheduler) -> list[dict[str, Any]]:
+    """GET /v1/providers: each provider's view, in the order of PROVIDERS."""
+    response = sched.http.get("/v1/providers")
+    assert response.status_code == 200, response.text
+    return list(response.json())
+
+
+def the_provider(sched: Scheduler) -> dict[str, Any]:
+    """The view of the scheduler's one provider."""
+    [view] = providers_view(sched)
+    return view
+
+
 def test_providers_view_is_gated(make_scheduler: Make) -> None:
     sched = static(make_scheduler)
     for headers in ({}, {"X-Internal-Secret": SECRET + "x"}):
@@ -751,25 +756,19 @@ def test_providers_view_is_gated(make_scheduler: Make) -> None:
 def test_providers_view_shows_static_capacity_and_use(make_scheduler: Make) -> None:
     sched = static(make_scheduler, "renderer=http://a:8080,http://b:8080;anim=http://c:9000")
 
-    def view() -> dict[str, Any]:
-        response = sched.http.get("/v1/providers")
-        assert response.status_code == 200, response.text
-        [static_view] = response.json()
-        return static_view
-
-    before = view()
+    before = the_provider(sched)
     assert before["name"] == "static" and before["healthy"] is True
     assert before["in_use"] == 0
     assert before["gpu"] == {"none": {"capacity": 3, "in_use": 0}}
 
     renderer = sched.lease(kind="renderer")
     sched.lease(kind="anim")
-    during = view()
+    during = the_provider(sched)
     assert during["in_use"] == 2
     assert during["gpu"] == {"none": {"capacity": 3, "in_use": 2}}
 
     assert sched.release(renderer["lease_id"]).status_code == 204
-    after = view()
+    after = the_provider(sched)
     assert after["in_use"] == 1 and after["gpu"]["none"] == {"capacity": 3, "in_use": 1}
 
 
@@ -780,13 +779,7 @@ def test_providers_view_shows_docker_workers_and_gpus(
         engine=gpu_engine.url, LOCAL_DOCKER_MAX_WORKERS="3", LOCAL_GPU_DEVICES="0,1"
     )
 
-    def view() -> dict[str, Any]:
-        response = sched.http.get("/v1/providers")
-        assert response.status_code == 200, response.text
-        [docker_view] = response.json()
-        return docker_view
-
-    before = view()
+    before = the_provider(sched)
     assert before["name"] == "local-docker" and before["healthy"] is True
     assert before["max_workers"] == 3 and before["in_use"] == 0
     assert before["gpu"]["entry"] == {"capacity": 2, "in_use": 0}
@@ -794,7 +787,7 @@ def test_providers_view_shows_docker_workers_and_gpus(
 
     sched.lease(gpu="entry")
     sched.lease(gpu="none")
-    during = view()
+    during = the_provider(sched)
     assert during["in_use"] == 2
     assert during["gpu"]["entry"] == {"capacity": 2, "in_use": 1}
     assert during["gpu"]["none"] == {"capacity": 3, "in_use": 1}
@@ -805,9 +798,7 @@ def test_providers_view_lists_every_provider_in_order(
 ) -> None:
     sched = with_runpod(make_scheduler, runpod, RUNPOD_MAX_PODS="4")
     sched.lease(kind="anim", gpu="mid")
-    response = sched.http.get("/v1/providers")
-    assert response.status_code == 200, response.text
-    runpod_view, docker_view = response.json()
+    runpod_view, docker_view = providers_view(sched)
     assert (runpod_view["name"], docker_view["name"]) == ("runpod", "local-docker")
     assert runpod_view["healthy"] is True and docker_view["healthy"] is True
     assert runpod_view["in_use"] == 1 and runpod_view["max_workers"] == 4

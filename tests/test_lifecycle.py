@@ -8,7 +8,6 @@ import contextlib
 import os
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -27,6 +26,8 @@ from tests.harness import (
     Scheduler,
     docker_client,
     free_port,
+    printed_lines,
+    run_serve,
     wait_for,
 )
 
@@ -307,18 +308,7 @@ def serve(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[st
         "PYTHONUNBUFFERED": "1",
         **env,
     }
-    return subprocess.run(
-        [sys.executable, "-m", "openalice_scheduler", "serve"],
-        env=full,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.strip()]
+    return run_serve(full, tmp_path)
 
 
 def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
@@ -387,7 +377,7 @@ def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
             else:
                 env[key] = value
         result = serve(tmp_path, {k: v for k, v in env.items() if v is not None})
-        lines = stderr_lines(result)
+        lines = printed_lines(result.stderr)
         assert result.returncode != 0, (change, result.stderr)
         assert len(lines) == 1, (change, result.stderr)
         assert variable in lines[0], (change, lines)
@@ -416,7 +406,7 @@ def test_second_process_on_the_same_sqlite_file_refuses_to_start(
     lease = first.lease(ttl_seconds=600)
 
     result = serve(tmp_path, {**first.env, "SCHEDULER_PORT": str(free_port())})
-    lines = stderr_lines(result)
+    lines = printed_lines(result.stderr)
     assert result.returncode != 0, result.stderr
     assert len(lines) == 1, result.stderr
     assert "DATABASE_URL" in lines[0] and "another scheduler process" in lines[0], lines

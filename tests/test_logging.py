@@ -9,11 +9,9 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import uuid
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.logs import configure_logging, lease_ref
 from openalice_scheduler.providers.base import Availability, WorkerSpec
 from openalice_scheduler.providers.static import StaticProvider
-from tests.harness import HTTP, SECRET, Scheduler, free_port, wait_for
+from tests.harness import HTTP, SECRET, Scheduler, free_port, run_serve, wait_for
 from tests.otlp_receiver import OtlpReceiver
 
 Make = Callable[..., Scheduler]
@@ -189,27 +187,32 @@ def test_one_access_line_per_answer_with_its_request_id(make_scheduler: Make) ->
     a_lease = responses[answers["acquire"].split(" ")[1]].json()["lease"]["lease_id"]
     answers["not yours"] = call("DELETE", f"/v1/lease/{a_lease}", headers=(("X-Lease-Owner", "z"),))
 
+    # Each answer's status, by the method and route its access line names (the route's
+    # template, not the path asked for).
     expected = {
-        "acquire": (200, "POST", "/v1/lease"),
-        "quota": (429, "POST", "/v1/lease"),
-        "second": (200, "POST", "/v1/lease"),
-        "full": (503, "POST", "/v1/lease"),
-        "secret": (401, "GET", "/v1/leases"),
-        "unknown": (404, "GET", "/v1/lease/{lease_id}"),
-        "invalid": (422, "POST", "/v1/lease"),
-        "health": (200, "GET", "/health"),
-        "no route": (404, "GET", "unmatched"),
-        "too large": (413, "POST", "/v1/lease"),
-        "duplicate": (400, "GET", "/v1/leases"),
-        "not yours": (403, "DELETE", "/v1/lease/{lease_id}"),
+        ("POST", "/v1/lease"): {
+            "acquire": 200,
+            "quota": 429,
+            "second": 200,
+            "full": 503,
+            "invalid": 422,
+            "too large": 413,
+        },
+        ("GET", "/v1/leases"): {"secret": 401, "duplicate": 400},
+        ("GET", "/v1/lease/{lease_id}"): {"unknown": 404},
+        ("DELETE", "/v1/lease/{lease_id}"): {"not yours": 403},
+        ("GET", "/health"): {"health": 200},
+        ("GET", "unmatched"): {"no route": 404},
     }
-    for name, (status, method, route) in expected.items():
-        got, rid = answers[name].split(" ")
-        assert int(got) == status, (name, answers[name])
-        line = access_line(sched, rid)
-        assert (line["status"], line["method"], line["route"]) == (status, method, route), name
-        assert line["duration_ms"] >= 0 and line["path"].startswith("/")
-        assert line["message"].startswith(f"{method} {line['path']} {status} ")
+    assert sorted(name for statuses in expected.values() for name in statuses) == sorted(answers)
+    for (method, route), statuses in expected.items():
+        for name, status in statuses.items():
+            got, rid = answers[name].split(" ")
+            assert int(got) == status, (name, answers[name])
+            line = access_line(sched, rid)
+            assert (line["status"], line["method"], line["route"]) == (status, method, route), name
+            assert line["duration_ms"] >= 0 and line["path"].startswith("/")
+            assert line["message"].startswith(f"{method} {line['path']} {status} ")
     assert access_line(sched, answers["not yours"].split(" ")[1])["lease_id"] == a_lease
     # A caller that leaves halfway through its body gets no answer: logged as 499.
     left = f"left-{uuid.uuid4().hex[:12]}"
@@ -512,46 +515,12 @@ def test_an_unknown_log_format_stops_start_up(tmp_path: Path) -> None:
         "PROVIDERS": "static",
         "STATIC_WORKERS": "renderer=http://only:8080",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "openalice_scheduler", "serve"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = run_serve(env, tmp_path, timeout=30)
     assert done.returncode != 0
     assert "LOG_FORMAT" in done.stderr and "json" in done.stderr, done.stderr
 
 
 # --- the formatter itself, in this process ---------------------------------------------
-
-
-@pytest.fixture
-def real_logging() -> Iterator[None]:
-    """The service's logging may be set up in this process (configure_logging, as
-    `serve` does); it is put back as it was afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    switches = (
-        logging._srcfile,
-        logging.logThreads,
-        logging.logProcesses,  # type: ignore[attr-defined]
-        logging.logMultiprocessing,
-    )
-    shown = warnings.showwarning
-    try:
-        yield
-    finally:
-        logging.captureWarnings(False)
-        warnings.showwarning = shown
-        root.handlers[:], root.level = handlers, level
-        (
-            logging._srcfile,
-            logging.logThreads,
-            logging.logProcesses,  # type: ignore[attr-defined]
-            logging.logMultiprocessing,
-        ) = switches
 
 
 def json_logging() -> None:

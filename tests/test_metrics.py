@@ -288,22 +288,18 @@ def promtool() -> str:
     return found
 
 
+def promtool_rules(command: str, path: Path) -> str:
+    """`promtool <command> rules <path>`, which must succeed: what it printed."""
+    done = subprocess.run(
+        [promtool(), command, "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def test_alert_rules_fire_when_they_should() -> None:
-    checked = subprocess.run(
-        [promtool(), "check", "rules", str(DEPLOY / "alerts.yml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    tested = subprocess.run(
-        [promtool(), "test", "rules", str(DEPLOY / "alerts.test.yml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert tested.returncode == 0, tested.stdout + tested.stderr
-    assert "SUCCESS" in tested.stdout
+    promtool_rules("check", DEPLOY / "alerts.yml")
+    assert "SUCCESS" in promtool_rules("test", DEPLOY / "alerts.test.yml")
     alerts = {
         rule["alert"]
         for group in yaml.safe_load((DEPLOY / "alerts.yml").read_text())["groups"]
@@ -371,10 +367,7 @@ def test_the_dashboard_is_an_importable_grafana_dashboard(tmp_path: Path) -> Non
     }
     path = tmp_path / "dashboard-queries.yml"
     path.write_text(yaml.safe_dump(rules))
-    checked = subprocess.run(
-        [promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=120
-    )
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    promtool_rules("check", path)
 
 
 def test_the_dashboard_and_rules_read_only_metrics_the_service_exports(

@@ -5,18 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.logs import configure_logging
-from tests.harness import HTTP, SECRET, free_port, wait_for
+from tests.harness import HTTP, SECRET, free_port, printed_lines, run_serve, wait_for
 from tests.otlp_receiver import OtlpReceiver
 
 RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
@@ -129,15 +126,8 @@ def test_a_short_internal_secret_stops_start_up(tmp_path: Path) -> None:
         "SCHEDULER_INSTANCE": f"t-short-{uuid.uuid4().hex[:8]}",
     }
     for secret in ("x", "s" * 15):
-        done = subprocess.run(
-            [sys.executable, "-m", "openalice_scheduler", "serve"],
-            env={**base, "INTERNAL_SECRET": secret},
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        done = run_serve({**base, "INTERNAL_SECRET": secret}, tmp_path, timeout=30)
+        lines = printed_lines(done.stderr)
         assert done.returncode != 0, done.stderr
         assert lines == [
             "openalice-scheduler: invalid configuration: INTERNAL_SECRET: must be at least "
@@ -146,30 +136,6 @@ def test_a_short_internal_secret_stops_start_up(tmp_path: Path) -> None:
         ], done.stderr
     # Sixteen is enough.
     assert Settings(internal_secret="s" * 16).internal_secret.get_secret_value() == "s" * 16
-
-
-@pytest.fixture
-def real_logging() -> Iterator[None]:
-    """The service's logging set up in this process (configure_logging, as `serve` does),
-    put back as it was afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    switches = (
-        logging._srcfile,
-        logging.logThreads,
-        logging.logProcesses,  # type: ignore[attr-defined]
-        logging.logMultiprocessing,
-    )
-    try:
-        yield
-    finally:
-        root.handlers[:], root.level = handlers, level
-        (
-            logging._srcfile,
-            logging.logThreads,
-            logging.logProcesses,  # type: ignore[attr-defined]
-            logging.logMultiprocessing,
-        ) = switches
 
 
 def test_tracebacks_and_the_database_password_are_redacted(

@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.harness import HTTP, SECRET, Scheduler
+from tests.harness import HTTP, SECRET, Scheduler, scheduler
 
 CHECKS = [
     not_a_server_error,
@@ -56,11 +56,8 @@ FUZZ = settings(
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
-    sched = Scheduler(tmp_path_factory.mktemp("openapi"), **EVERY_CLASS).start()
-    try:
+    with scheduler(tmp_path_factory.mktemp("openapi"), **EVERY_CLASS) as sched:
         yield sched
-    finally:
-        sched.cleanup()
 
 
 @pytest.fixture(scope="module")

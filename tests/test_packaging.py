@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, SECRET, Scheduler
+from tests.harness import REPO, SECRET, Scheduler, flags
 
 # Import names, and the distributions that provide them.
 SERVER_MODULES = (
@@ -179,20 +179,8 @@ def test_the_cli_runs_without_the_server(static: Scheduler, console: Path) -> No
     assert run_console(console, "--version").stdout.startswith("openalice-scheduler ")
 
     on_service = {"SCHEDULER_URL": static.url, "INTERNAL_SECRET": SECRET}
-    acquired = run_console(
-        console,
-        "lease",
-        "acquire",
-        "--kind",
-        "anim",
-        "--owner",
-        "me",
-        "--correlation-id",
-        "job-1",
-        "-o",
-        "json",
-        **on_service,
-    )
+    job = flags(kind="anim", owner="me", correlation_id="job-1")
+    acquired = run_console(console, "lease", "acquire", *job, "-o", "json", **on_service)
     assert acquired.returncode == 0, acquired.stderr
     lease = json.loads(acquired.stdout)
     assert (lease["endpoint"], lease["state"]) == ("http://c:9000", "active")

@@ -6,7 +6,6 @@ against a provider's cap and devices like any lease but not against quotas."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
@@ -22,6 +21,7 @@ from openalice_scheduler.store import (
 )
 from openalice_scheduler.store.pool import PoolStore
 from tests import storeops
+from tests.harness import new_lease_at
 
 NOW = 1_800_000_000_000_000
 
@@ -32,17 +32,7 @@ def lease(
     kind: str = "renderer",
     gpu: str = "none",
 ) -> NewLease:
-    return NewLease(
-        lease_id=str(uuid.uuid4()),
-        kind=kind,
-        gpu=gpu,
-        owner_id=owner,
-        correlation_id=correlation,
-        region=None,
-        ttl_seconds=60,
-        created_at=NOW,
-        expires_at=NOW + 60_000_000,
-    )
+    return new_lease_at(NOW, kind=kind, gpu=gpu, owner_id=owner, correlation_id=correlation)
 
 
 async def warm(pool: PoolStore, n: int, **kw: str) -> list[str]:

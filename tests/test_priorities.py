@@ -20,9 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import HTTP, SECRET, Scheduler, wait_for
+from tests.harness import HTTP, SECRET, Scheduler, on_static, wait_for
 from tests.test_lease_features import (
     WAITING,
+    Call,
     acquire_in_thread,
     log_count,
     lookup,
@@ -30,7 +31,7 @@ from tests.test_lease_features import (
     renew,
 )
 from tests.test_replicas import Replicas, burst, replicas  # noqa: F401 - a fixture
-from tests.test_warm_pool import POOL_ENV, wait_idle
+from tests.test_warm_pool import POOL_ENV, warm_renderers
 from tests.test_worker_self import _address, image, reachable  # noqa: F401 - a fixture
 
 Make = Callable[..., Scheduler]
@@ -39,6 +40,8 @@ CLASSES = {
     "OWNER_PRIORITY_CLASSES": "live-control=live,anim=anim",
 }
 PREEMPTIONS = "scheduler_preemptions_total"
+# One renderer endpoint and one anim endpoint.
+TWO_KINDS = "renderer=http://r:8080;anim=http://a:8080"
 
 
 # Preemption on a provider with room for one lease, its notice short.
@@ -56,6 +59,20 @@ def anim_preempted_for_live(sched: Scheduler, provider: str) -> dict[str, Any]:
     assert ended["release_reason"] == "preempted"
     assert "its worker was not told" not in sched.log()
     return ended
+
+
+def with_classes(
+    make_scheduler: Make, workers: str = "renderer=http://only:8080", **env: str
+) -> Scheduler:
+    """A scheduler on a static pool of `workers`, with the example's priority classes."""
+    return on_static(make_scheduler, workers, **CLASSES, **env)
+
+
+def lease_of(call: Call, timeout: float = 60) -> dict[str, Any]:
+    """The lease a caller in line was given: its answer must be a 200."""
+    response = call.response(timeout)
+    assert response.status_code == 200, response.text
+    return dict(response.json()["lease"])
 
 
 def state_of(sched: Scheduler, lease_id: str) -> str:
@@ -134,11 +151,9 @@ def test_a_live_acquire_at_a_full_cluster_preempts_the_newest_anim_lease_with_no
     assert refused.json()["error"] == "preempting"
     assert refused.json()["preempt_at"] == victim["preempt_at"]
 
-    answer = live.response(120)
-    assert answer.status_code == 200, answer.text
+    got = lease_of(live, 120)
     took = time.monotonic() - asked
     assert took < grace + 30, f"served in {took:.1f} s: the grace plus one start at most"
-    got = answer.json()["lease"]
     assert got["priority_class"] == "live" and got["owner_id"] == "live-control"
     ended = lookup(sched, newer["lease_id"])
     assert ended["state"] == "released" and ended["release_reason"] == "preempted", ended
@@ -153,9 +168,7 @@ def test_a_live_acquire_at_a_full_cluster_preempts_the_newest_anim_lease_with_no
     for i, waiter in enumerate(waiters):
         gone = current.pop(0)
         assert sched.release(gone["lease_id"], owner=gone["owner_id"]).status_code == 204
-        response = waiter.response(120)
-        assert response.status_code == 200, response.text
-        served = response.json()["lease"]
+        served = lease_of(waiter, 120)
         assert served["correlation_id"] == f"w{i}"
         assert all(w.is_alive() for w in waiters[i + 1 :])
         current.append(served)
@@ -163,9 +176,7 @@ def test_a_live_acquire_at_a_full_cluster_preempts_the_newest_anim_lease_with_no
 
 
 def test_a_class_without_preempts_jumps_the_line_but_displaces_no_one(make_scheduler: Make) -> None:
-    sched = make_scheduler(
-        PROVIDERS="static", STATIC_WORKERS="renderer=http://only:8080", **CLASSES
-    )
+    sched = with_classes(make_scheduler)
     holder = sched.lease(owner_id="anim", correlation_id="h", ttl_seconds=600)
     anim = acquire_in_thread(sched, owner_id="anim", correlation_id="w", wait_seconds=120)
     in_line(sched, 1)
@@ -175,23 +186,15 @@ def test_a_class_without_preempts_jumps_the_line_but_displaces_no_one(make_sched
     assert sched.metric(PREEMPTIONS, victim_class="anim") == 0
 
     assert sched.release(holder["lease_id"], owner="anim").status_code == 204
-    first = other.response(60)
-    assert first.status_code == 200, first.text
-    lease = first.json()["lease"]
+    lease = lease_of(other)
     assert lease["priority_class"] == "default"
     assert anim.is_alive(), "the anim caller was served before a caller of a higher class"
     assert sched.release(lease["lease_id"], owner="other").status_code == 204
-    second = anim.response(60)
-    assert second.status_code == 200, second.text
-    assert second.json()["lease"]["priority_class"] == "anim"
+    assert lease_of(anim)["priority_class"] == "anim"
 
 
 def test_without_an_eligible_victim_a_live_caller_waits(make_scheduler: Make) -> None:
-    sched = make_scheduler(
-        PROVIDERS="static",
-        STATIC_WORKERS="renderer=http://r:8080;anim=http://a:8080",
-        **CLASSES,
-    )
+    sched = with_classes(make_scheduler, TWO_KINDS)
     # The renderer is held by a class that may not be preempted; the one preemptible
     # lease holds an endpoint of another kind, whose end would not serve a renderer.
     held = sched.lease(owner_id="someone", ttl_seconds=600)
@@ -206,20 +209,14 @@ def test_without_an_eligible_victim_a_live_caller_waits(make_scheduler: Make) ->
     assert sched.metric(PREEMPTIONS, victim_class="anim") == 0
 
     assert sched.release(held["lease_id"], owner="someone").status_code == 204
-    response = live.response(60)
-    assert response.status_code == 200, response.text
-    assert response.json()["lease"]["endpoint"] == "http://r:8080"
+    assert lease_of(live)["endpoint"] == "http://r:8080"
     assert state_of(sched, anim["lease_id"]) == "active"
 
 
 def test_a_waiter_whose_shape_cannot_be_served_does_not_block_a_lower_one(
     make_scheduler: Make,
 ) -> None:
-    sched = make_scheduler(
-        PROVIDERS="static",
-        STATIC_WORKERS="renderer=http://r:8080;anim=http://a:8080",
-        **CLASSES,
-    )
+    sched = with_classes(make_scheduler, TWO_KINDS)
     renderer = sched.lease(owner_id="someone", ttl_seconds=600)
     anim = sched.lease(kind="anim", owner_id="someone", ttl_seconds=600)
     high = acquire_in_thread(sched, owner_id="live-control", wait_seconds=120)
@@ -229,16 +226,14 @@ def test_a_waiter_whose_shape_cannot_be_served_does_not_block_a_lower_one(
 
     # The anim endpoint frees: the live caller ahead cannot use it, the anim one can.
     assert sched.release(anim["lease_id"], owner="someone").status_code == 204
-    response = low.response(60)
-    assert response.status_code == 200, response.text
-    assert response.json()["lease"]["endpoint"] == "http://a:8080"
+    assert lease_of(low)["endpoint"] == "http://a:8080"
     assert high.is_alive()
     assert sched.release(renderer["lease_id"], owner="someone").status_code == 204
     assert high.response(60).status_code == 200
 
 
 def test_an_unknown_class_is_a_422_naming_the_classes(make_scheduler: Make) -> None:
-    sched = make_scheduler(PROVIDERS="static", STATIC_WORKERS="renderer=http://r:8080", **CLASSES)
+    sched = with_classes(make_scheduler, "renderer=http://r:8080")
     response = sched.acquire(priority_class="urgent")
     assert response.status_code == 422, response.text
     body = response.json()
@@ -251,13 +246,7 @@ def test_an_unknown_class_is_a_422_naming_the_classes(make_scheduler: Make) -> N
 
 
 def test_an_idle_warm_worker_is_used_before_anyone_is_preempted(make_scheduler: Make) -> None:
-    sched = make_scheduler(
-        LOCAL_DOCKER_MAX_WORKERS="2",
-        WARM_POOL="renderer/none=1",
-        **POOL_ENV,
-        **CLASSES,
-    )
-    wait_idle(sched, 1)
+    sched = warm_renderers(make_scheduler, 1, LOCAL_DOCKER_MAX_WORKERS="2", **POOL_ENV, **CLASSES)
     anim = sched.lease(owner_id="anim", ttl_seconds=600)
     live = sched.acquire(owner_id="live-control", wait_seconds=60, ttl_seconds=600)
     assert live.status_code == 200, live.text
@@ -350,12 +339,7 @@ def test_a_kill_during_the_grace_keeps_the_deadline_and_the_retry_gets_the_worke
 def test_a_victim_released_early_frees_its_room_for_the_preemptor_at_once(
     make_scheduler: Make,
 ) -> None:
-    sched = make_scheduler(
-        PROVIDERS="static",
-        STATIC_WORKERS="renderer=http://only:8080",
-        PREEMPTION_GRACE_SECONDS="600",
-        **CLASSES,
-    )
+    sched = with_classes(make_scheduler, PREEMPTION_GRACE_SECONDS="600")
     victim = sched.lease(owner_id="anim", ttl_seconds=600)
     anim = acquire_in_thread(sched, owner_id="anim", correlation_id="w", wait_seconds=120)
     in_line(sched, 1)
@@ -363,14 +347,11 @@ def test_a_victim_released_early_frees_its_room_for_the_preemptor_at_once(
     wait_for(lambda: state_of(sched, victim["lease_id"]) == "preempting", 30, what="a victim")
     # Its caller lets go early: the room is the live caller's, not the anim waiter's.
     assert sched.release(victim["lease_id"], owner="anim").status_code == 204
-    response = live.response(30)
-    assert response.status_code == 200, response.text
+    lease = lease_of(live, 30)
     assert anim.is_alive()
     ended = lookup(sched, victim["lease_id"])
     assert ended["state"] == "released" and ended["release_reason"] == "explicit"
-    assert (
-        sched.release(response.json()["lease"]["lease_id"], owner="live-control").status_code == 204
-    )
+    assert sched.release(lease["lease_id"], owner="live-control").status_code == 204
     assert anim.response(60).status_code == 200
 
 
@@ -456,12 +437,7 @@ def test_a_thousand_waiters_cost_health_nothing_the_next_is_refused_and_hang_ups
 
 
 def test_an_owner_may_fill_only_its_share_of_the_line(make_scheduler: Make) -> None:
-    sched = make_scheduler(
-        PROVIDERS="static",
-        STATIC_WORKERS="renderer=http://only:8080",
-        MAX_WAITING_PER_OWNER="2",
-        **CLASSES,
-    )
+    sched = with_classes(make_scheduler, MAX_WAITING_PER_OWNER="2")
     sched.lease(owner_id="holder", ttl_seconds=600)
     mine = [acquire_in_thread(sched, owner_id="anim", wait_seconds=60) for _ in range(2)]
     in_line(sched, 2)

@@ -55,6 +55,9 @@ LEASE_LABEL = "openalice.scheduler.lease_id"
 START = r"^POST /v[\d.]+/containers/[^/?]+/start(\?|$)"
 LIST = r"^GET /v[\d.]+/containers/json"
 RELEASED = "scheduler_leases_released_total"
+ACQUIRED = "scheduler_leases_acquired_total"
+# The labels of renderer leases without a GPU on local Docker.
+PLAIN_RENDERERS = {"provider": "local-docker", "kind": "renderer", "gpu": "none"}
 # Set at the end of each sweep (loops/sweeper.py): unix time, on the replica's clock.
 SWEPT = "scheduler_sweep_last_success_timestamp_seconds"
 
@@ -216,16 +219,7 @@ def test_capacity_cap_holds_across_replicas(replicas: Replicas) -> None:
     assert lease_ids_of(containers) == ids
     assert all(c.status == "running" for c in containers)
     assert sorted(c.id for c in containers) == sorted(x["provider_token"] for x in leases)
-    assert (
-        total(
-            group,
-            "scheduler_leases_acquired_total",
-            provider="local-docker",
-            kind="renderer",
-            gpu="none",
-        )
-        == 10
-    )
+    assert total(group, ACQUIRED, **PLAIN_RENDERERS) == 10
 
     # Full on either replica; once one lease is gone, either can take one more.
     for s in group:
@@ -288,16 +282,7 @@ def test_idempotent_acquire_across_replicas(replicas: Replicas) -> None:
     assert lease_ids_of(group[0].containers()) == ids
     for s in group:
         assert listed(s) == ids
-    assert (
-        total(
-            group,
-            "scheduler_leases_acquired_total",
-            provider="local-docker",
-            kind="renderer",
-            gpu="none",
-        )
-        == rounds
-    )
+    assert total(group, ACQUIRED, **PLAIN_RENDERERS) == rounds
 
     # Once released, the same request makes a new lease (on either replica, once).
     first = next(r.json()["lease"] for r in responses)

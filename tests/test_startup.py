@@ -9,7 +9,6 @@ import contextlib
 import getpass
 import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -18,7 +17,15 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from tests.harness import PG_HOST, Scheduler, database_url, free_port, wait_for
+from tests.harness import (
+    PG_HOST,
+    Scheduler,
+    database_url,
+    free_port,
+    printed_lines,
+    run_serve,
+    wait_for,
+)
 
 STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://worker-a:8080"}
 
@@ -37,18 +44,7 @@ def serve(
         "SCHEDULER_INSTANCE": f"t-st-{uuid.uuid4().hex[:8]}",
         **env,
     }
-    return subprocess.run(
-        [sys.executable, "-m", "openalice_scheduler", "serve"],
-        env=full,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def lines_of(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip()]
+    return run_serve(full, tmp_path, timeout)
 
 
 # --- every invalid variable at once ----------------------------------------------------
@@ -73,7 +69,7 @@ def test_every_invalid_variable_is_reported_at_once_without_its_value(tmp_path: 
     result = serve(tmp_path, env)
 
     assert result.returncode == 2, result.stderr
-    lines = lines_of(result.stderr)
+    lines = printed_lines(result.stderr)
     prefix = "openalice-scheduler: invalid configuration: "
     assert all(line.startswith(prefix) for line in lines), lines
     by_variable = {line.removeprefix(prefix).split(":")[0]: line for line in lines}
@@ -102,7 +98,7 @@ def test_a_lone_runpod_without_a_key_is_reported_with_the_other_errors(tmp_path:
         {"INTERNAL_SECRET": "s" * 32, "PROVIDERS": "runpod", "SWEEP_INTERVAL_SECONDS": "0"},
     )
     assert result.returncode == 2, result.stderr
-    assert [line.split(": ")[2] for line in lines_of(result.stderr)] == [
+    assert [line.split(": ")[2] for line in printed_lines(result.stderr)] == [
         "SWEEP_INTERVAL_SECONDS",
         "PROVIDERS",
     ], result.stderr
@@ -142,7 +138,7 @@ def test_a_misspelt_setting_is_warned_about_and_the_service_serves(
 def test_a_misspelling_is_shown_beside_the_error_it_explains(tmp_path: Path) -> None:
     result = serve(tmp_path, {"INTERNAL_SECRT": "s" * 32, **STATIC})
     assert result.returncode == 2, result.stderr
-    assert lines_of(result.stderr) == [
+    assert printed_lines(result.stderr) == [
         "openalice-scheduler: invalid configuration: INTERNAL_SECRET: is required but not set",
         "openalice-scheduler: warning: INTERNAL_SECRT is not a setting; did you mean "
         "INTERNAL_SECRET?",
@@ -169,7 +165,7 @@ def test_an_unreachable_postgresql_is_retried_then_named_in_one_line(tmp_path: P
     took = time.monotonic() - started
 
     assert result.returncode == 2, result.stderr
-    lines = lines_of(result.stderr)
+    lines = printed_lines(result.stderr)
     retries = [line for line in lines if "retrying" in line]
     assert retries and all(f"127.0.0.1:{port} unreachable" in line for line in retries), lines
     assert lines[-1].startswith(
@@ -194,7 +190,7 @@ def test_a_missing_postgresql_database_fails_at_once_without_retrying(tmp_path: 
         timeout=120,
     )
     assert result.returncode == 2, result.stderr
-    assert lines_of(result.stderr) == [
+    assert printed_lines(result.stderr) == [
         f"openalice-scheduler: DATABASE_URL: cannot connect to PostgreSQL at {PG_HOST}:5432: "
         f'database "{missing}" does not exist'
     ], result.stderr
@@ -239,7 +235,7 @@ def test_a_sqlite_path_that_cannot_be_opened_stops_start_up_in_one_line(
             tmp_path, {"INTERNAL_SECRET": "s" * 32, **STATIC, "DATABASE_URL": f"sqlite:///{path}"}
         )
         assert result.returncode == 2, (path, result.stderr)
-        lines = lines_of(result.stderr)
+        lines = printed_lines(result.stderr)
         assert len(lines) == 1, (path, lines)
         assert lines[0].startswith(
             f"openalice-scheduler: DATABASE_URL: cannot open the SQLite database {path}: "

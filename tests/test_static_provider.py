@@ -6,14 +6,13 @@ from __future__ import annotations
 import http.server
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from tests.harness import SECRET, TLS, Scheduler, wait_for
+from tests.harness import SECRET, TLS, Scheduler, printed_lines, run_serve, wait_for
 
 Make = Callable[..., Scheduler]
 POOL = "renderer=http://a:8080,http://b:8080;anim=http://c:9000"
@@ -139,14 +138,7 @@ def _serve(make_scheduler: Make, tmp_path: Path, **env: str) -> subprocess.Compl
     s = make_scheduler(start=False, PROVIDERS="static", **env)
     full = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "STATIC_"))}
     full.update(s.env, SCHEDULER_PORT=str(s.port), PYTHONUNBUFFERED="1")
-    return subprocess.run(
-        [sys.executable, "-m", "openalice_scheduler", "serve"],
-        env=full,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_serve(full, tmp_path)
 
 
 def test_bad_static_workers_stop_start_up_with_one_clear_line(
@@ -164,7 +156,7 @@ def test_bad_static_workers_stop_start_up_with_one_clear_line(
     for value, expected in cases.items():
         env = {} if value is None else {"STATIC_WORKERS": value}
         result = _serve(make_scheduler, tmp_path, **env)
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        lines = printed_lines(result.stderr)
         assert result.returncode != 0, (value, result.stderr)
         assert len(lines) == 1, (value, result.stderr)
         assert "STATIC_WORKERS" in lines[0] and expected in lines[0], (value, lines)

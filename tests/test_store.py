@@ -31,23 +31,13 @@ from openalice_scheduler.store import (
 )
 from openalice_scheduler.store.schema import metadata
 from tests import storeops
-from tests.harness import database_url, wait_for
+from tests.harness import database_url, new_lease_at, wait_for
 
 NOW = 1_800_000_000_000_000
 
 
 def new_lease(expires_in_s: int = 60) -> NewLease:
-    return NewLease(
-        lease_id=str(uuid.uuid4()),
-        kind="renderer",
-        gpu="none",
-        owner_id=None,
-        correlation_id=None,
-        region=None,
-        ttl_seconds=expires_in_s,
-        created_at=NOW,
-        expires_at=NOW + expires_in_s * 1_000_000,
-    )
+    return new_lease_at(NOW, ttl_seconds=expires_in_s)
 
 
 async def test_migrations_build_exactly_the_schema_the_code_uses(store: LeaseStore) -> None:

@@ -18,9 +18,9 @@ from urllib.parse import urljoin
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Locator, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from tests.harness import HTTP, REPO, SECRET, SHARED_ENGINE, Scheduler
+from tests.harness import HTTP, REPO, SECRET, SHARED_ENGINE, Scheduler, scheduler
 from tests.pages import page_references
 
 # One renderer endpoint: a second renderer acquire waits in line until the first ends.
@@ -34,11 +34,8 @@ SHOWN_WITHIN_MS = 15_000
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
-    sched = Scheduler(tmp_path_factory.mktemp("ui"), **STATIC).start()
-    try:
+    with scheduler(tmp_path_factory.mktemp("ui"), **STATIC) as sched:
         yield sched
-    finally:
-        sched.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +50,13 @@ def browser() -> Iterator[Browser]:
             yield launched
         finally:
             launched.close()
+
+
+def sign_in(page: Page, sched: Scheduler) -> None:
+    """Open the dashboard of `sched` and sign in with the secret, as an operator does."""
+    page.goto(f"{sched.url}/ui")
+    page.fill("#secret", SECRET)
+    page.press("#secret", "Enter")
 
 
 def test_the_page_and_its_assets_come_from_the_service_without_the_secret(
@@ -237,9 +241,7 @@ def test_fleet_hosts_show_their_health_and_use(browser: Browser, tmp_path: Path)
             lease = sched.lease(kind="anim", ttl_seconds=300)
             context = browser.new_context()
             page = context.new_page()
-            page.goto(f"{sched.url}/ui")
-            page.fill("#secret", SECRET)
-            page.press("#secret", "Enter")
+            sign_in(page, sched)
             cpu1 = page.locator('#health [data-host="cpu1"]')
             expect(cpu1).to_contain_text("healthy", timeout=SHOWN_WITHIN_MS)
             expect(cpu1).to_contain_text("1 / 2 workers", timeout=SHOWN_WITHIN_MS)
@@ -275,9 +277,7 @@ def test_priced_leases_show_their_price_cost_and_spend_per_owner(
         assert ended_cost > 0
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         page = context.new_page()
-        page.goto(f"{sched.url}/ui")
-        page.fill("#secret", SECRET)
-        page.press("#secret", "Enter")
+        sign_in(page, sched)
         row = page.locator(f'#live tr[data-lease-id="{held["lease_id"]}"]')
         expect(row.locator(".price")).to_have_text("$3.60/h", timeout=SHOWN_WITHIN_MS)
         cost = row.locator(".cost")
@@ -322,9 +322,7 @@ def test_a_preempted_lease_shows_its_class_and_deadline_and_the_line_its_classes
             kind="renderer", owner_id="anim", priority_class="anim", ttl_seconds=3600
         )
         page = browser.new_page()
-        page.goto(f"{sched.url}/ui")
-        page.fill("#secret", SECRET)
-        page.press("#secret", "Enter")
+        sign_in(page, sched)
         row = page.locator(f'#live tr[data-lease-id="{victim["lease_id"]}"]')
         expect(row.locator(".class")).to_have_text("anim", timeout=SHOWN_WITHIN_MS)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Insert, select
 
 from openalice_scheduler.store import LeaseStore
 from openalice_scheduler.store.schema import leases
@@ -23,6 +23,16 @@ from tests.harness import SECRET, Scheduler, wait_for
 # 3.6 $/h: a second held costs a tenth of a cent, so costs show after a short test.
 PRICE = "3.6"
 DAY_US = 86_400_000_000
+# The columns of a lease row that no test here is about.
+LEASE_COLUMNS = {
+    "provider": "local-docker",
+    "kind": "renderer",
+    "gpu": "none",
+    "ttl_seconds": 60,
+    "release_attempts": 0,
+    "endpoint": "",
+    "provider_token": "",
+}
 
 
 @pytest.fixture
@@ -160,6 +170,26 @@ def test_usage_command_shows_spend_per_owner(priced: Scheduler) -> None:
     assert bad.returncode == 2 and "--since" in bad.stderr
 
 
+def lease_row(lease_id: str, created_at: int, **columns: object) -> Insert:
+    """The insert of one row of the leases table: a renderer without a GPU on local
+    Docker for 60 s, no release attempted, expiring, updated and granted when it was
+    created unless `columns` say otherwise (they give its state, release and price)."""
+    made = {"expires_at": created_at, "updated_at": created_at, "granted_at": created_at}
+    return leases.insert().values(
+        lease_id=lease_id, created_at=created_at, **{**LEASE_COLUMNS, **made, **columns}
+    )
+
+
+async def write_rows(store: LeaseStore, inserts: list[Insert]) -> None:
+    """The inserts, in one transaction of the store."""
+
+    def write(conn, *_: object) -> None:  # type: ignore[no-untyped-def]
+        for insert in inserts:
+            conn.execute(insert)
+
+    await store.backend.write(write)
+
+
 async def test_purge_removes_old_ended_leases_only(store: LeaseStore) -> None:
     now = 1_800_000_000_000_000
     old, recent = now - 100 * DAY_US, now - DAY_US
@@ -171,30 +201,13 @@ async def test_purge_removes_old_ended_leases_only(store: LeaseStore) -> None:
         "old-live": ("active", None),
     }
 
-    def insert(conn, *_: object) -> None:  # type: ignore[no-untyped-def]
-        for lease_id, (state, released_at) in rows.items():
-            created = old - DAY_US if lease_id.startswith("old") else recent - DAY_US
-            conn.execute(
-                leases.insert().values(
-                    lease_id=lease_id,
-                    provider="local-docker",
-                    kind="renderer",
-                    gpu="none",
-                    state=state,
-                    ttl_seconds=60,
-                    created_at=created,
-                    expires_at=created,
-                    updated_at=created,
-                    released_at=released_at,
-                    granted_at=created,
-                    price_per_hour=1.0,
-                    release_attempts=0,
-                    endpoint="",
-                    provider_token="",
-                )
-            )
-
-    await store.backend.write(insert)
+    inserts = []
+    for lease_id, (state, released_at) in rows.items():
+        created = old - DAY_US if lease_id.startswith("old") else recent - DAY_US
+        inserts.append(
+            lease_row(lease_id, created, state=state, released_at=released_at, price_per_hour=1.0)
+        )
+    await write_rows(store, inserts)
     # A batch of one: the purge goes on until nothing old is left.
     assert await purge_ended(store.backend, before=now - 90 * DAY_US, batch=1) == 2
     assert await purge_ended(store.backend, before=now - 90 * DAY_US) == 0  # idempotent
@@ -244,7 +257,8 @@ async def test_usage_counts_only_the_part_of_each_lease_inside_the_period(
 ) -> None:
     hour = 3_600_000_000
     since, until = 1_800_000_000_000_000, 1_800_000_000_000_000 + 24 * hour
-    # owner, state, granted_at, released_at, price
+    # Each row's owner, state, granted_at, released_at and price.
+    columns = ("owner_id", "state", "granted_at", "released_at", "price_per_hour")
     rows = {
         "before": ("a", "released", since - 3 * hour, since - hour, 1.0),  # outside
         "across-start": ("a", "released", since - hour, since + 2 * hour, 1.0),  # 2 h in
@@ -253,30 +267,19 @@ async def test_usage_counts_only_the_part_of_each_lease_inside_the_period(
         "never-granted": ("b", "failed", None, since + hour, 2.0),  # nothing
     }
 
-    def insert(conn, *_: object) -> None:  # type: ignore[no-untyped-def]
-        for lease_id, (owner, state, granted, released_at, price) in rows.items():
-            conn.execute(
-                leases.insert().values(
-                    lease_id=lease_id,
-                    provider="local-docker",
-                    kind="renderer",
-                    gpu="none",
-                    state=state,
-                    owner_id=owner,
-                    ttl_seconds=60,
-                    created_at=since - 4 * hour,
-                    expires_at=until,
-                    updated_at=since,
-                    released_at=released_at,
-                    granted_at=granted,
-                    price_per_hour=price,
-                    release_attempts=0,
-                    endpoint="",
-                    provider_token="",
-                )
+    await write_rows(
+        store,
+        [
+            lease_row(
+                lease_id,
+                since - 4 * hour,
+                expires_at=until,
+                updated_at=since,
+                **dict(zip(columns, values, strict=True)),
             )
-
-    await store.backend.write(insert)
+            for lease_id, values in rows.items()
+        ],
+    )
     found = await usage(store.backend, "owner", since=since, until=until, now=until + hour)
     by_owner = dict(found.by_cost())
     assert list(by_owner) == ["b", "a"]  # by cost: b 8 $, a 2 $

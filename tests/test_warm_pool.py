@@ -56,6 +56,14 @@ def wait_idle(sched: Scheduler, n: int, timeout: float = 60, **labels: str) -> N
     wait_for(lambda: idle(sched, **labels) == n, timeout, 0.1, what=f"{n} idle pool workers")
 
 
+def warm_renderers(make_scheduler: Make, n: int, timeout: float = 60, **env: str) -> Scheduler:
+    """A scheduler whose pool of renderers without a GPU holds `n` workers, once all `n`
+    are idle."""
+    sched = make_scheduler(WARM_POOL=f"renderer/none={n}", **env)
+    wait_idle(sched, n, timeout)
+    return sched
+
+
 def handed_over_warm(
     sched: Scheduler, page: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -121,8 +129,7 @@ def burst(sched: Scheduler, bodies: list[dict[str, Any]]) -> list[httpx.Response
 def test_a_warm_acquire_is_served_by_a_ready_worker_and_the_pool_refills(
     make_scheduler: Make,
 ) -> None:
-    sched = make_scheduler(WARM_POOL="renderer/none=2", **POOL_ENV)
-    wait_idle(sched, 2)
+    sched = warm_renderers(make_scheduler, 2, **POOL_ENV)
     pool = by_lease(sched)
     assert len(pool) == 2
     [view] = sched.http.get("/v1/providers").json()
@@ -184,8 +191,9 @@ def test_a_warm_acquire_is_served_by_a_ready_worker_and_the_pool_refills(
 
 
 def test_a_burst_bigger_than_the_pool_is_served_warm_then_cold(make_scheduler: Make) -> None:
-    sched = make_scheduler(WARM_POOL="renderer/none=10", LOCAL_DOCKER_MAX_WORKERS="60", **POOL_ENV)
-    wait_idle(sched, 10, timeout=120)
+    sched = warm_renderers(
+        make_scheduler, 10, timeout=120, LOCAL_DOCKER_MAX_WORKERS="60", **POOL_ENV
+    )
     pool = {cid for cids in by_lease(sched).values() for cid in cids}
 
     responses = burst(sched, [{"owner_id": f"o{i}", "env": {"N": str(i)}} for i in range(50)])
@@ -211,13 +219,13 @@ def test_a_burst_bigger_than_the_pool_is_served_warm_then_cold(make_scheduler: M
 
 
 def test_kill_9_with_idle_and_claimed_pool_workers_leaks_nothing(make_scheduler: Make) -> None:
-    sched = make_scheduler(
-        WARM_POOL="renderer/none=3",
+    sched = warm_renderers(
+        make_scheduler,
+        3,
         WARM_HANDOFF_TIMEOUT_SECONDS="60",
         RECONCILE_INTERVAL_SECONDS="1",
         **POOL_ENV,
     )
-    wait_idle(sched, 3)
     engine = docker_client()
     # The demo worker holds a hand-off while /tmp/handoff-hold exists: the acquire stays
     # between its claim and its hand-off, as a crash would find it.
@@ -380,12 +388,12 @@ def test_warm_pool_alone_gets_a_working_pool_from_the_demo_worker(
 
 def test_an_image_without_the_hand_off_is_not_used_warm(make_scheduler: Make) -> None:
     # A path the demo image has no script for: /openalice/<name> answers 404 there.
-    sched = make_scheduler(
-        WARM_POOL="renderer/none=1",
+    sched = warm_renderers(
+        make_scheduler,
+        1,
         RENDERER_READY_PATH="/healthz",
         WARM_HANDOFF_PATH="/openalice/no-such-hand-off",
     )
-    wait_idle(sched, 1)
     [pool_worker] = list(ids(sched))
     first = sched.lease(kind="renderer")
     assert first["provider_token"] != pool_worker  # went cold
