@@ -10,15 +10,21 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.guardproc import FAST, CutProxy, GuardProcess
 from tests.harness import HTTP, SECRET, Scheduler, wait_for
 from tests.runpod_emulator import RunPodEmulator
+from tests.runpod_setup import (  # noqa: F401 - the fixtures
+    fresh_runpod,
+    pods_of,
+    schedulers_on_runpod,
+)
 from tests.test_lifecycle import container_stops
 
 KEY = "rpk-guard-" + uuid.uuid4().hex
@@ -82,12 +88,7 @@ def docker_workers(sched: Scheduler) -> Alive:
 
 def runpod_workers(runpod: RunPodEmulator, sched: Scheduler) -> Alive:
     def alive(lease_id: str) -> bool:
-        return any(
-            p.name.startswith(f"oa-{sched.instance}-")
-            and lease_id in p.name
-            and p.status != "TERMINATED"
-            for p in runpod.list_pods()
-        )
+        return any(lease_id in p.name and p.status != "TERMINATED" for p in pods_of(runpod, sched))
 
     return alive
 
@@ -220,23 +221,67 @@ def leases_learned(
     return short, long, last
 
 
+@dataclass
+class Guarded:
+    """Two leases a guard has learned of (`leases_learned`): `short` ends in seconds,
+    `long` in 600 s, and `last_contact` is the guard's poll since both exist; their
+    scheduler, the guard, and their provider, which `alive` and `stopped` ask."""
+
+    short: dict[str, Any]
+    long: dict[str, Any]
+    last_contact: float
+    sched: Scheduler
+    guard: GuardProcess
+    provider: str
+    alive: Alive
+    stopped: Stopped
+
+    def only_the_expired_goes(self) -> None:
+        only_the_expired_goes(
+            self.alive, self.stopped, self.guard, self.short, self.long, self.last_contact
+        )
+
+    def back_and_coherent(self) -> None:
+        back_and_coherent(self.sched, self.guard, self.short, self.long, self.alive, self.provider)
+
+
+@contextmanager
+def guarded_leases(
+    sched: Scheduler, provider: str, alive: Alive, stopped: Stopped, **body: Any
+) -> Iterator[Guarded]:
+    """`sched` under a guard (killed at the end) that has learned of two of its leases on
+    `provider` (`body`: what else the leases ask for)."""
+    guard = GuardProcess(sched).start()
+    try:
+        short, long, last = leases_learned(sched, guard, provider, **body)
+        yield Guarded(short, long, last, sched, guard, provider, alive, stopped)
+    finally:
+        guard.kill()
+
+
 # --- Docker ------------------------------------------------------------------------------
+
+
+@contextmanager
+def guarded_on_docker(make_scheduler: Callable[..., Scheduler]) -> Iterator[Guarded]:
+    """A scheduler on Docker and its guarded leases (`guarded_leases`), the containers'
+    stops recorded by the engine while the block runs."""
+    sched = make_scheduler()
+    alive = docker_workers(sched)
+    with (
+        container_stops(sched.instance) as stops,
+        guarded_leases(sched, "local-docker", alive, docker_stops(stops)) as guarded,
+    ):
+        yield guarded
 
 
 def test_docker_worker_destroyed_within_the_bound_when_the_scheduler_is_dead(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    sched = make_scheduler()
-    guard = GuardProcess(sched).start()
-    try:
-        alive = docker_workers(sched)
-        with container_stops(sched.instance) as stops:
-            short, long, last = leases_learned(sched, guard, "local-docker")
-            sched.kill()
-            only_the_expired_goes(alive, docker_stops(stops), guard, short, long, last)
-        back_and_coherent(sched, guard, short, long, alive, "local-docker")
-    finally:
-        guard.kill()
+    with guarded_on_docker(make_scheduler) as guarded:
+        guarded.sched.kill()
+        guarded.only_the_expired_goes()
+        guarded.back_and_coherent()
 
 
 def test_a_guard_killed_mid_silence_resumes_from_its_disk(
@@ -245,22 +290,15 @@ def test_a_guard_killed_mid_silence_resumes_from_its_disk(
     """Killed after the silence began and started again: it still knows the short lease's
     end (without its file it would wait the longest TTL, 8 h, for a worker it has never
     seen in a lease), so the worker goes within the bound; the long lease's stays."""
-    sched = make_scheduler()
-    guard = GuardProcess(sched).start()
-    try:
-        alive = docker_workers(sched)
-        with container_stops(sched.instance) as stops:
-            short, long, last = leases_learned(sched, guard, "local-docker")
-            sched.kill()
-            # The silence has begun: a pass begun after the kill found no scheduler. The
-            # short lease's end + grace is seconds away yet.
-            guard_passes(guard, 2)
-            guard.kill()
-            assert guard.state_file.exists()
-            guard.start()
-            only_the_expired_goes(alive, docker_stops(stops), guard, short, long, last)
-    finally:
-        guard.kill()
+    with guarded_on_docker(make_scheduler) as guarded:
+        guarded.sched.kill()
+        # The silence has begun: a pass begun after the kill found no scheduler. The
+        # short lease's end + grace is seconds away yet.
+        guard_passes(guarded.guard, 2)
+        guarded.guard.kill()
+        assert guarded.guard.state_file.exists()
+        guarded.guard.start()
+        guarded.only_the_expired_goes()
 
 
 def test_a_guard_alone_cut_off_acts_on_what_it_last_learned(
@@ -306,38 +344,19 @@ def test_a_guard_alone_cut_off_acts_on_what_it_last_learned(
 # --- RunPod (the emulator, both transports) ----------------------------------------------
 
 
-@pytest.fixture
-def runpod(runpod_server: RunPodEmulator) -> Iterator[RunPodEmulator]:
-    runpod_server.reset()
-    runpod_server.provision_delay = 0.3
-    yield runpod_server
-
-
 def test_runpod_pod_terminated_within_the_bound_when_the_scheduler_is_dead(
-    make_scheduler: Callable[..., Scheduler],
+    on_runpod: Callable[..., Scheduler],
     runpod: RunPodEmulator,
     api: str,
 ) -> None:
-    sched = make_scheduler(
-        PROVIDERS="runpod",
-        RUNPOD_API=api,
-        RUNPOD_API_KEY=KEY,
-        RUNPOD_API_BASE_URL=runpod.base_url,
-        RUNPOD_POLL_INTERVAL_SECONDS="0.1",
-        RUNPOD_CATALOG_TTL_SECONDS="0",
-        RUNPOD_REQUEST_TIMEOUT_SECONDS="10",
-    )
-    guard = GuardProcess(sched).start()
-    try:
-        alive = runpod_workers(runpod, sched)
-        short, long, last = leases_learned(sched, guard, "runpod", gpu="mid")
-        assert alive(short["lease_id"]) and alive(long["lease_id"])
+    sched = on_runpod(api)
+    alive = runpod_workers(runpod, sched)
+    with guarded_leases(sched, "runpod", alive, runpod_stops(runpod), gpu="mid") as guarded:
+        assert alive(guarded.short["lease_id"]) and alive(guarded.long["lease_id"])
         sched.kill()
-        only_the_expired_goes(alive, runpod_stops(runpod), guard, short, long, last)
-        back_and_coherent(sched, guard, short, long, alive, "runpod")
-        assert KEY not in guard.log()
-    finally:
-        guard.kill()
+        guarded.only_the_expired_goes()
+        guarded.back_and_coherent()
+        assert KEY not in guarded.guard.log()
 
 
 # --- what a scheduler records of its guards ----------------------------------------------

@@ -29,9 +29,17 @@ import pytest
 
 from tests.harness import Scheduler, database_url, wait_for
 from tests.runpod_emulator import RunPodEmulator
+from tests.runpod_setup import (  # noqa: F401 - the fixtures
+    fresh_runpod,
+    pods_of,
+    schedulers_on_runpod,
+)
 
-KEY = "rpk-money-" + uuid.uuid4().hex
+KEY = "rpk-money-" + uuid.uuid4().hex  # the emulator's (conftest's `runpod_server`)
 A6000 = "NVIDIA RTX A6000"  # the cheapest mid GPU in the emulator's catalog (0.49 $/h)
+# GraphQL has no catalog to order the candidates by price: it tries them in the configured
+# order, so the cheapest goes first, where REST puts it too.
+CHEAPEST_FIRST = {"RUNPOD_GPU_MID": f"{A6000},NVIDIA L40S"}
 
 
 def seconds(stamp: str) -> float:
@@ -50,37 +58,20 @@ def spent_so_far(sched: Scheduler, owner: str) -> float:
     return sum(group["cost"] for group in report["groups"] if group["key"] == owner)
 
 
-@pytest.fixture
-def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
-    runpod_server.reset()
-    runpod_server.provision_delay = 0.2
-    return runpod_server
-
-
-@pytest.fixture
-def on_runpod(
-    make_scheduler: Callable[..., Scheduler], runpod: RunPodEmulator
-) -> Callable[..., Scheduler]:
-    def make(api: str = "rest", **env: str) -> Scheduler:
-        return make_scheduler(
-            PROVIDERS="runpod",
-            RUNPOD_API=api,
-            RUNPOD_API_KEY=KEY,
-            RUNPOD_API_BASE_URL=runpod.base_url,
-            RUNPOD_POLL_INTERVAL_SECONDS="0.1",
-            RUNPOD_CATALOG_TTL_SECONDS="0",
-            RUNPOD_GPU_MID=f"{A6000},NVIDIA L40S",
-            **env,
-        )
-
-    return make
+def refused_for_budget(response: httpx.Response, cap: str, limit: float) -> dict[str, Any]:
+    """A 429 `budget_exceeded` naming the cap that refused and its limit: its body."""
+    assert response.status_code == 429, response.text
+    body: dict[str, Any] = response.json()
+    assert body["error"] == "budget_exceeded"
+    assert body["cap"] == cap and body["limit"] == limit
+    return body
 
 
 def test_a_runpod_lease_records_the_pods_own_gpu_type_price_and_cost(
     api: str, on_runpod: Callable[..., Scheduler], runpod: RunPodEmulator
 ) -> None:
     runpod.set_price(A6000, secure=0.61)  # what the pod is billed, not the default 0.49
-    sched = on_runpod(api)
+    sched = on_runpod(api, **CHEAPEST_FIRST)
     lease = sched.lease(gpu="mid", owner_id="anim", ttl_seconds=600)
     assert lease["gpu_type"] == A6000
     assert lease["price_per_hour"] == pytest.approx(0.61)
@@ -110,7 +101,7 @@ def test_a_runpod_cpu_pod_is_priced_by_its_own_answer(
     on_runpod: Callable[..., Scheduler], runpod: RunPodEmulator
 ) -> None:
     """The catalog prices GPUs only: a CPU pod's price comes from the pod itself."""
-    sched = on_runpod("rest")
+    sched = on_runpod("rest", **CHEAPEST_FIRST)
     lease = sched.lease(gpu="none", ttl_seconds=600)
     assert lease["gpu_type"] is None
     assert lease["price_per_hour"] == pytest.approx(0.08)  # cpu5c: 2 vCPU × 0.04 $/h
@@ -119,41 +110,38 @@ def test_a_runpod_cpu_pod_is_priced_by_its_own_answer(
 def test_a_cap_below_every_runpod_price_refuses_naming_the_cheapest(
     on_runpod: Callable[..., Scheduler], runpod: RunPodEmulator
 ) -> None:
-    sched = on_runpod("rest", OWNER_BUDGETS="anim=0.4/h")
+    sched = on_runpod("rest", **CHEAPEST_FIRST, OWNER_BUDGETS="anim=0.4/h")
     refused = sched.acquire(gpu="mid", owner_id="anim", ttl_seconds=600)
-    assert refused.status_code == 429, refused.text
-    body = refused.json()
-    assert body["error"] == "budget_exceeded"
-    assert body["cap"] == "OWNER_BUDGETS (anim=0.4/h)" and body["limit"] == 0.4
+    body = refused_for_budget(refused, "OWNER_BUDGETS (anim=0.4/h)", 0.4)
     assert body["cheapest_refused_price"] == pytest.approx(0.49)
     assert body["owner_cost_per_hour"] == 0
-    assert not [p for p in runpod.list_pods() if p.name.startswith(f"oa-{sched.instance}-")]
+    assert not pods_of(runpod, sched)
     # Another owner has no cap.
     assert sched.lease(gpu="mid", owner_id="live", ttl_seconds=600)[
         "price_per_hour"
     ] == pytest.approx(0.49)
 
 
+# Two providers for gpu=none at two prices: static at 2 $/h, Docker at 0.5 $/h.
+TWO_PRICES = {
+    "PROVIDERS": "static,local-docker",
+    "STATIC_WORKERS": "renderer=http://127.0.0.1:9",
+    "STATIC_PRICE_PER_HOUR": "2",
+    "LOCAL_DOCKER_PRICE_PER_HOUR": "none=0.5,entry=3",
+}
+
+
 def test_providers_over_the_hourly_cap_are_skipped_then_refused(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    sched = make_scheduler(
-        PROVIDERS="static,local-docker",
-        STATIC_WORKERS="renderer=http://127.0.0.1:9",
-        STATIC_PRICE_PER_HOUR="2",
-        LOCAL_DOCKER_PRICE_PER_HOUR="none=0.5,entry=3",
-        MAX_COST_PER_HOUR_PER_OWNER="1",
-    )
+    sched = make_scheduler(**TWO_PRICES, MAX_COST_PER_HOUR_PER_OWNER="1")
     first = sched.lease(owner_id="anim", ttl_seconds=600)
     second = sched.lease(owner_id="anim", ttl_seconds=600)
     # Static (2 $/h) breaks the 1 $/h cap alone: both went to Docker at 0.5 $/h.
     assert [first["provider"], second["provider"]] == ["local-docker"] * 2
     assert first["price_per_hour"] == 0.5 and first["gpu_type"] is None
     refused = sched.acquire(owner_id="anim", ttl_seconds=600)
-    assert refused.status_code == 429, refused.text
-    body = refused.json()
-    assert body["error"] == "budget_exceeded"
-    assert body["cap"] == "MAX_COST_PER_HOUR_PER_OWNER" and body["limit"] == 1
+    body = refused_for_budget(refused, "MAX_COST_PER_HOUR_PER_OWNER", 1)
     assert body["owner_cost_per_hour"] == pytest.approx(1.0)
     assert body["cheapest_refused_price"] == 0.5
     assert "MAX_COST_PER_HOUR_PER_OWNER" in body["message"]
@@ -225,9 +213,7 @@ def test_the_daily_cap_holds_across_a_restart(make_scheduler: Callable[..., Sche
         SCHEDULER_INSTANCE=sched.instance, DATABASE_URL=sched.env["DATABASE_URL"], **env
     )
     refused = again.acquire(owner_id="anim", ttl_seconds=600)
-    assert refused.status_code == 429, refused.text
-    body = refused.json()
-    assert body["cap"] == "MAX_SPEND_PER_DAY_PER_OWNER" and body["limit"] == 3
+    body = refused_for_budget(refused, "MAX_SPEND_PER_DAY_PER_OWNER", 3)
     assert body["owner_spend_24h"] == pytest.approx(spent, rel=1e-6)
     assert not again.containers()
     assert again.lease(owner_id="live", ttl_seconds=600)["price_per_hour"] == 3600

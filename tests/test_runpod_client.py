@@ -23,28 +23,16 @@ from openalice_scheduler.providers.runpod.client import (
 )
 from tests.harness import wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
+from tests.runpod_setup import fresh_runpod, make_client  # noqa: F401 - the fixture
 
 KEY = "rpk-client-" + uuid.uuid4().hex
 APIS = ["rest", "graphql"]
 L40S = "NVIDIA L40S"
-CLIENTS: dict[str, type[RunPodClient]] = {"rest": RestClient, "graphql": GraphQLClient}
-
-
-@pytest.fixture
-def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
-    runpod_server.reset()
-    return runpod_server
-
-
-def make_client(
-    api: str, base_url: str, *, key: str = KEY, timeout: float = 5.0, backoff: float = 0.05
-) -> RunPodClient:
-    return CLIENTS[api](key, base_url, timeout=timeout, backoff=backoff)
 
 
 @pytest.fixture
 async def client(api: str, runpod: RunPodEmulator) -> AsyncIterator[RunPodClient]:
-    c = make_client(api, runpod.base_url)
+    c = make_client(api, runpod.base_url, KEY)
     yield c
     await c.close()
 
@@ -101,7 +89,7 @@ async def test_create_read_list_terminate(
 
 
 async def test_graphql_sends_data_only_as_variables(runpod: RunPodEmulator) -> None:
-    client = make_client("graphql", runpod.base_url)
+    client = make_client("graphql", runpod.base_url, KEY)
     name = 'oa-inject-" } mutation { podTerminate(input: {podId: "x"}) }'
     pod = await client.create_pod(pod_request(name))
     await client.get_pod(pod.id)
@@ -136,7 +124,7 @@ async def test_rest_catalog_has_price_and_stock(runpod: RunPodEmulator) -> None:
     runpod.set_price(L40S, secure=1.23, community=0.45)
     runpod.set_stock(L40S, "LOW")
     runpod.set_data_center_stock("EU-RO-1", "NONE", gpu_id=L40S)
-    client = make_client("rest", runpod.base_url)
+    client = make_client("rest", runpod.base_url, KEY)
     catalog = {gpu.id: gpu for gpu in await client.gpu_catalog() or []}
     await client.close()
     l40s = catalog[L40S]
@@ -148,7 +136,7 @@ async def test_rest_catalog_has_price_and_stock(runpod: RunPodEmulator) -> None:
 
 
 async def test_graphql_has_no_catalog(runpod: RunPodEmulator) -> None:
-    client = make_client("graphql", runpod.base_url)
+    client = make_client("graphql", runpod.base_url, KEY)
     assert await client.gpu_catalog() is None
     await client.close()
     assert runpod.calls() == []
@@ -157,14 +145,27 @@ async def test_graphql_has_no_catalog(runpod: RunPodEmulator) -> None:
 # --- the error table, row by row, on each transport ------------------------------------
 
 
-async def test_422_contract_break_fails_without_retry(
-    api: str, client: RunPodClient, runpod: RunPodEmulator
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (422, ErrorKind.invalid),  # a contract break
+        (401, ErrorKind.unauthorized),  # a key refused (here a switched fault)
+        (402, ErrorKind.payment),  # the balance too low
+        (403, ErrorKind.forbidden),  # no access
+    ],
+)
+async def test_a_refused_create_fails_without_retry(
+    api: str, client: RunPodClient, runpod: RunPodEmulator, status: int, kind: ErrorKind
 ) -> None:
-    runpod.fail_next(422, op="create")
+    """A create refused for a reason that trying again cannot change is reported as what
+    it is, at once: one call, certain, and no pod."""
+    runpod.fail_next(status, op="create")
     with pytest.raises(RunPodError) as caught:
         await client.create_pod(pod_request())
-    assert caught.value.kind == ErrorKind.invalid and not caught.value.uncertain
+    assert caught.value.kind == kind and not caught.value.uncertain
     assert runpod.call_count("create") == 1 and runpod.list_pods() == []
+    if status == 402:  # RunPod's words say which account problem it is
+        assert "balance" in caught.value.detail.lower()
 
 
 async def test_a_body_the_api_refuses_is_invalid(
@@ -211,7 +212,7 @@ async def test_an_unknown_data_center_is_a_rejection_not_a_missing_pod(
 
 
 async def test_401_bad_key_fails_fast(api: str, runpod: RunPodEmulator) -> None:
-    client = make_client(api, runpod.base_url, key="rpk-wrong-" + uuid.uuid4().hex)
+    client = make_client(api, runpod.base_url, "rpk-wrong-" + uuid.uuid4().hex)
     for call in (
         client.create_pod(pod_request()),
         client.list_pods(),
@@ -224,32 +225,6 @@ async def test_401_bad_key_fails_fast(api: str, runpod: RunPodEmulator) -> None:
     await client.close()
     assert len(runpod.calls()) == 4  # one call each: never retried
     assert runpod.list_pods() == []
-
-
-async def test_401_from_a_switched_fault(
-    api: str, client: RunPodClient, runpod: RunPodEmulator
-) -> None:
-    runpod.fail_next(401, op="create")
-    with pytest.raises(RunPodError) as caught:
-        await client.create_pod(pod_request())
-    assert caught.value.kind == ErrorKind.unauthorized
-    assert runpod.call_count("create") == 1
-
-
-async def test_402_low_balance(api: str, client: RunPodClient, runpod: RunPodEmulator) -> None:
-    runpod.fail_next(402, op="create")
-    with pytest.raises(RunPodError) as caught:
-        await client.create_pod(pod_request())
-    assert caught.value.kind == ErrorKind.payment and "balance" in caught.value.detail.lower()
-    assert runpod.call_count("create") == 1 and runpod.list_pods() == []
-
-
-async def test_403_no_access(api: str, client: RunPodClient, runpod: RunPodEmulator) -> None:
-    runpod.fail_next(403, op="create")
-    with pytest.raises(RunPodError) as caught:
-        await client.create_pod(pod_request())
-    assert caught.value.kind == ErrorKind.forbidden
-    assert runpod.call_count("create") == 1 and runpod.list_pods() == []
 
 
 @pytest.mark.parametrize("op", ["create", "list", "read", "terminate"])
@@ -307,7 +282,7 @@ SAFE_CALLS = [
 async def test_5xx_on_a_safe_call_is_retried_with_backoff(
     api: str, runpod: RunPodEmulator, status: int, op: str
 ) -> None:
-    client = make_client(api, runpod.base_url, backoff=0.1)
+    client = make_client(api, runpod.base_url, KEY, backoff=0.1)
     pod = await client.create_pod(pod_request())
     runpod.fail_next(status, count=2, op=op)
     started = time.monotonic()
@@ -356,7 +331,7 @@ async def test_5xx_on_create_is_not_repeated_by_the_client(
 
 
 async def test_slow_create_times_out_as_uncertain(api: str, runpod: RunPodEmulator) -> None:
-    client = make_client(api, runpod.base_url, timeout=0.3)
+    client = make_client(api, runpod.base_url, KEY, timeout=0.3)
     runpod.set_delay(2.0, op="create")
     started = time.monotonic()
     with pytest.raises(RunPodError) as caught:
@@ -372,7 +347,7 @@ async def test_slow_create_times_out_as_uncertain(api: str, runpod: RunPodEmulat
 
 
 async def test_slow_reads_are_retried_then_reported(api: str, runpod: RunPodEmulator) -> None:
-    client = make_client(api, runpod.base_url, timeout=0.2)
+    client = make_client(api, runpod.base_url, KEY, timeout=0.2)
     runpod.set_delay(0.5, op="list")
     with pytest.raises(RunPodError) as caught:
         await client.list_pods()
@@ -389,7 +364,7 @@ async def test_unreachable_api_is_reported(api: str) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = make_client(api, f"http://127.0.0.1:{port}", timeout=1)
+    client = make_client(api, f"http://127.0.0.1:{port}", KEY, timeout=1)
     with pytest.raises(RunPodError) as caught:
         await client.list_pods()
     assert caught.value.kind == ErrorKind.unreachable

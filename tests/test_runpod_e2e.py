@@ -26,6 +26,7 @@ from tests.dockerproxy import DockerProxy
 from tests.harness import HTTP, Scheduler, wait_for
 from tests.otlp_receiver import OtlpReceiver
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
+from tests.runpod_setup import fresh_runpod, schedulers_on_runpod  # noqa: F401 - the fixtures
 from tests.test_lifecycle import passes
 
 KEY = "rpk-e2e-" + uuid.uuid4().hex
@@ -35,43 +36,20 @@ VERBOSE = "debug,httpx=debug,httpcore=debug"
 
 
 @pytest.fixture
-def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
-    runpod_server.reset()
-    runpod_server.provision_delay = 0.3
-    return runpod_server
-
-
-@pytest.fixture
-def start(
-    make_scheduler: Callable[..., Scheduler], runpod: RunPodEmulator
-) -> Iterator[Callable[..., Scheduler]]:
-    """Start a scheduler with both providers pointed at the emulator. At the end of the
-    test, the key must be in none of their logs."""
+def start(on_runpod: Callable[..., Scheduler]) -> Iterator[Callable[..., Scheduler]]:
+    """Start a scheduler with both providers, RunPod pointed at the emulator. At the end of
+    the test, the key must be in none of their logs."""
     started: list[tuple[Scheduler, str]] = []
 
     def make(api: str = "rest", *, key: str = KEY, **env: str) -> Scheduler:
-        settings = {
-            "PROVIDERS": "local-docker,runpod",
-            "RUNPOD_API": api,
-            "RUNPOD_API_KEY": key,
-            "RUNPOD_API_BASE_URL": runpod.base_url,
-            "RUNPOD_POLL_INTERVAL_SECONDS": "0.1",
-            "RUNPOD_CATALOG_TTL_SECONDS": "0",
-            "RUNPOD_REQUEST_TIMEOUT_SECONDS": "10",
-            "RUST_LOG": VERBOSE,
-            **env,
-        }
-        sched = make_scheduler(**settings)
+        both = {"PROVIDERS": "local-docker,runpod", "RUST_LOG": VERBOSE}
+        sched = on_runpod(api, key=key, **(both | env))
         started.append((sched, key))
         return sched
 
     yield make
     for sched, key in started:
         assert key not in sched.log(), f"RUNPOD_API_KEY in the log of {sched.instance}"
-
-
-def pods_of(runpod: RunPodEmulator, sched: Scheduler) -> list[Any]:
-    return [p for p in runpod.list_pods() if p.name.startswith(f"oa-{sched.instance}-")]
 
 
 def make_pod(runpod: RunPodEmulator, name: str) -> str:

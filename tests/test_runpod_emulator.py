@@ -17,8 +17,11 @@ import pytest
 from tests.harness import wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 from tests.runpod_emulator.openapi import OpenApiSchemas
+from tests.runpod_setup import fresh_runpod  # noqa: F401 - the fixture
 
-API_KEY = "rp-test-key-d41d8cd98f00b204"
+KEY = "rp-test-key-d41d8cd98f00b204"  # the emulator's (conftest's `runpod_server`)
+# A new pod runs at once unless a test says otherwise: its statuses are looked at directly.
+PROVISION_DELAY = 0
 GPU = "NVIDIA GeForce RTX 4090"
 OTHER_GPU = "NVIDIA RTX A5000"
 PROBLEM = "application/problem+json"
@@ -38,26 +41,14 @@ LIST = "query { myself { pods { id name desiredStatus env } } }"
 # ---------------------------------------------------------------------- fixtures & helpers
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunPodEmulator]:
-    with RunPodEmulator(API_KEY) as emulator:
-        yield emulator
-
-
-@pytest.fixture
-def runpod(server: RunPodEmulator) -> RunPodEmulator:
-    server.reset()
-    return server
-
-
 def http_client(base_url: str, **options: Any) -> httpx.Client:
     # Plain HTTP on loopback: skip loading the CA bundle, which costs ~50 ms per client.
     return httpx.Client(base_url=base_url, verify=False, timeout=10, **options)
 
 
 @pytest.fixture(scope="module")
-def shared_client(server: RunPodEmulator) -> Iterator[httpx.Client]:
-    with http_client(server.base_url, headers=server.auth_headers) as c:
+def shared_client(runpod_server: RunPodEmulator) -> Iterator[httpx.Client]:
+    with http_client(runpod_server.base_url, headers=runpod_server.auth_headers) as c:
         yield c
 
 
@@ -280,9 +271,9 @@ def test_unknown_path_and_method_answer_problem_json(client: httpx.Client) -> No
     [
         ({}, {}),
         ({"Authorization": "Bearer wrong-key"}, {}),
-        ({"Authorization": f"Basic {API_KEY}"}, {}),
-        ({"Authorization": API_KEY}, {}),
-        ({}, {"api_key": API_KEY}),  # RunPod takes it, the driver must not: refused here
+        ({"Authorization": f"Basic {KEY}"}, {}),
+        ({"Authorization": KEY}, {}),
+        ({}, {"api_key": KEY}),  # RunPod takes it, the driver must not: refused here
     ],
     ids=["none", "wrong", "basic", "no-scheme", "query-param"],
 )
@@ -295,7 +286,7 @@ def test_bad_key_is_401_on_both_apis(
     assert_problem(rest, 401)
     assert graphql.status_code == 401
     assert graphql.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
-    assert API_KEY not in rest.text + graphql.text
+    assert KEY not in rest.text + graphql.text
     assert runpod.list_pods() == []
     assert [call.status for call in runpod.calls()] == [401, 401]
 
@@ -673,7 +664,7 @@ def test_call_log_records_operations_but_never_the_key(
     assert runpod.call_count("createPod") == 1 and runpod.call_count("create") == 2
     assert runpod.calls("create")[0].body["env"]["LEASE_ID"] == "lease1"
     state = client.get("/_emulator/state").json()
-    assert len(state["calls"]) == 4 and API_KEY not in json.dumps(state)
+    assert len(state["calls"]) == 4 and KEY not in json.dumps(state)
 
 
 def test_http_control_sets_faults_and_resets(runpod: RunPodEmulator, client: httpx.Client) -> None:

@@ -25,33 +25,24 @@ from openalice_scheduler.errors import (
     ProvisionFailed,
     ReleaseFailed,
 )
-from openalice_scheduler.lifecycle import LeaseService
+from openalice_scheduler.lifecycle import SYSTEM_CLOCK, LeaseService
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
 from openalice_scheduler.loops import Alarm, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
 from openalice_scheduler.providers.base import WorkerSpec
 from openalice_scheduler.providers.runpod import RunPodProvider
-from openalice_scheduler.providers.runpod.client import (
-    GraphQLClient,
-    PodRequest,
-    RestClient,
-)
+from openalice_scheduler.providers.runpod.client import Pod, PodRequest
 from openalice_scheduler.store import LeaseStore, open_store
 from tests.harness import SECRET, wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
+from tests.runpod_emulator.state import Pod as EmulatedPod
+from tests.runpod_setup import fresh_runpod, make_client  # noqa: F401 - the fixture
 
 KEY = "rpk-provider-" + uuid.uuid4().hex
 MID = ["NVIDIA L40S", "NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX A6000"]
 L40S, ADA, A6000 = MID
 ENTRY = ["NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000", "NVIDIA GeForce RTX 3090"]
-
-
-@pytest.fixture
-def runpod(runpod_server: RunPodEmulator) -> RunPodEmulator:
-    runpod_server.reset()
-    runpod_server.provision_delay = 0.2
-    return runpod_server
 
 
 def settings(runpod: RunPodEmulator, api: str, **overrides: Any) -> Settings:
@@ -80,10 +71,8 @@ async def make_provider(
         api: str, *, key: str = KEY, backoff: float = 0.05, **overrides: Any
     ) -> RunPodProvider:
         config = settings(runpod, api, runpod_api_key=key, **overrides)
-        client_class = RestClient if api == "rest" else GraphQLClient
-        client = client_class(
-            key, runpod.base_url, timeout=config.runpod_request_timeout_seconds, backoff=backoff
-        )
+        timeout = config.runpod_request_timeout_seconds
+        client = make_client(api, runpod.base_url, key, timeout=timeout, backoff=backoff)
         provider = RunPodProvider(config, client=client)
         made.append(provider)
         return provider
@@ -99,18 +88,18 @@ def provider(api: str, make_provider: Callable[..., RunPodProvider]) -> RunPodPr
 
 
 def spec(
-    gpu: GpuClass = GpuClass.mid,
-    kind: WorkerKind = WorkerKind.renderer,
-    region: str | None = None,
-    env: dict[str, str] | None = None,
+    gpu: GpuClass = GpuClass.mid, kind: WorkerKind = WorkerKind.renderer, **details: Any
 ) -> WorkerSpec:
-    return WorkerSpec(
-        lease_id=str(uuid.uuid4()),
-        kind=kind,
-        gpu=gpu,
-        region=region,
-        expires_at=datetime.now(UTC) + timedelta(hours=1),
-        env=env or {},
+    """The worker of a new lease of an hour; `details` (region, env) as WorkerSpec takes
+    them."""
+    an_hour = datetime.now(UTC) + timedelta(hours=1)
+    return WorkerSpec(lease_id=str(uuid.uuid4()), kind=kind, gpu=gpu, expires_at=an_hour, **details)
+
+
+async def make_pod(provider: RunPodProvider, name: str) -> Pod:
+    """A pod named `name`, made behind the provider's back with its own client."""
+    return await provider.client.create_pod(
+        PodRequest(name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S)
     )
 
 
@@ -118,6 +107,31 @@ async def until(predicate: Callable[[], Any], what: str, timeout: float = 10) ->
     """The shared poll (`wait_for`) of the emulator's state, run off the loop, where the
     provider under test goes on meanwhile."""
     return await asyncio.to_thread(wait_for, predicate, timeout, what=what)
+
+
+async def left_starting(
+    runpod: RunPodEmulator, provision: Awaitable[Any]
+) -> tuple[asyncio.Future[Any], EmulatedPod]:
+    """`provision` begun in a task, once its pod is created: the task, and the pod, which
+    stays starting (not RUNNING for 30 s) while the test does something to it."""
+    runpod.provision_delay = 30
+    task = asyncio.ensure_future(provision)
+    await until(runpod.list_pods, "the pod to be created")
+    [pod] = runpod.list_pods()
+    return task, pod
+
+
+def polling(
+    make_provider: Callable[..., RunPodProvider],
+    runpod: RunPodEmulator,
+    api: str,
+    every: float,
+    pods_run_after: float,
+) -> RunPodProvider:
+    """A provider that looks at its starting pods `every` so many seconds, and pods that run
+    `pods_run_after` seconds after their create: the pace that the test is about."""
+    runpod.provision_delay = pods_run_after
+    return make_provider(api, runpod_poll_interval_seconds=every)
 
 
 def create_bodies(runpod: RunPodEmulator) -> list[dict[str, Any]]:
@@ -365,15 +379,21 @@ async def test_catalog_is_cached_and_shared(
 # --- the error table, as the provider acts on it ------------------------------------------
 
 
-async def test_422_fails_without_retry_or_other_candidates(
-    api: str, provider: RunPodProvider, runpod: RunPodEmulator
+@pytest.mark.parametrize("status", [422, 402])
+async def test_422_or_402_fails_without_retry_or_other_candidates(
+    api: str, provider: RunPodProvider, runpod: RunPodEmulator, status: int
 ) -> None:
-    runpod.fail_next(422, op="create")
+    """A contract break (422) or a balance too low (402) would be the same on every
+    candidate: the provision fails at once, for good, after the one create."""
+    runpod.fail_next(status, op="create")
     with pytest.raises(ProviderError) as caught:
         await provider.provision(spec())
     assert not caught.value.transient
+    # The one create; on GraphQL, which reads no catalog before it, the one call at all.
     assert len(runpod.calls("create") if api == "rest" else runpod.calls()) == 1
     assert runpod.list_pods() == []
+    if status == 402:  # RunPod's words say which account problem it is
+        assert "balance" in caught.value.message.lower()
 
 
 async def test_400_moves_to_the_next_candidate(
@@ -485,16 +505,6 @@ async def test_401_fails_fast_and_marks_the_provider_unavailable(
     assert not (await good.available(spec())).ok
 
 
-async def test_402_stops_at_the_first_candidate(
-    api: str, provider: RunPodProvider, runpod: RunPodEmulator
-) -> None:
-    runpod.fail_next(402, op="create")
-    with pytest.raises(ProviderError) as caught:
-        await provider.provision(spec())
-    assert not caught.value.transient and "balance" in caught.value.message.lower()
-    assert runpod.call_count("create") == 1 and runpod.list_pods() == []
-
-
 async def test_403_skips_the_candidate(
     api: str, provider: RunPodProvider, runpod: RunPodEmulator
 ) -> None:
@@ -574,9 +584,7 @@ async def test_duplicates_found_by_name_are_destroyed(
     several pods of this lease, one is kept and the others destroyed."""
     worker_spec = spec()
     name = provider.pod_name(worker_spec.lease_id)
-    await provider.client.create_pod(
-        PodRequest(name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S)
-    )
+    await make_pod(provider, name)
     runpod.fail_next(500, op="create", after_create=True)
     worker = await provider.provision(worker_spec)
     [pod] = runpod.list_pods()
@@ -586,10 +594,7 @@ async def test_duplicates_found_by_name_are_destroyed(
 async def test_pod_that_dies_while_starting_is_destroyed(
     api: str, provider: RunPodProvider, runpod: RunPodEmulator
 ) -> None:
-    runpod.provision_delay = 30
-    task = asyncio.ensure_future(provider.provision(spec()))
-    await until(runpod.list_pods, "the pod to be created")
-    [pod] = runpod.list_pods()
+    task, pod = await left_starting(runpod, provider.provision(spec()))
     runpod.set_pod_status(pod.id, "EXITED")
     with pytest.raises(ProviderError) as caught:
         await asyncio.wait_for(task, 10)
@@ -603,12 +608,8 @@ async def test_dead_pod_that_cannot_be_terminated_still_fails_cleanly(
     """The provider's error stays a ProviderError (never a raw client error, which the
     service would answer with a 500), and the service's clean-up by name removes the pod."""
     stack = await make_stack(api)
-    runpod.provision_delay = 30
-    task = asyncio.ensure_future(
-        stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
-    )
-    await until(runpod.list_pods, "the pod to be created")
-    [pod] = runpod.list_pods()
+    request = LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid)
+    task, pod = await left_starting(runpod, stack.service.acquire(request))
     runpod.fail_next(500, count=4, op="terminate")  # every try of the first terminate
     runpod.set_pod_status(pod.id, "ERROR" if api == "rest" else "EXITED")
     with pytest.raises(ProvisionFailed) as caught:
@@ -621,8 +622,7 @@ async def test_dead_pod_that_cannot_be_terminated_still_fails_cleanly(
 async def test_a_fast_pod_is_not_kept_waiting_a_whole_poll_interval(
     api: str, make_provider: Callable[..., RunPodProvider], runpod: RunPodEmulator
 ) -> None:
-    provider = make_provider(api, runpod_poll_interval_seconds=10)
-    runpod.provision_delay = 0
+    provider = polling(make_provider, runpod, api, every=10, pods_run_after=0)
     started = time.monotonic()
     await provider.provision(spec())
     assert time.monotonic() - started < 5  # well within the 10 s poll interval
@@ -631,10 +631,8 @@ async def test_a_fast_pod_is_not_kept_waiting_a_whole_poll_interval(
 async def test_pod_that_vanishes_while_starting_fails_the_provision(
     api: str, provider: RunPodProvider, runpod: RunPodEmulator
 ) -> None:
-    runpod.provision_delay = 30
-    task = asyncio.ensure_future(provider.provision(spec()))
-    await until(runpod.list_pods, "the pod to be created")
-    runpod.vanish_pod(runpod.list_pods()[0].id)
+    task, pod = await left_starting(runpod, provider.provision(spec()))
+    runpod.vanish_pod(pod.id)
     with pytest.raises(ProviderError) as caught:
         await asyncio.wait_for(task, 10)
     assert "disappeared" in caught.value.message
@@ -643,11 +641,9 @@ async def test_pod_that_vanishes_while_starting_fails_the_provision(
 async def test_many_starting_pods_cost_one_call_per_round(
     api: str, make_provider: Callable[..., RunPodProvider], runpod: RunPodEmulator
 ) -> None:
-    provider = make_provider(api, runpod_poll_interval_seconds=0.1)
-    runpod.provision_delay = 1.0
-    specs = [spec() for _ in range(20)]
+    provider = polling(make_provider, runpod, api, every=0.1, pods_run_after=1.0)
     started = time.monotonic()
-    workers = await asyncio.gather(*(provider.provision(s) for s in specs))
+    workers = await asyncio.gather(*(provider.provision(spec()) for _ in range(20)))
     took = time.monotonic() - started
     assert len({w.provider_token for w in workers}) == 20
     assert all(p.status == "RUNNING" for p in runpod.list_pods())
@@ -663,8 +659,7 @@ async def test_a_steady_stream_of_new_pods_never_postpones_the_look(
     """A new pod arriving more often than the poll interval must not keep resetting the
     shared watcher's wait: every pod is still seen running about a poll interval after
     it runs."""
-    provider = make_provider(api, runpod_poll_interval_seconds=0.5)
-    runpod.provision_delay = 0.3
+    provider = polling(make_provider, runpod, api, every=0.5, pods_run_after=0.3)
 
     async def timed() -> float:
         started = time.monotonic()
@@ -687,8 +682,7 @@ async def test_a_steady_stream_of_new_pods_never_postpones_the_look(
 async def test_one_bad_pod_among_many_fails_alone(
     api: str, make_provider: Callable[..., RunPodProvider], runpod: RunPodEmulator
 ) -> None:
-    provider = make_provider(api, runpod_poll_interval_seconds=0.1)
-    runpod.provision_delay = 2.0
+    provider = polling(make_provider, runpod, api, every=0.1, pods_run_after=2.0)
     specs = [spec() for _ in range(6)]
     tasks = [asyncio.ensure_future(provider.provision(s)) for s in specs]
     await until(lambda: len(runpod.list_pods()) >= 6, "the 6 pods to be created")
@@ -712,8 +706,7 @@ async def test_one_bad_pod_among_many_fails_alone(
 async def test_a_cancelled_wait_leaves_the_others_waiting(
     api: str, make_provider: Callable[..., RunPodProvider], runpod: RunPodEmulator
 ) -> None:
-    provider = make_provider(api, runpod_poll_interval_seconds=0.1)
-    runpod.provision_delay = 1.0
+    provider = polling(make_provider, runpod, api, every=0.1, pods_run_after=1.0)
     first = asyncio.ensure_future(provider.provision(spec()))
     second = asyncio.ensure_future(provider.provision(spec()))
     await until(lambda: len(runpod.list_pods()) >= 2, "both pods to be created")
@@ -754,15 +747,7 @@ async def test_release_without_token_destroys_every_pod_of_the_lease(
 ) -> None:
     mine, other = spec(), spec()
     for s in (mine, mine, other):
-        await provider.client.create_pod(
-            PodRequest(
-                name=provider.pod_name(s.lease_id),
-                env={},
-                ports=["8080/http"],
-                image="x",
-                gpu_type_id=L40S,
-            )
-        )
+        await make_pod(provider, provider.pod_name(s.lease_id))
     await provider.release("", mine.lease_id)
     [left] = runpod.list_pods()
     assert left.name == provider.pod_name(other.lease_id)
@@ -791,9 +776,7 @@ async def test_list_workers_keeps_only_this_instances_pods(
         "someone-elses-pod",
         f"oa-{provider.instance}x-{uuid.uuid4()}",
     ):
-        await provider.client.create_pod(
-            PodRequest(name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S)
-        )
+        await make_pod(provider, name)
     workers = await provider.list_workers()
     assert list(workers) == [a.lease_id]
     [info] = workers[a.lease_id]
@@ -804,17 +787,17 @@ async def test_list_workers_keeps_only_this_instances_pods(
 
 
 class Clock:
-    """The service's one clock (lifecycle/clock.py): the machine's, wall and monotonic
-    time moved ahead together by the test (`move`) where a rule waits for time to pass."""
+    """The service's one clock (lifecycle/clock.py): the machine's, moved ahead by the test
+    (`move`) where a rule waits for time to pass; wall and monotonic time move together."""
 
     def __init__(self) -> None:
         self.ahead = 0.0
 
     def now(self) -> datetime:
-        return datetime.now(UTC) + timedelta(seconds=self.ahead)
+        return SYSTEM_CLOCK.now() + timedelta(seconds=self.ahead)
 
     def monotonic(self) -> float:
-        return time.monotonic() + self.ahead
+        return SYSTEM_CLOCK.monotonic() + self.ahead
 
     def move(self, seconds: float) -> None:
         self.ahead += seconds
@@ -851,7 +834,7 @@ async def make_stack(
             provision_timeout=20,
         )
         reconciler = Reconciler(service, NoOpTracer(), 60, replica_timeout=30)
-        sweeper = Sweeper(service, Alarm(clock), NoOpTracer(), 60)
+        sweeper = Sweeper(service, Alarm(service.now_us), NoOpTracer(), 60)
         return Stack(service, provider, reconciler, sweeper, clock)
 
     yield make
@@ -972,16 +955,14 @@ async def test_reconcile_destroys_orphans_and_duplicates_only_of_this_instance(
     stack = await make_stack(api)
     provider = stack.provider
     record = await stack.service.acquire(LeaseRequest(kind=WorkerKind.renderer, gpu=GpuClass.mid))
-
-    def make_pod(name: str) -> Awaitable[Any]:
-        return provider.client.create_pod(
-            PodRequest(name=name, env={}, ports=["8080/http"], image="x", gpu_type_id=L40S)
-        )
-
-    await make_pod(provider.pod_name(record.lease_id))  # a duplicate of the lease's pod
-    await make_pod(provider.pod_name(record.lease_id))
-    await make_pod(provider.pod_name(str(uuid.uuid4())))  # an orphan: no lease at all
-    foreign = [await make_pod(f"oa-other-{uuid.uuid4()}"), await make_pod("hand-made")]
+    lease_pod = provider.pod_name(record.lease_id)
+    await make_pod(provider, lease_pod)  # a duplicate of the lease's pod
+    await make_pod(provider, lease_pod)
+    await make_pod(provider, provider.pod_name(str(uuid.uuid4())))  # an orphan: no lease at all
+    foreign = [
+        await make_pod(provider, f"oa-other-{uuid.uuid4()}"),
+        await make_pod(provider, "hand-made"),
+    ]
     totals = await stack.reconciler.run_once()
     assert totals == {"failed": 0, "orphans": 3, "lost": 0}
     assert sorted(p.id for p in runpod.list_pods()) == sorted(
