@@ -245,7 +245,7 @@ async def test_429_waits_retry_after_then_repeats_the_call(
         await client.terminate_pod(pod.id)
     elapsed = time.monotonic() - started
     assert elapsed >= 0.95, f"did not wait Retry-After (took {elapsed:.2f} s)"
-    assert elapsed < 4
+    assert elapsed < 15, "waited far longer than Retry-After (1 s)"  # generous: a loaded host
     calls = runpod.calls(op)[before:]
     assert [c.status for c in calls] == [
         429,
