@@ -1,13 +1,16 @@
 """The core's rules about time, tested with its clock moved instead of sleeping, and its
 table of states: the service in this process over a real store and the static provider
-(whose workers already run, so no engine is under test here)."""
+(whose workers already run), or a real Docker engine where a rule is about making or
+destroying a worker (a release's retries, the warm pool's target, idle time and backoff)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,11 +25,14 @@ from openalice_scheduler.errors import (
     ReleaseFailed,
     WorkerLost,
 )
+from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lifecycle import LeaseService, states
 from openalice_scheduler.lifecycle.admission import Priorities
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
+from openalice_scheduler.lifecycle.pooling import Pool
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import (
+    GpuClass,
     LeaseRequest,
     LeaseState,
     LostCause,
@@ -36,6 +42,7 @@ from openalice_scheduler.models import (
 from openalice_scheduler.priorities import parse_priority_classes
 from openalice_scheduler.providers import WorkerDeath, WorkerEnded
 from openalice_scheduler.providers.docker import LocalDockerProvider
+from openalice_scheduler.providers.probe import ReadyProbe
 from openalice_scheduler.providers.static import StaticProvider
 from openalice_scheduler.store import LeaseRecord, LeaseStore, open_store, to_us
 from tests.dockerproxy import DockerProxy
@@ -204,11 +211,18 @@ async def test_a_preempted_lease_runs_its_grace_on_the_moved_clock_then_goes(
         await store.close()
 
 
-async def test_a_failed_release_is_retried_after_1_2_4_s_on_the_moved_clock(
-    tmp_path: Path, clock: Clock
-) -> None:
-    # A real Docker engine behind a proxy the test cuts off: the release cannot be
-    # confirmed, and is retried after 1, 2, 4 … s (at most 30), on the service's clock.
+@dataclass
+class OnDocker:
+    service: LeaseService
+    cut: DockerProxy  # the engine as the service reaches it; cut off by the test
+
+
+@contextlib.asynccontextmanager
+async def on_docker(
+    tmp_path: Path, clock: Clock, image: str = WORKER_IMAGE
+) -> AsyncIterator[OnDocker]:
+    """The service on the test's clock over a real Docker engine, reached through a
+    proxy the test can cut off; its workers of `image`. Everything it made is removed."""
     where = Path(tempfile.mkdtemp(prefix="oa-cut-", dir="/tmp"))
     instance = f"t-{uuid.uuid4().hex[:10]}"
     with DockerProxy(where / "docker.sock").start() as cut:
@@ -217,36 +231,114 @@ async def test_a_failed_release_is_retried_after_1_2_4_s_on_the_moved_clock(
             scheduler_instance=instance,
             docker_network=f"oa-{instance}",
             docker_host=cut.url,
-            renderer_image=WORKER_IMAGE,
+            renderer_image=image,
             local_gpu_devices="",
         )
-        store = open_store(f"sqlite:///{tmp_path / 'retry.db'}")
+        store = open_store(f"sqlite:///{tmp_path / f'{instance}.db'}")
         await store.migrate()
         provider = LocalDockerProvider(settings)
         service = LeaseService(
-            store, [provider], OrderedFirstAvailable(), Metrics(), NoOpTracer(), clock=clock
+            store,
+            [provider],
+            OrderedFirstAvailable(),
+            Metrics(),
+            NoOpTracer(),
+            clock=clock,
+            probe=ReadyProbe.from_settings(settings),  # a worker is made once it answers
         )
         try:
-            lease = await service.acquire(LeaseRequest(kind=WorkerKind.renderer))
-            cut.stop()
-            with pytest.raises(ReleaseFailed):
-                await service.release(lease.lease_id, None)
-            for wait in (1, 2, 4):
-                record = await service.get(lease.lease_id)
-                assert record.next_attempt_at == clock_us(clock) + wait * 1_000_000
-                clock.move(wait - 0.001)
-                assert await service.release_due() == 0  # not due yet
-                clock.move(0.001)
-                assert await service.release_due() == 1  # tried, and failed again
-            cut.start()
-            clock.move(8)
-            assert await service.release_due() == 1
-            assert (await service.get(lease.lease_id)).state == LeaseState.released
+            yield OnDocker(service, cut)
         finally:
             cut.start()
             await provider.close()
             await store.close()
             remove_instance(instance, f"oa-{instance}")
+
+
+async def test_a_failed_release_is_retried_after_1_2_4_s_on_the_moved_clock(
+    tmp_path: Path, clock: Clock
+) -> None:
+    # The engine cut off: the release cannot be confirmed, and is retried after 1, 2,
+    # 4 … s (at most 30), on the service's clock.
+    async with on_docker(tmp_path, clock) as docker:
+        service, cut = docker.service, docker.cut
+        lease = await service.acquire(LeaseRequest(kind=WorkerKind.renderer))
+        cut.stop()
+        with pytest.raises(ReleaseFailed):
+            await service.release(lease.lease_id, None)
+        for wait in (1, 2, 4):
+            record = await service.get(lease.lease_id)
+            assert record.next_attempt_at == clock_us(clock) + wait * 1_000_000
+            clock.move(wait - 0.001)
+            assert await service.release_due() == 0  # not due yet
+            clock.move(0.001)
+            assert await service.release_due() == 1  # tried, and failed again
+        cut.start()
+        clock.move(8)
+        assert await service.release_due() == 1
+        assert (await service.get(lease.lease_id)).state == LeaseState.released
+
+
+def open_pool(service: LeaseService, target: int, max_idle_seconds: float) -> Pool:
+    """The service's warm pool of `target` idle renderers (no GPU)."""
+    return service.open_pool(
+        {(WorkerKind.renderer.value, GpuClass.none.value): target},
+        HandOff("/lease", 5),
+        max_idle_seconds=max_idle_seconds,
+        idle_gauge=Metrics().pool_idle,
+    )
+
+
+async def test_a_pool_keeps_its_target_and_replaces_an_idle_worker_at_its_time(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Filled to its target and no further; an idle worker is replaced once it has been
+    idle WARM_POOL_MAX_IDLE_SECONDS on the service's clock, not a moment before."""
+    async with on_docker(tmp_path, clock) as docker:
+        pool = open_pool(docker.service, target=1, max_idle_seconds=60)
+        try:
+            assert await pool.refill() == {"recycled": 0, "warmed": 1}
+            [first] = await pool.store.idle()
+            assert await pool.refill() == {"recycled": 0, "warmed": 0}  # its target met
+
+            clock.move(59.999)
+            assert await pool.refill() == {"recycled": 0, "warmed": 0}
+            clock.move(0.001)
+            assert await pool.refill() == {"recycled": 1, "warmed": 1}
+            [second] = await pool.store.idle()
+            assert second.lease_id != first.lease_id
+            assert (await docker.service.store.get(first.lease_id)).state == "released"
+            assert second.expires_at == clock_us(clock) + 60 * 1_000_000
+        finally:
+            await pool.handoff.close()
+
+
+async def test_a_pool_that_cannot_make_a_worker_tries_again_after_1_then_2_s(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A pool worker that cannot be made (its image is not on the engine) is tried
+    again after 1 s, then 2 s, … on the service's clock: never sooner, so a broken
+    provider is not asked on every pass."""
+
+    def creates(cut: DockerProxy) -> int:
+        return sum("/containers/create" in seen for seen in cut.seen)
+
+    async with on_docker(tmp_path, clock, image="openalice-no-such-image:none") as docker:
+        pool = open_pool(docker.service, target=1, max_idle_seconds=60)
+        try:
+            assert await pool.refill() == {"recycled": 0, "warmed": 0}
+            tried = creates(docker.cut)
+            assert tried == 1
+            for wait in (1, 2):
+                clock.move(wait - 0.001)
+                assert await pool.refill() == {"recycled": 0, "warmed": 0}
+                assert creates(docker.cut) == tried, "asked again before its backoff"
+                clock.move(0.001)
+                assert await pool.refill() == {"recycled": 0, "warmed": 0}
+                assert creates(docker.cut) == tried + 1, "not asked again after its backoff"
+                tried += 1
+        finally:
+            await pool.handoff.close()
 
 
 def clock_us(clock: Clock) -> int:
