@@ -98,6 +98,45 @@ def runpod_server(request: pytest.FixtureRequest) -> Iterator[RunPodEmulator]:
         yield emulator
 
 
+# How long a new pod takes to run, unless the module says otherwise (`PROVISION_DELAY`):
+# a moment, as on RunPod, so that a driver's wait for RUNNING is exercised.
+RUNPOD_PROVISION_DELAY = 0.3
+
+
+@pytest.fixture(name="runpod")
+def fresh_runpod(runpod_server: RunPodEmulator, request: pytest.FixtureRequest) -> RunPodEmulator:
+    """The module's RunPod emulator as new: no pods, calls, faults or switches; a new pod
+    runs `PROVISION_DELAY` seconds after its create (the test module's, if it sets one)."""
+    runpod_server.reset()
+    delay = getattr(request.module, "PROVISION_DELAY", RUNPOD_PROVISION_DELAY)
+    runpod_server.provision_delay = delay
+    return runpod_server
+
+
+@pytest.fixture(name="on_runpod")
+def schedulers_on_runpod(
+    make_scheduler: Callable[..., Scheduler], runpod: RunPodEmulator
+) -> Callable[..., Scheduler]:
+    """Start a scheduler process (conftest's `make_scheduler`: cleaned up after the test)
+    whose provider is RunPod on transport `api`, pointed at the emulator with its key
+    (`key` another): quick to see a pod run, a fresh look at the catalog each time. `env`
+    adds to that environment or overrides it (`PROVIDERS` for more providers)."""
+
+    def start(api: str = "rest", *, key: str | None = None, **env: str) -> Scheduler:
+        settings = {
+            "PROVIDERS": "runpod",
+            "RUNPOD_API": api,
+            "RUNPOD_API_KEY": key or runpod.api_key,
+            "RUNPOD_API_BASE_URL": runpod.base_url,
+            "RUNPOD_POLL_INTERVAL_SECONDS": "0.1",
+            "RUNPOD_CATALOG_TTL_SECONDS": "0",
+            "RUNPOD_REQUEST_TIMEOUT_SECONDS": "10",
+        }
+        return make_scheduler(**(settings | env))
+
+    return start
+
+
 @pytest.fixture(scope="module")
 def modal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModalEmulator]:
     """One Modal emulator per test module, on a Docker network of its own (its log in

@@ -20,11 +20,7 @@ import httpx
 from tests.guardproc import FAST, CutProxy, GuardProcess
 from tests.harness import HTTP, SECRET, Scheduler, wait_for
 from tests.runpod_emulator import RunPodEmulator
-from tests.runpod_setup import (  # noqa: F401 - the fixtures
-    fresh_runpod,
-    pods_of,
-    schedulers_on_runpod,
-)
+from tests.runpod_setup import pods_of
 from tests.test_lifecycle import container_stops
 
 KEY = "rpk-guard-" + uuid.uuid4().hex

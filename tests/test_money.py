@@ -29,11 +29,7 @@ import pytest
 
 from tests.harness import Scheduler, database_url, wait_for
 from tests.runpod_emulator import RunPodEmulator
-from tests.runpod_setup import (  # noqa: F401 - the fixtures
-    fresh_runpod,
-    pods_of,
-    schedulers_on_runpod,
-)
+from tests.runpod_setup import pods_of
 
 KEY = "rpk-money-" + uuid.uuid4().hex  # the emulator's (conftest's `runpod_server`)
 A6000 = "NVIDIA RTX A6000"  # the cheapest mid GPU in the emulator's catalog (0.49 $/h)

@@ -23,7 +23,7 @@ from openalice_scheduler.providers.runpod.client import (
 )
 from tests.harness import wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
-from tests.runpod_setup import fresh_runpod, make_client  # noqa: F401 - the fixture
+from tests.runpod_setup import make_client
 
 KEY = "rpk-client-" + uuid.uuid4().hex
 APIS = ["rest", "graphql"]

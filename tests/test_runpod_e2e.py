@@ -26,7 +26,6 @@ from tests.dockerproxy import DockerProxy
 from tests.harness import HTTP, Scheduler, wait_for
 from tests.otlp_receiver import OtlpReceiver
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
-from tests.runpod_setup import fresh_runpod, schedulers_on_runpod  # noqa: F401 - the fixtures
 from tests.test_lifecycle import passes
 
 KEY = "rpk-e2e-" + uuid.uuid4().hex

@@ -17,7 +17,6 @@ import pytest
 from tests.harness import wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 from tests.runpod_emulator.openapi import OpenApiSchemas
-from tests.runpod_setup import fresh_runpod  # noqa: F401 - the fixture
 
 KEY = "rp-test-key-d41d8cd98f00b204"  # the emulator's (conftest's `runpod_server`)
 # A new pod runs at once unless a test says otherwise: its statuses are looked at directly.

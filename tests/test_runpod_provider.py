@@ -37,7 +37,7 @@ from openalice_scheduler.store import LeaseStore, open_store
 from tests.harness import SECRET, wait_for
 from tests.runpod_emulator import NO_CAPACITY_MESSAGE, RunPodEmulator
 from tests.runpod_emulator.state import Pod as EmulatedPod
-from tests.runpod_setup import fresh_runpod, make_client  # noqa: F401 - the fixture
+from tests.runpod_setup import make_client
 
 KEY = "rpk-provider-" + uuid.uuid4().hex
 MID = ["NVIDIA L40S", "NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX A6000"]
