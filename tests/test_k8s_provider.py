@@ -498,12 +498,16 @@ def test_a_pod_deleted_behind_the_scheduler_s_back_ends_its_lease_and_a_404_is_g
     # remained answered 404: the worker is gone, which is what was asked (no retry).
     lost(sched, lease, "unknown", None)
     assert sched.release(lease["lease_id"]).status_code == 404
-    codes = [
-        r["code"]
-        for r in kube.requests()
-        if r["verb"] == "delete" and r["name"] == lease["provider_token"]
-    ]
-    assert 404 in codes
+
+    def deletes() -> list[int]:
+        return [
+            r["code"]
+            for r in kube.requests()
+            if r["verb"] == "delete" and r["name"] == lease["provider_token"]
+        ]
+
+    # The lease ends first, then what remains is deleted: waited for, not raced.
+    wait_for(lambda: 404 in deletes(), 30, what="the scheduler's delete answered 404")
 
 
 def test_k8s_gpu_classes_read_resource_count_and_node_labels() -> None:
