@@ -203,7 +203,7 @@ def test_a_sandbox_that_exits_ends_its_lease_and_frees_its_room(
     renewal_refused_as_lost(sched, lease, "exited", 3)
     # The room is free at once; what remains of the sandbox is terminated.
     assert sched.acquire(kind="renderer").status_code == 200
-    assert terminated_by_scheduler(modal, lease)
+    wait_for(lambda: terminated_by_scheduler(modal, lease), 30, what="the sandbox terminated")
     assert asked(modal, lease)["result"]["returncode"] == 3  # its own end, kept
     assert sched.metric("scheduler_workers_lost_total", provider="modal", cause="exited") == 1
     assert sched.metric("scheduler_leases_released_total", provider="modal", reason="lost") == 1

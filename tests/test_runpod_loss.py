@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import HTTP, Scheduler
+from tests.harness import HTTP, Scheduler, wait_for
 from tests.loss import end_of, lease_now, lost, renewal_refused_as_lost
 from tests.runpod_emulator import RunPodEmulator
 from tests.test_modal_loss import EVERY_SECOND, reconcile_passes
@@ -118,7 +118,7 @@ def test_an_exited_pod_ends_its_lease_frees_its_room_and_is_terminated(
     # The room is free at once; the pod is terminated, not left to bill.
     served = sched.acquire(kind="renderer", gpu="mid")
     assert served.status_code == 200, served.text
-    assert terminated(runpod, lease)
+    wait_for(lambda: terminated(runpod, lease), 30, what="the pod terminated")
     assert pod_ids(runpod) == [served.json()["lease"]["provider_token"]]
     assert sched.metric("scheduler_workers_lost_total", provider="runpod", cause="exited") == 1
     assert sched.metric("scheduler_leases_released_total", provider="runpod", reason="lost") == 1
@@ -135,7 +135,7 @@ def test_a_pod_in_error_ends_its_lease_as_unknown(
     runpod.set_pod_status(failed["provider_token"], "ERROR")
     lost(sched, failed, "unknown", None)
     renewal_refused_as_lost(sched, failed, "unknown", None)
-    assert terminated(runpod, failed)
+    wait_for(lambda: terminated(runpod, failed), 30, what="the pod terminated")
     assert lease_now(sched, kept)["state"] == "active"
     assert pod_ids(runpod) == [kept["provider_token"]]
     assert sched.metric("scheduler_workers_lost_total", provider="runpod", cause="unknown") == 1
