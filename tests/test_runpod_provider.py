@@ -834,7 +834,7 @@ async def make_stack(
             provision_timeout=20,
         )
         reconciler = Reconciler(service, NoOpTracer(), 60, replica_timeout=30)
-        sweeper = Sweeper(service, Alarm(service.now_us), NoOpTracer(), 60)
+        sweeper = Sweeper(service, Alarm(clock), NoOpTracer(), 60)
         return Stack(service, provider, reconciler, sweeper, clock)
 
     yield make
