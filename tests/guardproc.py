@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import subprocess
 import threading
 
+from tests.forked import Forked
 from tests.harness import Scheduler, free_port, kill_process, spawn_command
 
 # Short enough for a test, each a knob of its own: poll 0.5 s, silence 3 s, grace 2 s.
@@ -34,7 +34,7 @@ class GuardProcess:
             **env,
         }
         self.workdir = sched.workdir
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Forked | None = None
 
     @property
     def guard_id(self) -> str:

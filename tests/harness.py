@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,7 +19,9 @@ from typing import Any
 import docker
 import httpx
 
+from openalice_scheduler.client.core import LIMITS
 from openalice_scheduler.store import NewLease
+from tests.forked import Forked, run_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 # One TLS context for every HTTP client of the tests: httpx makes a new one, loading the
@@ -96,37 +97,21 @@ def free_port() -> int:
     raise AssertionError(f"no free port in {first}..{first + _PORT_BLOCK - 1}")
 
 
-def spawn_command(
-    command: str, env: dict[str, str], log_path: Path, cwd: Path
-) -> subprocess.Popen[bytes]:
-    """`python -m openalice_scheduler <command>` as a child process: this process's
-    environment without its OTEL_ and RUST_LOG settings, then `env`; its output,
-    unbuffered, appended to `log_path`."""
+def spawn_command(command: str, env: dict[str, str], log_path: Path, cwd: Path) -> Forked:
+    """`openalice-scheduler <command>` as a process of its own (forked with the server
+    already imported: tests/forked.py): this process's environment without its OTEL_ and
+    RUST_LOG settings, then `env`; its output, unbuffered, appended to `log_path`."""
     full = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RUST_LOG"))}
     full.update(env, PYTHONUNBUFFERED="1")
-    with open(log_path, "ab") as log:  # the child has a copy of the file of its own
-        return subprocess.Popen(
-            [sys.executable, "-m", "openalice_scheduler", command],
-            env=full,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-        )
+    return Forked(command, full, cwd, log_path, log_path)
 
 
 def run_serve(
     env: dict[str, str], cwd: Path, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m openalice_scheduler serve` with exactly `env`, run to its end (a start-up
-    that is refused, say), what it printed kept as text."""
-    return subprocess.run(
-        [sys.executable, "-m", "openalice_scheduler", "serve"],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`openalice-scheduler serve` with exactly `env`, run to its end (a start-up that is
+    refused, say), what it printed kept as text."""
+    return run_to_end("serve", env, cwd, timeout)
 
 
 def printed_lines(text: str) -> list[str]:
@@ -134,14 +119,14 @@ def printed_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def kill_process(proc: subprocess.Popen[bytes] | None) -> None:
+def kill_process(proc: Forked | subprocess.Popen[bytes] | None) -> None:
     """kill -9 `proc` if it still runs, and reap it."""
     if proc is not None and proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None, grace: float) -> None:
+def stop_process(proc: Forked | subprocess.Popen[bytes] | None, grace: float) -> None:
     """SIGTERM `proc` if it still runs; kill -9 if it has not ended after `grace` s."""
     if proc is not None and proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -185,10 +170,14 @@ class Scheduler:
             **env,
         }
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Forked | None = None
         self.log_path = workdir / f"scheduler-{self.instance}.log"
         self.http = httpx.Client(
-            verify=TLS, base_url=self.url, headers={"X-Internal-Secret": SECRET}, timeout=60
+            verify=TLS,
+            base_url=self.url,
+            headers={"X-Internal-Secret": SECRET},
+            timeout=60,
+            limits=LIMITS,  # as the client's: never a connection the service is closing
         )
 
     # --- process ---------------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""`openalice-scheduler serve` and `guard` processes forked from an interpreter that has
+already imported the server, instead of each started from nothing.
+
+The suite starts some 350 of them; each spent about 1 s of CPU importing the same modules
+(SQLAlchemy, FastAPI, the Docker SDK, our own) before it could answer, a quarter of what
+the suite's two cores did. Each is still a process of its own, with its own environment,
+working directory, output and exit code, serving real HTTP: only the imports are done once,
+by the standard library's fork server (`multiprocessing`'s "forkserver" start method), which
+forks each one from an interpreter that imported them when it started and has done nothing
+else (no threads, no sockets, no event loop).
+
+`Forked` answers as much of `subprocess.Popen` as the tests use (`pid`, `poll`, `wait`,
+`returncode`, `send_signal`, `kill`). The entry point itself (`python -m
+openalice_scheduler`) is still started from nothing where that is the case: the image's
+tests, the CLI's, `scripts/serve-demo`'s."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+# What `serve` and `guard` import on their way to answering (measured with
+# `python -X importtime -m openalice_scheduler serve`). A name that fails to import is
+# skipped by the fork server, and imported by the child that needs it.
+PRELOAD = [
+    "openalice_scheduler.cli",
+    "openalice_scheduler.startup",
+    "openalice_scheduler.app",
+    "openalice_scheduler.server",
+    "openalice_scheduler.guard",
+    "openalice_scheduler.providers",
+    "openalice_scheduler.providers.docker",
+    "openalice_scheduler.store.sqlite",
+    "uvicorn",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.websockets.wsproto_impl",
+    "uvicorn.lifespan.on",
+    "uvloop",
+]
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(PRELOAD)
+
+
+def _run(command: str, env: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """In the forked child: become `python -m openalice_scheduler <command>` run in `cwd`
+    with exactly `env`, its output appended to `out` and `err` (one file or two)."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(file, fd)
+        os.close(file)
+    # As PYTHONUNBUFFERED does for a process started from nothing: a line is in the file
+    # once written, even if the process is killed next.
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[union-attr]
+    from openalice_scheduler.cli import app
+
+    app(args=[command], prog_name="openalice-scheduler")
+
+
+class Forked:
+    """A forked `openalice-scheduler <command>`, answering like `subprocess.Popen`."""
+
+    def __init__(self, command: str, env: dict[str, str], cwd: Path, out: Path, err: Path):
+        self.args = ["openalice-scheduler", command]
+        # daemon: a test session that ends (or is interrupted) with one still running
+        # stops it (SIGTERM) instead of waiting for it.
+        self._process = _CONTEXT.Process(
+            target=_run, args=(command, env, str(cwd), str(out), str(err)), daemon=True
+        )
+        self._process.start()
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code (minus the signal that ended it), or None while it runs."""
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def run_to_end(
+    command: str, env: dict[str, str], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`openalice-scheduler <command>` with exactly `env`, run to its end, what it wrote to
+    stdout and to stderr kept apart as text (as `subprocess.run(capture_output=True)`)."""
+    out = cwd / f".forked-{os.getpid()}-{id(env)}.out"
+    err = out.with_suffix(".err")
+    for path in (out, err):
+        path.write_bytes(b"")
+    proc = Forked(command, env, cwd, out, err)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise
+    finally:
+        texts = [path.read_text(errors="replace") for path in (out, err)]
+        for path in (out, err):
+            path.unlink(missing_ok=True)
+    return subprocess.CompletedProcess(proc.args, code, stdout=texts[0], stderr=texts[1])
