@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from openalice_scheduler.client.core import LIMITS
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 WORKER_IMAGE = "openalice-demo-worker:latest"
@@ -241,7 +243,10 @@ class Service:
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.http = httpx.Client(
-            base_url=self.url, headers={"X-Internal-Secret": self.secret}, timeout=120
+            base_url=self.url,
+            headers={"X-Internal-Secret": self.secret},
+            timeout=120,
+            limits=LIMITS,
         )
 
     @property

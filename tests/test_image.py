@@ -31,6 +31,7 @@ import docker
 import httpx
 import pytest
 
+from openalice_scheduler.client.core import LIMITS
 from tests import guardproc
 from tests.harness import (
     INSTANCE_LABEL,
@@ -265,7 +266,7 @@ class Replica:
     port: int = 8080
     http: httpx.Client = field(
         default_factory=lambda: httpx.Client(
-            verify=TLS, timeout=60, headers={"X-Internal-Secret": SECRET}
+            verify=TLS, timeout=60, headers={"X-Internal-Secret": SECRET}, limits=LIMITS
         )
     )
 

@@ -13,7 +13,14 @@ from typing import TypeVar
 
 import httpx
 
-from openalice_scheduler.client.core import DEFAULT_TIMEOUT_S, States, _Call, _Core, _lease_request
+from openalice_scheduler.client.core import (
+    DEFAULT_TIMEOUT_S,
+    LIMITS,
+    States,
+    _Call,
+    _Core,
+    _lease_request,
+)
 from openalice_scheduler.client.decoding import _decode
 from openalice_scheduler.client.renewal import (
     HeldLease,
@@ -62,6 +69,7 @@ class AsyncSchedulerClient:
             base_url=self._core.url,
             headers=self._core.auth,
             timeout=timeout,
+            limits=LIMITS,
             transport=transport,
         )
 

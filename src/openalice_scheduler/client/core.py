@@ -37,6 +37,12 @@ DEFAULT_TIMEOUT_S = 30.0
 # An acquire waits `wait_seconds` in line and then for the provision, which the service
 # bounds by PROVISION_TIMEOUT_SECONDS (default 600 s): the read timeout covers both.
 ACQUIRE_TIMEOUT_S = 660.0
+# A kept-alive connection is given up after 2 s idle: the service closes one after 5 s
+# (server.py, KEEP_ALIVE_S), and a request sent on a connection the service is closing at
+# that moment fails without an answer ("Server disconnected"), an acquire included, which
+# is sent once. httpx's own default (5 s) is the service's, the race at every 5 s pause.
+KEEPALIVE_EXPIRY_S = 2.0
+LIMITS = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
 
 T = TypeVar("T")
 States = LeaseState | str | Iterable[LeaseState | str]

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from openalice_scheduler.client.core import LIMITS
 from openalice_scheduler.errors import ProviderError
 from openalice_scheduler.guard.memory import Memory
 from openalice_scheduler.logs import lease_ref
@@ -50,7 +51,10 @@ class Guard:
         self.clock = clock
         self.memory = Memory.load(state_file, clock())
         self.client = httpx.AsyncClient(
-            timeout=min(poll, 10.0), follow_redirects=False, headers={"X-Internal-Secret": secret}
+            timeout=min(poll, 10.0),
+            follow_redirects=False,
+            headers={"X-Internal-Secret": secret},
+            limits=LIMITS,  # a poll never reuses a connection the scheduler is closing
         )
         self._said_silent = False
 
