@@ -200,21 +200,32 @@ def leases_learned(
     sched: Scheduler, guard: GuardProcess, provider: str, short_ttl: int = 5, **body: Any
 ) -> tuple[dict[str, Any], dict[str, Any], float]:
     """A `short_ttl` (5 s) and a 600 s lease, once the guard has polled since both
-    exist; and that poll's time, the guard's last contact as the scheduler shows it."""
+    exist; and that poll's time, the guard's last contact as the scheduler shows it.
+    The short one has at least half its TTL left then: the caller's next step (killing
+    the scheduler, say) must come before its end, or the scheduler, still alive, ends it
+    itself (a loaded machine once took a cold start and a poll past it). So it is made
+    last, and renewed, and learned again, for as long as it has less."""
     wait_for(
         lambda: contact(sched, guard, provider) is not None,
         timeout=60,
         what="the guard's first poll",
     )
-    short = sched.lease(ttl_seconds=short_ttl, **body)
     long = sched.lease(ttl_seconds=600, **body)
-    made = time.time()
-    last = wait_for(
-        lambda: polled_since(sched, guard, provider, made),
-        timeout=30,
-        what="a poll of the guard after both leases",
-    )
-    return short, long, last
+    short = sched.lease(ttl_seconds=short_ttl, **body)
+    while True:
+        made = time.time()
+        last = wait_for(
+            lambda made=made: polled_since(sched, guard, provider, made),
+            timeout=30,
+            what="a poll of the guard after both leases",
+        )
+        if at(short["expires_at"]) - time.time() >= short_ttl / 2:
+            return short, long, last
+        renewed = sched.http.post(
+            f"/v1/lease/{short['lease_id']}/renew", json={"ttl_seconds": short_ttl}
+        )
+        assert renewed.status_code == 200, renewed.text
+        short = renewed.json()
 
 
 @dataclass
