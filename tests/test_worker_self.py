@@ -154,7 +154,10 @@ def test_the_demo_worker_stops_itself_when_the_scheduler_dies_and_its_deadline_p
     image: dict[str, str],
 ) -> None:
     sched, _public = reachable(make_scheduler, image)
-    lease = sched.lease(kind="renderer", ttl_seconds=8, env={"SELF_CHECK_SECONDS": "1"})
+    # The renewal must reach the worker before the first TTL ends (or the scheduler ends
+    # the lease): 12 s and 16 s leave a machine loaded with other tests' containers (each
+    # `docker exec` below then takes a second) room for it; 8 s and 10 s once did not.
+    lease = sched.lease(kind="renderer", ttl_seconds=12, env={"SELF_CHECK_SECONDS": "1"})
     container = docker_client().containers.get(lease["provider_token"])
     # The worker asks the scheduler, and learns of a renewal that way (a cold worker
     # gets no hand-on).
@@ -164,7 +167,7 @@ def test_the_demo_worker_stops_itself_when_the_scheduler_dies_and_its_deadline_p
         0.2,
         what="the worker asking after its lease",
     )
-    renewed = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 10})
+    renewed = sched.http.post(f"/v1/lease/{lease['lease_id']}/renew", json={"ttl_seconds": 16})
     assert renewed.status_code == 200
     deadline = renewed.json()["expires_at"]
     wait_for(
