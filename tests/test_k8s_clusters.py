@@ -21,6 +21,7 @@ from lightkube.resources.core_v1 import Pod
 from tests.harness import WORKER_IMAGE, Scheduler, free_port, printed_lines, wait_for
 from tests.k8s_emulator import KubeEmulator
 from tests.k8s_emulator.clusters import aks_gpu_node, cpu_node, gke_gpu_node
+from tests.k8s_emulator.scheduling import validate_nodes
 from tests.k8s_emulator.taints import tolerates, untolerated
 from tests.test_k8s_provider import documented_role
 from tests.test_lifecycle import serve
@@ -297,6 +298,11 @@ def test_the_toleration_rule_is_kubernetes_own() -> None:
     prefer = {"key": "spot", "value": "true", "effect": "PreferNoSchedule"}
     assert untolerated([prefer], []) is None  # only scores the node lower
     assert untolerated([prefer, gpu], []) == gpu
+    # A node's taints, as --nodes and set_nodes take them, are checked.
+    [node] = validate_nodes([gke_gpu_node("g", "nvidia-l4")])
+    assert node["taints"] == [gpu]
+    with pytest.raises(ValueError, match="effect"):
+        validate_nodes([{"name": "n", "taints": [{"key": "k", "effect": "Sometimes"}]}])
 
 
 def lightkube_client(kube: KubeEmulator) -> lightkube.Client:
@@ -360,9 +366,14 @@ def test_the_emulators_kubelet_refuses_a_root_image_under_run_as_non_root(
             return (status.get("state") or {}).get("waiting")
         return None
 
-    wait_for(lambda: waiting() is not None, 60, what="the container's waiting state")
+    # (ContainerCreating first, as the kubelet gets to it.)
+    wait_for(
+        lambda: (waiting() or {}).get("reason") == "CreateContainerConfigError",
+        60,
+        what="the kubelet's refusal",
+    )
     state = waiting()
-    assert state is not None and state["reason"] == "CreateContainerConfigError"
+    assert state is not None
     assert state["message"].startswith("container has runAsNonRoot and image will run as root")
     # With a numeric non-root user it starts.
     client.create(
@@ -374,3 +385,33 @@ def test_the_emulators_kubelet_refuses_a_root_image_under_run_as_non_root(
         60,
         what="the non-root pod to run",
     )
+
+
+def test_tolerations_and_label_presets_read_as_documented() -> None:
+    from openalice_scheduler.config.kubernetes import parse_gpu_classes
+    from openalice_scheduler.config.kubernetes_pods import (
+        Toleration,
+        parse_tolerations,
+        with_gpu_labels,
+    )
+
+    assert parse_tolerations(
+        "entry=sku=gpu:NoSchedule@nvidia.com/gpu, none=*, high=a:NoExecute"
+    ) == {
+        "entry": [
+            Toleration("sku", "Equal", "gpu", "NoSchedule"),
+            Toleration("nvidia.com/gpu", "Exists", None, None),
+        ],
+        "none": [Toleration(None, "Exists", None, None)],
+        "high": [Toleration("a", "Exists", None, "NoExecute")],
+    }
+    assert parse_tolerations("") == {}
+    # A class's own labels in K8S_GPU_CLASSES win over the preset; the others get it.
+    classes = parse_gpu_classes(
+        "entry=nvidia.com/gpu:1,mid=nvidia.com/gpu:2@cloud.google.com/gke-accelerator=nvidia-a100-80gb"
+    )
+    labelled = with_gpu_labels(classes, "gke")
+    assert labelled["entry"].node_selector == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    assert labelled["mid"].node_selector == {"cloud.google.com/gke-accelerator": "nvidia-a100-80gb"}
+    assert labelled["mid"].count == 2 and "high" not in labelled
+    assert with_gpu_labels(classes, "none")["entry"].node_selector == {}
