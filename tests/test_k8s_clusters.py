@@ -351,6 +351,23 @@ def test_the_emulator_admits_as_a_cluster_pod_security_and_priority_classes(
         bare_pod("critical", priorityClassName="system-cluster-critical"), namespace="default"
     )
     assert made.spec is not None and made.spec.priority == 2000000000
+    # Tolerations the API's validation refuses.
+    with pytest.raises(ApiError) as invalid:
+        client.create(
+            bare_pod(
+                "tolerant",
+                tolerations=[
+                    {"operator": "Equal", "value": "x"},
+                    {"key": "k", "operator": "Exists", "value": "v"},
+                ],
+            ),
+            namespace="default",
+        )
+    assert invalid.value.status.code == 422
+    message = invalid.value.status.message or ""
+    assert "spec.tolerations[0].operator: Invalid value" in message
+    assert "operator must be Exists when `key` is empty" in message
+    assert "value must be empty when `operator` is 'Exists'" in message
 
 
 def test_the_emulators_kubelet_refuses_a_root_image_under_run_as_non_root(

@@ -53,3 +53,57 @@ def untolerated(
         if not any(tolerates(t, taint) for t in tolerations):
             return taint
     return None
+
+
+def toleration_causes(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """What the API server's validation (ValidateTolerations, pkg/apis/core/validation)
+    refuses in a pod's tolerations, as 422 causes (field, type, message)."""
+    causes = []
+    for index, toleration in enumerate(spec.get("tolerations") or []):
+        path = f"spec.tolerations[{index}]"
+        key, operator = toleration.get("key") or "", toleration.get("operator") or ""
+        value, effect = toleration.get("value") or "", toleration.get("effect") or ""
+        if not key and operator != "Exists":
+            causes.append(
+                (
+                    f"{path}.operator",
+                    "FieldValueInvalid",
+                    f'Invalid value: "{operator}": operator must be Exists when `key` is '
+                    'empty, which means "match all values and all keys"',
+                )
+            )
+        if toleration.get("tolerationSeconds") is not None and effect != "NoExecute":
+            causes.append(
+                (
+                    f"{path}.effect",
+                    "FieldValueInvalid",
+                    f"Invalid value: \"{effect}\": effect must be 'NoExecute' when "
+                    "`tolerationSeconds` is set",
+                )
+            )
+        if operator == "Exists" and value:
+            causes.append(
+                (
+                    f"{path}.operator",
+                    "FieldValueInvalid",
+                    "Invalid value: value must be empty when `operator` is 'Exists'",
+                )
+            )
+        elif operator not in ("", "Equal", "Exists"):
+            causes.append(
+                (
+                    f"{path}.operator",
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{operator}": supported values: "Equal", "Exists"',
+                )
+            )
+        if effect and effect not in EFFECTS:
+            causes.append(
+                (
+                    f"{path}.effect",
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{effect}": supported values: "NoSchedule", '
+                    '"PreferNoSchedule", "NoExecute"',
+                )
+            )
+    return causes
