@@ -257,7 +257,9 @@ def test_a_gpu_class_asks_for_its_resource_on_its_nodes(
     pod = pod_of(kube, lease)
     assert pod is not None
     [container] = pod["spec"]["containers"]
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    # The GPU as a limit; CPU and memory asked as much as they are limited (Guaranteed).
+    sized = {"cpu": "1", "memory": "2Gi"}
+    assert container["resources"] == {"limits": {**sized, "nvidia.com/gpu": "1"}, "requests": sized}
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
     assert lease["gpu_type"] == "NVIDIA-L4" and lease["price_per_hour"] == 0.7
     refuses_a_class_it_names_no_gpu_for(sched, "K8S_GPU_CLASSES")
@@ -306,7 +308,13 @@ def test_an_unschedulable_pod_sends_the_acquire_to_the_next_provider(
     # The cluster's one L4 node has no GPU left.
     product = {"nvidia.com/gpu.product": "NVIDIA-L4"}
     kube.set_nodes(
-        [{"name": "gpu-1", "labels": product, "allocatable": {"cpu": "8", "pods": "110"}}]
+        [
+            {
+                "name": "gpu-1",
+                "labels": product,
+                "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            }
+        ]
     )
     lease = sched.lease(kind="anim", gpu="none", ttl_seconds=300)
     assert lease["provider"] == "kubernetes"  # no GPU asked: it fits

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import objects
+from . import admission, objects
 from .access import Access, request_info
 from .kstatus import ApiError, already_exists, not_found, respond, status_object, success
 from .kubelet import Kubelet
@@ -162,7 +162,7 @@ def _namespace(store: Store, name: str) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "uid": store.namespaces[name],
-            "labels": {"kubernetes.io/metadata.name": name},
+            "labels": {"kubernetes.io/metadata.name": name, **store.namespace_labels.get(name, {})},
         },
         "spec": {"finalizers": ["kubernetes"]},
         "status": {"phase": "Active"},
@@ -262,11 +262,14 @@ async def create(request: web.Request) -> web.Response:
     body = await _body(request)
     warnings, _ = objects.decode(KINDS[resource], body, request.query.get("fieldValidation"))
     store.check_namespace(namespace)
-    obj = (
-        objects.new_pod(body, namespace)
-        if resource == "pods"
-        else objects.new_secret(body, namespace)
-    )
+    if resource == "pods":
+        # Mutating admission (Priority) before validation, validating admission
+        # (PodSecurity) after it, as the API server runs them.
+        admission.admit_priority(body, store.priority_classes)
+        obj = objects.new_pod(body, namespace)
+        admission.admit_pod_security(obj, store.namespace_labels.get(namespace, {}))
+    else:
+        obj = objects.new_secret(body, namespace)
     name = obj["metadata"]["name"]
     request["extra"]["name"] = name
     if store.get(resource, namespace, name) is not None:

@@ -22,7 +22,8 @@ client's traffic. It needs no credentials and is not in the audit list.
   open watches get an ERROR 410 event and end, `{"expired": n, "compacted": revision}`.
 - `POST /_emulator/nodes {"nodes": [...]}`, `/_emulator/unpullable {"images": [...]}`,
   `/_emulator/kubelet {"paused": bool}`, `/_emulator/rbac {"rules": [...] | null}`,
-  `/_emulator/namespaces {"name": ...}`, `/_emulator/faults {"n", "code", "verb", "after",
+  `/_emulator/namespaces {"name": ..., "labels": {...}}`, `/_emulator/priorityclasses
+  {"name": ..., "value": n}`, `/_emulator/faults {"n", "code", "verb", "after",
   "resource", "retry_after", "message"}` (or `{"clear": true}`), `/_emulator/sync`
   (one whole kubelet pass), `/_emulator/reset`.
 """
@@ -168,11 +169,22 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
 
     @routes.post("/_emulator/namespaces")
     async def namespaces(request: web.Request) -> web.Response:
-        name = str((await body(request)).get("name") or "")
-        if not name:
-            raise web.HTTPBadRequest(text="name is required")
-        store.add_namespace(name)
+        data = await body(request)
+        name = str(data.get("name") or "")
+        labels = data.get("labels") or {}
+        if not name or not isinstance(labels, dict):
+            raise web.HTTPBadRequest(text="name is required; labels: an object")
+        store.add_namespace(name, {str(k): str(v) for k, v in labels.items()})
         return web.json_response(sorted(store.namespaces))
+
+    @routes.post("/_emulator/priorityclasses")
+    async def priority_classes(request: web.Request) -> web.Response:
+        data = await body(request)
+        name, value = data.get("name"), data.get("value")
+        if not isinstance(name, str) or not name or not isinstance(value, int):
+            raise web.HTTPBadRequest(text="name: a string, value: an integer")
+        store.priority_classes[name] = value
+        return web.json_response(store.priority_classes)
 
     @routes.post("/_emulator/faults")
     async def faults(request: web.Request) -> web.Response:

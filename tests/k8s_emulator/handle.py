@@ -198,7 +198,7 @@ class KubeEmulator(EmulatorProcess):
         return int(self._post("/_emulator/watches/expire", {})["expired"])
 
     def set_nodes(self, nodes: list[dict[str, Any]]) -> None:
-        """Replace the nodes: `{"name", "labels", "allocatable"}` each."""
+        """Replace the nodes: `{"name", "labels", "allocatable", "taints"}` each."""
         self._post("/_emulator/nodes", {"nodes": nodes})
 
     def fail_next(
@@ -245,8 +245,14 @@ class KubeEmulator(EmulatorProcess):
         """Role rules (`{apiGroups, resources, verbs}`) the token is bound to; None: all."""
         self._post("/_emulator/rbac", {"rules": rules})
 
-    def add_namespace(self, name: str) -> None:
-        self._post("/_emulator/namespaces", {"name": name})
+    def add_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """One more namespace, with `labels` (e.g. Pod Security's
+        `pod-security.kubernetes.io/enforce: restricted`)."""
+        self._post("/_emulator/namespaces", {"name": name, "labels": labels or {}})
+
+    def add_priority_class(self, name: str, value: int) -> None:
+        """A PriorityClass pods may name (besides the two system ones)."""
+        self._post("/_emulator/priorityclasses", {"name": name, "value": value})
 
     def sync(self) -> None:
         """Return after one whole kubelet pass."""

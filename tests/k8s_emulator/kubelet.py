@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from . import eviction, podstatus
+from . import admission, eviction, podstatus
 from .runtime import Exit, Runtime
 from .scheduling import DEFAULT_NODES, TERMINATED, place
 from .store import Store, parse_time
@@ -86,6 +86,7 @@ class Kubelet:
         self.unpullable: set[str] = set()
         self.pods: dict[str, PodRuntime] = {}
         self._images: set[str] = set()
+        self._image_users: dict[str, str] = {}
         self.host_ip = "127.0.0.1"
         # uid -> (namespace/name, the task that stops it) of pods ended by their deadline
         self.deadline_kills: dict[str, tuple[str, asyncio.Task[None]]] = {}
@@ -276,11 +277,20 @@ class Kubelet:
             return
         try:
             env = self._env(pod)
+            await self._check_user(pod, image)
         except ConfigError as exc:
             podstatus.waiting(pod, "CreateContainerConfigError", str(exc))
             self._changed(pod, before)
             return
         runtime.start = self._spawn(self._start(pod, runtime, env))
+
+    async def _check_user(self, pod: dict[str, Any], image: str) -> None:
+        """ConfigError when runAsNonRoot forbids the user the container would run as."""
+        if image not in self._image_users:
+            self._image_users[image] = await asyncio.to_thread(self.runtime.image_user, image)
+        refusal = admission.run_as_non_root(pod, self._image_users[image])
+        if refusal is not None:
+            raise ConfigError(refusal)
 
     def _pull_failed(self, pod: dict[str, Any], runtime: PodRuntime, image: str) -> None:
         """ErrImagePull for a second, then ImagePullBackOff for 2, 4, 8 (at most 10)

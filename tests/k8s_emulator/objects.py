@@ -14,6 +14,7 @@ from typing import Any
 from . import contract
 from .kstatus import ApiError, invalid
 from .scheduling import quantity
+from .taints import toleration_causes
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -147,6 +148,7 @@ def new_pod(body: dict[str, Any], namespace: str) -> dict[str, Any]:
                             f'Invalid value: "{value}": {exc}',
                         )
                     )
+    causes += toleration_causes(spec)
     if spec.get("restartPolicy") not in (None, "Always", "OnFailure", "Never"):
         causes.append(
             (

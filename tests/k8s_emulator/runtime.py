@@ -43,6 +43,11 @@ class Runtime(InstanceContainers):
         """The node's address: the host's on the pods' network (its gateway)."""
         return self.gateway() or "127.0.0.1"
 
+    def image_user(self, reference: str) -> str:
+        """The user the image's config runs as (`docker image inspect`'s Config.User;
+        empty: root)."""
+        return str((self._client.images.get(reference).attrs.get("Config") or {}).get("User") or "")
+
     def run(
         self,
         pod: dict[str, Any],

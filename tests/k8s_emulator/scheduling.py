@@ -1,10 +1,13 @@
 """The scheduler's part: nodes, and where a pending pod fits.
 
-A pod fits a node when the node's labels include its `nodeSelector` and every resource
+A pod fits a node when the pod tolerates the node's NoSchedule and NoExecute taints
+(taints.py), the node's labels include its `nodeSelector`, and every resource
 it requests (`requests`, else `limits`: extended resources such as `nvidia.com/gpu` are
 requested by their limit) is free there: the node's `allocatable` minus what the
 non-terminated pods bound to it request; `pods` counts pods. When no node fits, the
-reasons are written as the real scheduler's FitError does:
+reasons are written as the real scheduler's FitError does, one per node, from the first
+filter it fails (TaintToleration, then NodeAffinity, then NodeResourcesFit, the default
+profile's order):
 `0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's
 node affinity/selector.` (its "preemption: ..." tail is left out).
 """
@@ -15,6 +18,8 @@ import re
 from collections import Counter
 from decimal import Decimal
 from typing import Any
+
+from .taints import untolerated, validate_taints
 
 DEFAULT_NODES: list[dict[str, Any]] = [
     {
@@ -66,11 +71,21 @@ def validate_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for value in allocatable.values():
             quantity(value)
         labels = {"kubernetes.io/hostname": node["name"], **(node.get("labels") or {})}
-        checked.append({"name": str(node["name"]), "labels": labels, "allocatable": allocatable})
+        checked.append(
+            {
+                "name": str(node["name"]),
+                "labels": labels,
+                "allocatable": allocatable,
+                "taints": validate_taints(node.get("taints") or []),
+            }
+        )
     return checked
 
 
 def _reasons(pod: dict[str, Any], node: dict[str, Any], bound: list[dict[str, Any]]) -> list[str]:
+    taint = untolerated(node.get("taints") or [], pod["spec"].get("tolerations") or [])
+    if taint is not None:
+        return [f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"]
     selector = pod["spec"].get("nodeSelector") or {}
     if any(node["labels"].get(k) != v for k, v in selector.items()):
         return [SELECTOR_MISMATCH]

@@ -53,6 +53,10 @@ class Store:
     def reset(self) -> None:
         """Back to the start: its namespaces only, no objects, no watchers, no clock move."""
         self.namespaces: dict[str, str] = {}
+        # Labels a test gave a namespace (Pod Security's), and the PriorityClasses made
+        # besides the system ones (admission.py).
+        self.namespace_labels: dict[str, dict[str, str]] = {}
+        self.priority_classes: dict[str, int] = {}
         for name in self.start_namespaces:
             self.add_namespace(name)
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -85,8 +89,10 @@ class Store:
 
     # --- namespaces --------------------------------------------------------------------
 
-    def add_namespace(self, name: str) -> None:
+    def add_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
         self.namespaces.setdefault(name, str(uuid.uuid4()))
+        if labels:
+            self.namespace_labels.setdefault(name, {}).update(labels)
 
     def check_namespace(self, namespace: str) -> None:
         if namespace not in self.namespaces:

@@ -1,8 +1,9 @@
 """Every environment variable the service reads, in one place: `Settings`, made of one
 class per area (service.py, store.py, loops.py, docker.py, readiness.py, pool.py,
 money.py, static.py, observability.py, guard.py, runpod.py, modal.py, kubernetes.py,
-priorities.py), each field with its default, bounds and description. The configuration
-reference (docs/reference/configuration.md) is made from these classes (reference.py).
+kubernetes_pods.py, priorities.py), each field with its default, bounds and description.
+The configuration reference (docs/reference/configuration.md) is made from these classes
+(reference.py).
 
 Settings are built once, in the CLI or by the caller of `create_app`, and passed down."""
 
@@ -14,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from openalice_scheduler.config.docker import DockerSettings
 from openalice_scheduler.config.guard import GuardSettings
 from openalice_scheduler.config.kubernetes import KubernetesSettings
+from openalice_scheduler.config.kubernetes_pods import KubernetesPodSettings
 from openalice_scheduler.config.loops import LoopSettings
 from openalice_scheduler.config.modal import ModalSettings
 from openalice_scheduler.config.money import MoneySettings
@@ -41,6 +43,7 @@ AREAS: tuple[tuple[str, type[BaseSettings]], ...] = (
     ("RunPod", RunPodSettings),
     ("Modal", ModalSettings),
     ("Kubernetes", KubernetesSettings),
+    ("Kubernetes pods", KubernetesPodSettings),
     ("Priorities", PrioritySettings),
 )
 
@@ -59,6 +62,7 @@ class Settings(
     RunPodSettings,
     ModalSettings,
     KubernetesSettings,
+    KubernetesPodSettings,
     PrioritySettings,
 ):
     model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)

@@ -8,13 +8,9 @@ from dataclasses import dataclass
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
-# What K8S_GPU_CLASSES is when unset: one NVIDIA GPU of the product that NVIDIA's GPU
-# feature discovery labels the node with, per class.
-K8S_DEFAULT_GPU_CLASSES = (
-    "entry=nvidia.com/gpu:1@nvidia.com/gpu.product=NVIDIA-L4,"
-    "mid=nvidia.com/gpu:1@nvidia.com/gpu.product=NVIDIA-L40S,"
-    "high=nvidia.com/gpu:1@nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
-)
+# What K8S_GPU_CLASSES is when unset: one NVIDIA GPU per class, on the nodes that
+# K8S_GPU_LABELS' preset labels for it (kubernetes_pods.py).
+K8S_DEFAULT_GPU_CLASSES = "entry=nvidia.com/gpu:1,mid=nvidia.com/gpu:1,high=nvidia.com/gpu:1"
 # A DNS-1123 label (a namespace's name), and a label's key and value (Kubernetes' own).
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _LABEL_KEY = re.compile(
@@ -46,7 +42,8 @@ class KubernetesSettings(BaseSettings):
     k8s_gpu_classes: str = Field(
         K8S_DEFAULT_GPU_CLASSES,
         description="Per GPU class, the pod's resource and node selector: "
-        "class=resource:count[@label=value...], comma separated.",
+        "class=resource:count[@label=value...], comma separated; a class without labels "
+        "gets K8S_GPU_LABELS' preset.",
     )
     k8s_max_pods: int = Field(0, ge=0, description="Cap on live pods; 0 = none.")
     k8s_price_per_hour: str = Field("0", description="USD per hour, one price or per class.")

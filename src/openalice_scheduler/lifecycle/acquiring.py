@@ -149,6 +149,7 @@ class Acquiring:
             region=request.region,
             store_id=core.store.store_id,
             env=request.env,
+            priority_class=caller.priority_class,
         )
         spec = replace(spec, **core.access.spec_fields(lease_id))
         new = NewLease(

@@ -40,6 +40,9 @@ class WorkerSpec:
     # The most this worker may cost, USD per hour, when the owner has a cap in money: the
     # price its lease was checked against. None: no such bound.
     max_price_per_hour: float | None = None
+    # The lease's priority class (PRIORITY_CLASSES), for providers that map it to one of
+    # their own (Kubernetes' PriorityClass); None for a warm pool's worker.
+    priority_class: str | None = None
 
 
 def worker_env(spec: WorkerSpec, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -21,6 +21,8 @@ from lightkube.resources.core_v1 import Pod, Secret
 from openalice_scheduler.config.kubernetes import GpuRequest
 from openalice_scheduler.models import LostCause
 from openalice_scheduler.providers.base import WorkerDeath
+from openalice_scheduler.providers.kubernetes import podspec
+from openalice_scheduler.providers.kubernetes.podspec import PodFit
 
 # The labels every pod and secret of this scheduler carries.
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -38,6 +40,14 @@ NEVER_STARTS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
 
+# A CreateContainerConfigError is mostly passing (the worker's Secret is made just after
+# its pod); the kubelet's refusal of an image's user under runAsNonRoot is not: it says
+# so each time it tries (pkg/kubelet/kuberuntime/security_context_others.go).
+NON_ROOT_REFUSALS = (
+    "container has runAsNonRoot and image",
+    "container's runAsUser breaks non-root policy",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class PodPlan:
@@ -51,6 +61,8 @@ class PodPlan:
     gpu: GpuRequest | None
     deadline_seconds: int
     grace_seconds: int
+    # What the cluster asks of it: requests, tolerations, security, priority, pull secrets.
+    fit: PodFit
 
 
 def pod(plan: PodPlan) -> Pod:
@@ -59,9 +71,14 @@ def pod(plan: PodPlan) -> Pod:
     It has no readiness probe of its own: the kubelet probes at most once a second, so
     its Ready condition says the container started, and the scheduler's own probe
     (RENDERER_READY_PATH, probe.py) says when the worker answers, as for every provider."""
-    resources = None
+    # Requests equal to limits: a Guaranteed pod, the last its node evicts under pressure
+    # (https://kubernetes.io/docs/concepts/workloads/pods/pod-qos/#guaranteed). The GPU,
+    # an extended resource, is asked by its limit alone (its request defaults to it).
+    sized = {"cpu": plan.fit.cpu, "memory": plan.fit.memory}
+    limits = dict(sized)
     if plan.gpu is not None:
-        resources = ResourceRequirements(limits={plan.gpu.resource: str(plan.gpu.count)})
+        limits[plan.gpu.resource] = str(plan.gpu.count)
+    resources = ResourceRequirements(requests=sized, limits=limits)
     return Pod(
         metadata=ObjectMeta(name=plan.name, namespace=plan.namespace, labels=plan.labels),
         spec=PodSpec(
@@ -72,6 +89,10 @@ def pod(plan: PodPlan) -> Pod:
             automountServiceAccountToken=False,
             enableServiceLinks=False,
             nodeSelector=(plan.gpu.node_selector or None) if plan.gpu else None,
+            tolerations=podspec.tolerations(plan.fit),
+            priorityClassName=plan.fit.priority_class_name,
+            imagePullSecrets=podspec.pull_secrets(plan.fit),
+            securityContext=podspec.pod_security(plan.fit),
             containers=[
                 Container(
                     name=CONTAINER,
@@ -79,6 +100,7 @@ def pod(plan: PodPlan) -> Pod:
                     ports=[ContainerPort(containerPort=plan.port, name="http")],
                     envFrom=[EnvFromSource(secretRef=SecretEnvSource(name=plan.name))],
                     resources=resources,
+                    securityContext=podspec.container_security(plan.fit),
                 )
             ],
         ),
@@ -137,6 +159,8 @@ def state(obj: Pod) -> PodState:
         waiting = container.state.waiting if container.state else None
         if waiting is not None and waiting.reason in NEVER_STARTS:
             never_starts = f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": ")
+        elif waiting is not None and (waiting.message or "").startswith(NON_ROOT_REFUSALS):
+            never_starts = f"{waiting.reason}: {(waiting.message or '')[:200]} (K8S_RUN_AS_USER)"
         terminated = container.state.terminated if container.state else None
         if terminated is not None:
             ended = f"exit code {terminated.exitCode} ({terminated.reason or 'no reason'})"

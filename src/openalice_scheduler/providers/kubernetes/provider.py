@@ -48,6 +48,7 @@ from lightkube.resources.core_v1 import Pod, Secret
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.config.kubernetes import parse_gpu_classes
+from openalice_scheduler.config.kubernetes_pods import with_gpu_labels
 from openalice_scheduler.errors import ProviderError, ProviderOutOfCapacity
 from openalice_scheduler.models import GpuClass
 from openalice_scheduler.prices import parse_prices
@@ -63,7 +64,7 @@ from openalice_scheduler.providers.base import (
     past_bound,
     worker_env,
 )
-from openalice_scheduler.providers.kubernetes import objects, watching
+from openalice_scheduler.providers.kubernetes import objects, podspec, watching
 from openalice_scheduler.providers.kubernetes.objects import (
     LABEL_GPU,
     LABEL_INSTANCE,
@@ -78,9 +79,9 @@ from openalice_scheduler.providers.kubernetes.watching import on_watch_error, tr
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# The label of the node's GPU product (NVIDIA's GPU feature discovery), when a class's
-# node selector names it: recorded as the lease's gpu_type.
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# The labels of the node's GPU product (NVIDIA's GPU feature discovery; GKE's
+# accelerator), when a class's node selector names one: recorded as the lease's gpu_type.
+GPU_PRODUCT_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator")
 
 
 def config_given() -> bool:
@@ -119,7 +120,10 @@ class KubernetesProvider:
         self.instance = settings.scheduler_instance
         self.prices = parse_prices(settings.k8s_price_per_hour)
         # Per GPU class its resource and node selector, read once (`none`: never named).
-        self.gpu_classes = parse_gpu_classes(settings.k8s_gpu_classes)
+        self.gpu_classes = with_gpu_labels(
+            parse_gpu_classes(settings.k8s_gpu_classes), settings.k8s_gpu_labels
+        )
+        self.shape = podspec.PodShape.from_settings(settings)
         self.images = {"renderer": settings.k8s_renderer_image, "anim": settings.k8s_anim_image}
         self.ports = settings.worker_ports
         self._client: AsyncClient | None = None
@@ -168,7 +172,7 @@ class KubernetesProvider:
             endpoint=endpoint,
             provider_token=plan.name,
             probe_url=endpoint,
-            gpu_type=plan.gpu.node_selector.get(GPU_PRODUCT_LABEL) if plan.gpu else None,
+            gpu_type=_gpu_type(plan),
             price_per_hour=self.prices.get(spec.gpu.value),
         )
 
@@ -249,6 +253,7 @@ class KubernetesProvider:
             gpu=self.gpu_classes.get(spec.gpu.value),
             deadline_seconds=self.settings.k8s_pod_deadline_seconds,
             grace_seconds=self.settings.k8s_termination_grace_seconds,
+            fit=podspec.fit(self.shape, kind, spec.gpu.value, spec.priority_class),
         )
 
     async def _create_pod(self, plan: PodPlan, lease_id: str) -> Pod:
@@ -425,3 +430,8 @@ def _error(doing: str, exc: BaseException) -> ProviderError:
     else:
         detail = f"{type(exc).__name__}: {str(exc)[:200]}"
     return ProviderError(f"kubernetes: {doing}: {detail}")
+
+
+def _gpu_type(plan: PodPlan) -> str | None:
+    selector = plan.gpu.node_selector if plan.gpu else {}
+    return next((selector[k] for k in GPU_PRODUCT_LABELS if k in selector), None)
