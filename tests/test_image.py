@@ -250,7 +250,7 @@ def test_the_image_serves_under_the_kubernetes_deployment_s_security_context(
     given, PROVIDERS=local-docker without a socket since no cluster is here). Its probes'
     paths answer 200 on its port, the database is on the volume, and SIGTERM ends it with
     0 within the pod's grace period (docs/operations/kubernetes-deploy.md)."""
-    from tests.test_k8s_deploy import container, env, pod_spec
+    from tests.test_k8s_deploy import container, pod_spec, resolved_env
 
     spec, main = pod_spec(), container()
     pod, own = spec["securityContext"], main["securityContext"]
@@ -274,7 +274,7 @@ def test_the_image_serves_under_the_kubernetes_deployment_s_security_context(
         security_opt=["no-new-privileges"],
         tmpfs={path: "" for path, v in mounts.items() if "emptyDir" in v},
         volumes={name: {"bind": data, "mode": "rw"}},
-        environment={**env(), "INTERNAL_SECRET": SECRET, "PROVIDERS": "local-docker"},
+        environment={**resolved_env(), "INTERNAL_SECRET": SECRET, "PROVIDERS": "local-docker"},
     )
     try:
         run.reload()

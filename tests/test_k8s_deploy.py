@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from openalice_scheduler.config import Settings
 from tests.harness import Scheduler
+from tests.k8s_emulator.scheduling import quantity
 from tests.test_k8s_provider import documented_role
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,9 +81,10 @@ def schema_errors(obj: dict[str, Any]) -> list[str]:
     Why this over the alternatives: it needs no network and no new dependency, and it is
     the same release's schema the emulator checks the provider's pods against.
     `kubernetes-validate` would bring the same OpenAPI-derived schemas as a 22 MB wheel of
-    25 releases; kubeconform and kubeval download theirs. What neither this nor they
-    check is the API server's validation beyond the schema (name syntax, one handler per
-    probe, ...): the tests below check what of it matters here."""
+    25 releases; kubeconform and kubeval download theirs. What the models leave untyped
+    are the values of maps (labels, annotations, resource quantities: `dict`), and what
+    no schema holds is the API server's validation beyond it (name syntax, quantity
+    syntax, one handler per probe, ...): the tests below check what of it matters here."""
     kinds = resource_kinds()
     key = (obj.get("apiVersion"), obj.get("kind"))
     if key not in kinds:
@@ -230,6 +232,30 @@ def test_the_schema_check_refuses_a_mistake(mistake: str) -> None:
     assert [e for e in errors if e.startswith(expected)], errors
 
 
+def test_labels_and_quantities_are_what_the_api_server_accepts() -> None:
+    """The map values the schema leaves untyped: labels and annotations are strings (a
+    YAML `true` or `1.0` is not), quantities parse as the emulator's API server parses
+    them (Kubernetes' quantity syntax: `512Mi`, `250m`; not `512MB`)."""
+    quantities = []
+    for name, obj in manifests().items():
+        for meta in (obj["metadata"], obj.get("spec", {}).get("template", {}).get("metadata")):
+            for field in ("labels", "annotations"):
+                for key, value in ((meta or {}).get(field) or {}).items():
+                    assert isinstance(key, str) and isinstance(value, str), (name, key, value)
+        if obj["kind"] == "PersistentVolumeClaim":
+            quantities += obj["spec"]["resources"]["requests"].values()
+    resources = container()["resources"]
+    quantities += [*resources["requests"].values(), *resources["limits"].values()]
+    quantities += [v["emptyDir"]["sizeLimit"] for v in pod_spec()["volumes"] if "emptyDir" in v]
+    assert len(quantities) >= 5
+    for value in quantities:
+        assert isinstance(value, str)
+        quantity(value)  # raises on a bad one
+    with pytest.raises(ValueError, match="quantities must match"):
+        quantity("512MB")
+    assert quantity(resources["limits"]["memory"]) >= quantity(resources["requests"]["memory"])
+
+
 # --- what the service and the provider need ---------------------------------------------
 
 
@@ -238,7 +264,9 @@ def test_the_role_is_the_documented_one_bound_to_the_scheduler_s_account() -> No
     # The provider's verbs, as the docs give them (tests/test_k8s_provider.py holds the
     # code to those), in the namespace the pods go to.
     assert role["rules"] == documented_role()["rules"]
-    assert role["metadata"]["namespace"] == env()["K8S_NAMESPACE"]
+    # K8S_NAMESPACE is the pod's own namespace: the Role's, wherever it is applied.
+    assert env()["K8S_NAMESPACE"] == "field:metadata.namespace"
+    assert role["metadata"]["namespace"] == the("Deployment")["metadata"]["namespace"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
@@ -252,15 +280,27 @@ def test_the_role_is_the_documented_one_bound_to_the_scheduler_s_account() -> No
 
 
 def env() -> dict[str, str]:
-    """The container's environment: values as given, a Secret's key as `secret:name/key`."""
+    """The container's environment: values as given, a Secret's key as `secret:name/key`,
+    a field of the pod as `field:path`."""
     found = {}
     for item in container()["env"]:
+        source = item.get("valueFrom", {})
         if "value" in item:
             found[item["name"]] = item["value"]
-        else:
-            ref = item["valueFrom"]["secretKeyRef"]
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
             found[item["name"]] = f"secret:{ref['name']}/{ref['key']}"
+        else:
+            found[item["name"]] = f"field:{source['fieldRef']['fieldPath']}"
     return found
+
+
+def resolved_env() -> dict[str, str]:
+    """The environment as the kubelet gives it to the container in the Deployment's
+    namespace (a Secret's value aside)."""
+    namespace = the("Deployment")["metadata"]["namespace"]
+    fields = {"field:metadata.namespace": namespace}
+    return {name: fields.get(value, value) for name, value in env().items()}
 
 
 def test_the_environment_names_real_settings_with_values_the_service_accepts() -> None:
@@ -270,7 +310,7 @@ def test_the_environment_names_real_settings_with_values_the_service_accepts() -
     secret = the("Secret")
     assert env()["INTERNAL_SECRET"] == f"secret:{secret['metadata']['name']}/INTERNAL_SECRET"
     placeholder = secret["stringData"]["INTERNAL_SECRET"]
-    values = {name.lower(): value for name, value in env().items()}
+    values = {name.lower(): value for name, value in resolved_env().items()}
     with pytest.raises(ValidationError, match="internal_secret"):
         Settings(**{**values, "internal_secret": placeholder})
     # With a real secret every value is valid, and says what the manifests assume.
@@ -279,8 +319,9 @@ def test_the_environment_names_real_settings_with_values_the_service_accepts() -
     assert settings.k8s_namespace == NAMESPACE
     [port] = container()["ports"]
     assert settings.scheduler_port == port["containerPort"]
+    # The workers, pods of the same namespace, reach the Service by its name.
     service = the("Service")
-    url = f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{service['spec']['ports'][0]['port']}"
+    url = f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
     assert settings.scheduler_public_url == url
     assert settings.shutdown_grace_seconds < pod_spec()["terminationGracePeriodSeconds"]
 
