@@ -202,3 +202,43 @@ def test_a_list_that_cannot_serve_stops_start_up_with_one_line_naming_the_file(
             assert word in lines[0], (files, lines)
         assert "Traceback" not in result.stderr and secret not in result.stderr
     assert not (tmp_path / "cfg.db").exists(), "nothing is created by a refused start"
+
+
+def test_relative_paths_are_taken_from_the_file_that_holds_them(tmp_path: Path) -> None:
+    """As kubectl resolves them (client-go's ResolveLocalPaths): a cluster's CA, a user's
+    certificate, key and token file, and an exec command with a `/` in it; a command
+    found on PATH and an absolute path stay as they are."""
+    from openalice_scheduler.providers.kubernetes.kubeconfig import load_kubeconfig
+
+    first = write(
+        tmp_path / "a" / "users.yaml",
+        {
+            "users": [
+                {"name": "certs", "user": {"client-certificate": "c.crt", "client-key": "k/c.key"}},
+                {"name": "token", "user": {"tokenFile": "../token"}},
+                {"name": "plugin", "user": {"exec": {"apiVersion": "v1", "command": "bin/auth"}}},
+                {"name": "onpath", "user": {"exec": {"apiVersion": "v1", "command": "aws"}}},
+            ]
+        },
+    )
+    second = write(
+        tmp_path / "b" / "clusters.yaml",
+        {
+            "clusters": [
+                {"name": "rel", "cluster": {"server": "https://x", "certificate-authority": "ca"}},
+                {"name": "abs", "cluster": {"server": "https://y", "certificate-authority": "/ca"}},
+            ],
+            "contexts": [{"name": "c", "context": {"cluster": "rel", "user": "certs"}}],
+        },
+    )
+    config = load_kubeconfig(f"{first}{os.pathsep}{second}")
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert config.clusters["rel"].certificate_auth == str(b / "ca")
+    assert config.clusters["abs"].certificate_auth == "/ca"
+    assert config.users["certs"].client_cert == str(a / "c.crt")
+    assert config.users["certs"].client_key == str(a / "k" / "c.key")
+    assert config.users["token"].token_file == str(tmp_path / "token")
+    exec_of = {name: config.users[name].exec for name in ("plugin", "onpath")}
+    assert exec_of["plugin"] is not None and exec_of["plugin"].command == str(a / "bin" / "auth")
+    assert exec_of["onpath"] is not None and exec_of["onpath"].command == "aws"
+    assert config.current_context is None  # neither file sets one

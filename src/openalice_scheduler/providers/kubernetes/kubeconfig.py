@@ -116,8 +116,14 @@ def _resolved(section: str, entry: dict[str, Any], body_key: str, base: Path) ->
     body = dict(entry[body_key])
     for field in PATH_FIELDS.get(section, ()):
         if isinstance(body.get(field), str) and body[field]:
-            body[field] = str(base.absolute() / body[field])  # an absolute one is kept
+            body[field] = _joined(base, body[field])
     exec_ = body.get("exec")
     if isinstance(exec_, dict) and "/" in str(exec_.get("command", "")):
-        body["exec"] = {**exec_, "command": str(base.absolute() / exec_["command"])}
+        body["exec"] = {**exec_, "command": _joined(base, exec_["command"])}
     return {**entry, body_key: body}
+
+
+def _joined(base: Path, path: str) -> str:
+    """`path` against `base`, cleaned as Go's filepath.Join cleans it; an absolute one is
+    kept."""
+    return os.path.normpath(os.path.join(base.absolute(), path))
