@@ -64,7 +64,6 @@ from openalice_scheduler.providers.base import (
     worker_env,
 )
 from openalice_scheduler.providers.kubernetes import objects, watching
-from openalice_scheduler.providers.kubernetes.kubeconfig import load_kubeconfig, select
 from openalice_scheduler.providers.kubernetes.objects import (
     LABEL_GPU,
     LABEL_INSTANCE,
@@ -97,6 +96,8 @@ def load_config(settings: Settings) -> SingleConfig:
     does not apply there), else the kubeconfig file (KUBECONFIG, or ~/.kube/config) at
     K8S_CONTEXT or its current context; KUBECONFIG may list several files, merged as
     kubectl merges them. ConfigError saying why not."""
+    from openalice_scheduler.providers.kubernetes.kubeconfig import load_kubeconfig, select
+
     try:
         config = KubeConfig.from_service_account()
         context = None
