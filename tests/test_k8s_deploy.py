@@ -12,6 +12,7 @@ import datetime
 import importlib
 import inspect
 import re
+import tomllib
 import types
 import typing
 from collections.abc import Callable
@@ -356,7 +357,9 @@ def test_the_manifests_match_the_image() -> None:
     assert re.search(r"^VOLUME /data$", dockerfile, flags=re.MULTILINE)
     assert 'ENTRYPOINT ["openalice-scheduler"]' in dockerfile
     assert container()["args"] == ["serve"]
-    assert container()["image"].split("/")[-1].startswith("openalice-scheduler:")
+    # The image of this version, as scripts/build-image.sh tags it.
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert container()["image"].split("/")[-1] == f"openalice-scheduler:{version}"
 
 
 def test_the_service_and_the_probes_use_the_container_s_port() -> None:
