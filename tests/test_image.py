@@ -241,6 +241,66 @@ def test_without_the_sockets_group_the_image_cannot_drive_docker(image: Image) -
         assert deployment.workers() == []
 
 
+def test_the_image_serves_under_the_kubernetes_deployment_s_security_context(
+    image: Image,
+) -> None:
+    """deploy/kubernetes/deployment.yaml as Docker would run it: the pod's user, group
+    and fsGroup, a read-only root file system, every capability dropped, no privilege
+    escalation, its emptyDir and volume mounts and its environment (its INTERNAL_SECRET
+    given, PROVIDERS=local-docker without a socket since no cluster is here). Its probes'
+    paths answer 200 on its port, the database is on the volume, and SIGTERM ends it with
+    0 within the pod's grace period (docs/operations/kubernetes-deploy.md)."""
+    from tests.test_k8s_deploy import container, pod_spec, resolved_env
+
+    spec, main = pod_spec(), container()
+    pod, own = spec["securityContext"], main["securityContext"]
+    assert own["readOnlyRootFilesystem"] and own["capabilities"]["drop"] == ["ALL"]
+    assert own["allowPrivilegeEscalation"] is False
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    name = f"oa-img-k8s-{uuid.uuid4().hex[:8]}"
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in main["volumeMounts"]}
+    [data] = [path for path, v in mounts.items() if "persistentVolumeClaim" in v]
+    client = docker_client()
+    run = client.containers.run(
+        image.name,
+        main["args"],
+        detach=True,
+        name=name,
+        labels={TEST_LABEL: "image"},
+        user=f"{pod['runAsUser']}:{pod['runAsGroup']}",
+        group_add=[str(pod["fsGroup"])],
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        tmpfs={path: "" for path, v in mounts.items() if "emptyDir" in v},
+        volumes={name: {"bind": data, "mode": "rw"}},
+        environment={**resolved_env(), "INTERNAL_SECRET": SECRET, "PROVIDERS": "local-docker"},
+    )
+    try:
+        run.reload()
+        address = next(iter(run.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"]
+        port = main["ports"][0]["containerPort"]
+
+        def answers(path: str) -> bool:
+            with suppress(httpx.HTTPError):
+                return httpx.get(f"http://{address}:{port}{path}", timeout=5).status_code == 200
+            return False
+
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            path = main[probe]["httpGet"]["path"]
+            wait_for(lambda path=path: answers(path), timeout=120, what=f"{probe} {path}")
+        listing = run.exec_run(["python3", "-c", f"import os; print(os.listdir({data!r}))"])
+        assert listing.exit_code == 0 and b"openalice-scheduler.db" in listing.output
+        run.stop(timeout=spec["terminationGracePeriodSeconds"])
+        run.reload()
+        assert run.attrs["State"]["ExitCode"] == 0, run.logs().decode(errors="replace")
+        assert SECRET not in run.logs().decode(errors="replace")
+    finally:
+        run.remove(force=True, v=True)
+        with suppress(docker.errors.NotFound):
+            client.volumes.get(name).remove(force=True)
+
+
 def run_once(image: Image, *command: str, entrypoint: str | None = None) -> str:
     """What a one-off `docker run --rm IMAGE command` prints. Removed with its anonymous
     /data volume, as the CLI's --rm does (the SDK's remove keeps volumes)."""

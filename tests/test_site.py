@@ -67,7 +67,7 @@ def test_every_reference_to_the_docs_names_a_page_and_heading_that_exist() -> No
         path
         for folder in ("src", "tests", "bench", "scripts", "deploy")
         for path in (REPO / folder).rglob("*")
-        if path.is_file() and path.suffix in (".py", ".sh", ".yml", ".md", "")
+        if path.is_file() and path.suffix in (".py", ".sh", ".yml", ".yaml", ".md", "")
     ]
     seen = 0
     broken = []

@@ -25,9 +25,9 @@ from openalice_scheduler.config import AREAS
 LIBRARIES = (
     (
         "KUBECONFIG",
-        "lightkube's: the kubeconfig file of the kubernetes provider, when the scheduler "
-        "does not run in a pod (there its service account is used); unset: "
-        "`~/.kube/config`.",
+        "the kubeconfig of the kubernetes provider, when the scheduler does not run in a "
+        "pod (there its service account is used): one file, or several separated by `:`, "
+        "merged as kubectl merges them; unset: `~/.kube/config`.",
     ),
     (
         "MODAL_SERVER_URL",

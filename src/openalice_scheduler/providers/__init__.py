@@ -173,18 +173,21 @@ def _kubernetes_problems(settings: Settings) -> list[str]:
     from lightkube import ConfigError
 
     from openalice_scheduler.providers.kubernetes import load_config
+    from openalice_scheduler.providers.kubernetes.kubeconfig import missing_files
 
     if not _kubeconfig_given():
         return []  # skipped with a warning, as a provider without credentials
-    where = os.environ.get("KUBECONFIG", "~/.kube/config")
+    where = os.environ.get("KUBECONFIG") or "~/.kube/config"
     try:
-        load_config(settings)
+        config = load_config(settings)
     except ConfigError as exc:  # no such file, context or current context
         name = "K8S_CONTEXT" if str(exc).startswith(("Context", "No current")) else "KUBECONFIG"
         return [f"{name}: {exc} (kubernetes, KUBECONFIG={where})"]
     except Exception as exc:  # noqa: BLE001 - unreadable, not YAML, not a kubeconfig
         why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}".rstrip(": ")
         return [f"KUBECONFIG: {where} is not a readable kubeconfig ({why})"]
+    if missing := missing_files(config):
+        return [f"KUBECONFIG: {', '.join(missing)} not found (kubernetes, KUBECONFIG={where})"]
     return []
 
 

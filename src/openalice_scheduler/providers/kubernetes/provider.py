@@ -95,16 +95,17 @@ def config_given() -> bool:
 def load_config(settings: Settings) -> SingleConfig:
     """The cluster and credentials: the pod's service account in a cluster (K8S_CONTEXT
     does not apply there), else the kubeconfig file (KUBECONFIG, or ~/.kube/config) at
-    K8S_CONTEXT or its current context. ConfigError saying why not."""
+    K8S_CONTEXT or its current context; KUBECONFIG may list several files, merged as
+    kubectl merges them. ConfigError saying why not."""
+    from openalice_scheduler.providers.kubernetes.kubeconfig import load_kubeconfig, select
+
     try:
         config = KubeConfig.from_service_account()
         context = None
     except ConfigError:
-        config = KubeConfig.from_file(os.environ.get("KUBECONFIG", DEFAULT_KUBECONFIG))
+        config = load_kubeconfig(os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG)
         context = settings.k8s_context
-    single = config.get(context_name=context)
-    assert single is not None  # get() raises when it finds nothing
-    return single
+    return select(config, context)
 
 
 class KubernetesProvider:
