@@ -3,7 +3,7 @@ client's traffic. It needs no credentials and is not in the audit list.
 
 - `GET  /_emulator/healthz`
 - `GET  /_emulator/state`: nodes, switches, clock offset, namespaces.
-- `GET  /_emulator/objects/{pods|secrets}[?namespace=]`: full objects (also terminating).
+- `GET  /_emulator/objects/{pods|secrets|events}[?namespace=]`: full objects (also terminating).
 - `GET  /_emulator/requests`: the audit list (verb, resource, namespace, name, code,
   grace_period for pod deletes, label_selector for lists).
 - `GET  /_emulator/containers`: the Docker containers made, with their pods.
@@ -20,6 +20,11 @@ client's traffic. It needs no credentials and is not in the audit list.
 - `POST /_emulator/watches/end`: every open watch ends cleanly, `{"ended": n}`.
 - `POST /_emulator/watches/expire`: every resourceVersion handed out so far is too old;
   open watches get an ERROR 410 event and end, `{"expired": n, "compacted": revision}`.
+- `POST /_emulator/node-groups {"groups": [{"name", "template": {"labels",
+  "allocatable"}, "maxSize", "delaySeconds"}]}`: the cluster autoscaler's node groups
+  (autoscaler.py; none: no autoscaler).
+- `POST /_emulator/flaky-pulls {"images": {image: n}}`: each pod's first n pulls of the
+  image fail (ErrImagePull, ImagePullBackOff), the next one succeeds (pulls.py).
 - `POST /_emulator/nodes {"nodes": [...]}`, `/_emulator/unpullable {"images": [...]}`,
   `/_emulator/kubelet {"paused": bool}`, `/_emulator/rbac {"rules": [...] | null}`,
   `/_emulator/namespaces {"name": ...}`, `/_emulator/faults {"n", "code", "verb", "after",
@@ -37,6 +42,7 @@ from aiohttp import web
 from tests.emulator_common import control_app, read_json
 
 from .access import Access, Fault
+from .autoscaler import validate_groups
 from .kubelet import Kubelet, NotRunning
 from .scheduling import validate_nodes
 from .store import Store
@@ -60,6 +66,11 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
                 "nodes": kubelet.nodes,
                 "paused": kubelet.paused,
                 "unpullable": sorted(kubelet.unpullable),
+                "flaky_pulls": kubelet.flaky_pulls,
+                "node_groups": [
+                    {"name": g.name, "size": g.size, "max_size": g.max_size}
+                    for g in kubelet.autoscaler.groups
+                ],
                 "rbac": access.rules,
                 "faults": [vars(f) for f in access.faults],
                 "clock_offset": store.clock_offset,
@@ -74,7 +85,7 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
     @routes.get("/_emulator/objects/{resource}")
     async def objects(request: web.Request) -> web.Response:
         resource = request.match_info["resource"]
-        if resource not in ("pods", "secrets"):
+        if resource not in ("pods", "secrets", "events"):
             raise web.HTTPNotFound()
         return web.json_response(store.list(resource, request.query.get("namespace")))
 
@@ -149,6 +160,28 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
         kubelet.unpullable = {str(i) for i in (await body(request)).get("images") or []}
         kubelet.wake()
         return web.json_response(sorted(kubelet.unpullable))
+
+    @routes.post("/_emulator/node-groups")
+    async def node_groups(request: web.Request) -> web.Response:
+        try:
+            kubelet.autoscaler.groups = validate_groups(
+                list((await body(request)).get("groups") or [])
+            )
+        except (ValueError, TypeError) as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from exc
+        await kubelet.settle()
+        return web.json_response([g.name for g in kubelet.autoscaler.groups])
+
+    @routes.post("/_emulator/flaky-pulls")
+    async def flaky_pulls(request: web.Request) -> web.Response:
+        images = (await body(request)).get("images") or {}
+        if not isinstance(images, dict) or not all(
+            isinstance(n, int) and n >= 0 for n in images.values()
+        ):
+            raise web.HTTPBadRequest(text="images: {image: failures before a pull succeeds}")
+        kubelet.flaky_pulls = {str(k): int(v) for k, v in images.items()}
+        kubelet.wake()
+        return web.json_response(kubelet.flaky_pulls)
 
     @routes.post("/_emulator/kubelet")
     async def pause(request: web.Request) -> web.Response:

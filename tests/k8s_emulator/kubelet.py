@@ -28,7 +28,8 @@ from typing import Any
 
 import httpx
 
-from . import eviction, podstatus
+from . import eviction, podstatus, pulls
+from .autoscaler import Autoscaler
 from .runtime import Exit, Runtime
 from .scheduling import DEFAULT_NODES, TERMINATED, place
 from .store import Store, parse_time
@@ -84,7 +85,10 @@ class Kubelet:
         self.nodes: list[dict[str, Any]] = [dict(n) for n in DEFAULT_NODES]
         self.paused = False
         self.unpullable: set[str] = set()
+        # Per image, how many pulls (per pod) fail before one succeeds (pulls.py).
+        self.flaky_pulls: dict[str, int] = {}
         self.pods: dict[str, PodRuntime] = {}
+        self.autoscaler = Autoscaler(store)
         self._images: set[str] = set()
         self.host_ip = "127.0.0.1"
         # uid -> (namespace/name, the task that stops it) of pods ended by their deadline
@@ -162,6 +166,9 @@ class Kubelet:
                         await self._try_start(pod, runtime)
                 elif not runtime.ready:
                     await self._readiness(pod, runtime)
+            if arrived := self.autoscaler.scan(self.nodes):
+                self.nodes = [*self.nodes, *arrived]
+                self.wake()  # the next pass places the pods that waited for them
 
     def _runtime(self, pod: dict[str, Any]) -> PodRuntime:
         meta = pod["metadata"]
@@ -266,12 +273,25 @@ class Kubelet:
 
     async def _try_start(self, pod: dict[str, Any], runtime: PodRuntime) -> None:
         before = self._snapshot(pod)
-        image = pod["spec"]["containers"][0]["image"]
+        container = pod["spec"]["containers"][0]
+        image = container["image"]
+        if (invalid := pulls.invalid_name(image)) is not None:
+            podstatus.waiting(pod, "InvalidImageName", invalid)
+            self._changed(pod, before)
+            return
         known = image in self.unpullable or image in self._images
         if not known and await asyncio.to_thread(self.runtime.image_exists, image):
             self._images.add(image)  # present locally: used as it is, never pulled
-        if image in self.unpullable or image not in self._images:
-            self._pull_failed(pod, runtime, image)
+        if pulls.never_pull(container) and image not in self._images:
+            podstatus.waiting(pod, "ErrImageNeverPull", pulls.never_pull_message(image))
+            self._changed(pod, before)
+            return
+        # Failing still, or backing off after its last failure.
+        flaky = runtime.pulls < self.flaky_pulls.get(image, 0) or (
+            image in self.flaky_pulls and self.store.now() < runtime.next_pull
+        )
+        if image in self.unpullable or image not in self._images or flaky:
+            self._pull_failed(pod, runtime, image, transient=flaky)
             self._changed(pod, before)
             return
         try:
@@ -282,10 +302,14 @@ class Kubelet:
             return
         runtime.start = self._spawn(self._start(pod, runtime, env))
 
-    def _pull_failed(self, pod: dict[str, Any], runtime: PodRuntime, image: str) -> None:
+    def _pull_failed(
+        self, pod: dict[str, Any], runtime: PodRuntime, image: str, *, transient: bool = False
+    ) -> None:
         """ErrImagePull for a second, then ImagePullBackOff for 2, 4, 8 (at most 10)
-        seconds, then another attempt (real kubelets: 10 s doubling up to 5 minutes)."""
-        now = asyncio.get_running_loop().time()
+        seconds, then another attempt (real kubelets: 10 s doubling up to 5 minutes), on
+        the emulator's clock (`advance_clock` ends a backoff). `transient`: a pull that
+        will succeed (`set_flaky_pulls`), refused meanwhile by the registry's rate limit."""
+        now = self.store.now()
         if now < runtime.next_pull:
             if now >= runtime.next_pull - runtime.backoff + _ERR_IMAGE_PULL_SECONDS:
                 podstatus.image_pull_failed(pod, image, backoff=True)
@@ -293,7 +317,10 @@ class Kubelet:
         runtime.pulls += 1
         runtime.backoff = min(2.0**runtime.pulls, _MAX_BACKOFF) + _ERR_IMAGE_PULL_SECONDS
         runtime.next_pull = now + runtime.backoff
-        podstatus.image_pull_failed(pod, image, backoff=False)
+        if transient:
+            podstatus.waiting(pod, "ErrImagePull", pulls.rate_limited_message(image))
+        else:
+            podstatus.image_pull_failed(pod, image, backoff=False)
 
     async def _start(self, pod: dict[str, Any], runtime: PodRuntime, env: dict[str, str]) -> None:
         meta = pod["metadata"]
@@ -612,6 +639,8 @@ class Kubelet:
             self.deadline_kills.clear()
             self.paused = False
             self.unpullable = set()
+            self.flaky_pulls = {}
+            self.autoscaler.reset()
             self.nodes = [dict(n) for n in DEFAULT_NODES]
             self._images.clear()
             await asyncio.to_thread(self.runtime.remove_all)

@@ -33,10 +33,12 @@ LABEL_GPU = "openalice.io/gpu"
 # The worker's container in its pod.
 CONTAINER = "worker"
 # Waiting reasons of a container that will not start without someone changing something:
-# its image cannot be had, or its spec cannot be run.
-NEVER_STARTS = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
-)
+# its image's name cannot be parsed, or it may not be pulled and is not on the node.
+NEVER_STARTS = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+# Waiting reasons of a pull that failed and will be tried again (with the kubelet's
+# backoff): often transient (a registry's rate limit, a slow network), given up after
+# K8S_IMAGE_PULL_TIMEOUT_SECONDS (docs/backends/kubernetes.md#image-pulls).
+PULL_FAILING = frozenset({"ErrImagePull", "ImagePullBackOff"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,8 @@ class PodState:
     unschedulable: str | None
     # A container that will not start: its reason and message.
     never_starts: str | None
+    # A container whose image pull failed and is tried again: its reason and message.
+    pull_failing: str | None
     # Why the pod ended, when it has.
     ended: str | None
 
@@ -132,11 +136,16 @@ def state(obj: Pod) -> PodState:
     ):
         unschedulable = scheduled.message or "unschedulable"
     never_starts = None
+    pull_failing = None
     ended = None
     for container in (status.containerStatuses or []) if status else []:
         waiting = container.state.waiting if container.state else None
-        if waiting is not None and waiting.reason in NEVER_STARTS:
-            never_starts = f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": ")
+        if waiting is not None and waiting.reason in NEVER_STARTS | PULL_FAILING:
+            words = f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": ")
+            if waiting.reason in NEVER_STARTS:
+                never_starts = words
+            else:
+                pull_failing = words
         terminated = container.state.terminated if container.state else None
         if terminated is not None:
             ended = f"exit code {terminated.exitCode} ({terminated.reason or 'no reason'})"
@@ -149,6 +158,7 @@ def state(obj: Pod) -> PodState:
         ending=obj.metadata is not None and obj.metadata.deletionTimestamp is not None,
         unschedulable=unschedulable,
         never_starts=never_starts,
+        pull_failing=pull_failing,
         ended=ended if phase in ("Failed", "Succeeded") else None,
     )
 
