@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from lightkube import Client, KubeConfig
+from lightkube.resources.core_v1 import Event, Pod
 
 from tests.harness import WORKER_IMAGE, Scheduler, wait_for
 from tests.k8s_emulator import KubeEmulator
@@ -52,12 +54,13 @@ def acquiring(sched: Scheduler, **body: Any) -> tuple[threading.Thread, dict[str
 # A cluster of one CPU node, and an autoscaled pool of L4 nodes (none yet) that takes
 # 3 minutes to bring a node.
 CPU_NODE = {"name": "cpu-1", "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"}}
+L4_TEMPLATE = {
+    "labels": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+    "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "1"},
+}
 L4_POOL = {
     "name": "l4-pool",
-    "template": {
-        "labels": {"nvidia.com/gpu.product": "NVIDIA-L4"},
-        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "1"},
-    },
+    "template": L4_TEMPLATE,
     "maxSize": 2,
     "delaySeconds": 180,
 }
@@ -94,7 +97,7 @@ def test_a_lease_waits_for_the_autoscaler_s_new_node(
     assert answer.status_code == 200, answer.text
     lease = answer.json()["lease"]
     assert lease["provider"] == "kubernetes" and lease["state"] == "active"
-    assert kube.pod(lease["provider_token"])["spec"]["nodeName"] == "l4-pool-1"  # type: ignore[index]
+    assert _node(kube, lease["provider_token"]) == "l4-pool-1"
 
 
 def test_a_pod_the_autoscaler_cannot_help_is_refused_at_once(
@@ -106,10 +109,7 @@ def test_a_pod_the_autoscaler_cannot_help_is_refused_at_once(
     h100 = {
         **L4_POOL,
         "name": "h100-pool",
-        "template": {
-            **L4_POOL["template"],  # type: ignore[dict-item]
-            "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-        },
+        "template": {**L4_TEMPLATE, "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
     }
     kube.set_node_groups([h100])
     refused = sched.acquire(kind="renderer", gpu="entry", ttl_seconds=300)
@@ -224,3 +224,92 @@ def _waiting(kube: KubeEmulator) -> str | None:
             waiting: dict[str, Any] = status.get("state", {}).get("waiting") or {}
             return waiting.get("reason")
     return None
+
+
+# --- the emulator's autoscaler and pulls, through lightkube -----------------------------
+
+
+def test_the_emulated_autoscaler_brings_a_node_after_its_delay_with_its_events(
+    kube: KubeEmulator,
+) -> None:
+    client = Client(KubeConfig.from_file(kube.kubeconfig_path))
+    kube.pause_kubelet()  # placement only: no container is needed
+    kube.set_nodes([CPU_NODE])
+    kube.set_node_groups([{**L4_POOL, "maxSize": 1, "delaySeconds": 60}])
+    l4 = {
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+        "containers": [
+            {
+                "name": "worker",
+                "image": WORKER_IMAGE,
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }
+        ],
+    }
+    client.create(Pod.from_dict({"metadata": {"name": "first"}, "spec": l4}))
+    kube.sync()
+    [event] = client.list(Event, fields={"involvedObject.name": "first"})
+    assert (event.reason, event.type, event.source and event.source.component) == (
+        "TriggeredScaleUp",
+        "Normal",
+        "cluster-autoscaler",
+    )
+    assert event.message == "pod triggered scale-up: [{l4-pool 0->1 (max: 1)}]"
+    assert event.involvedObject.kind == "Pod" and event.involvedObject.uid
+    kube.advance_clock(59)
+    assert _node(kube, "first") is None
+    kube.advance_clock(1)
+    wait_for(lambda: _node(kube, "first") == "l4-pool-1", 30)
+    # The pool is at its size: a second pod is told so, and stays unschedulable.
+    client.create(Pod.from_dict({"metadata": {"name": "second"}, "spec": l4}))
+    kube.sync()
+    [refused] = client.list(Event, fields={"involvedObject.name": "second"})
+    assert (refused.reason, refused.message) == (
+        "NotTriggerScaleUp",
+        "pod didn't trigger scale-up: 1 max node group size reached",
+    )
+    kube.set_node_groups([])  # no autoscaler: no word at all
+    client.create(Pod.from_dict({"metadata": {"name": "third"}, "spec": l4}))
+    kube.sync()
+    assert list(client.list(Event, fields={"involvedObject.name": "third"})) == []
+
+
+def test_the_emulated_kubelet_reports_a_bad_image_name_and_a_never_pull(
+    kube: KubeEmulator,
+) -> None:
+    client = Client(KubeConfig.from_file(kube.kubeconfig_path))
+    for name, container in (
+        ("badname", {"image": "registry.invalid/OpenAlice/Worker:1"}),
+        ("neverpull", {"image": "openalice-no-such-image:1", "imagePullPolicy": "Never"}),
+    ):
+        spec = {"restartPolicy": "Never", "containers": [{"name": "worker", **container}]}
+        client.create(Pod.from_dict({"metadata": {"name": name}, "spec": spec}))
+    wait_for(lambda: _reason(kube, "badname") == "InvalidImageName", 30)
+    wait_for(lambda: _reason(kube, "neverpull") == "ErrImageNeverPull", 30)
+    assert _message(kube, "badname") == (
+        'Failed to apply default image tag "registry.invalid/OpenAlice/Worker:1": couldn\'t '
+        'parse image name "registry.invalid/OpenAlice/Worker:1": invalid reference format'
+    )
+    assert _message(kube, "neverpull") == (
+        'Container image "openalice-no-such-image:1" is not present with pull policy of Never'
+    )
+
+
+def _node(kube: KubeEmulator, name: str) -> str | None:
+    """The node the pod `name` is bound to, if any."""
+    return ((kube.pod(name) or {}).get("spec") or {}).get("nodeName")
+
+
+def _state(kube: KubeEmulator, name: str) -> dict[str, Any]:
+    pod = kube.pod(name) or {}
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    waiting: dict[str, Any] = statuses[0].get("state", {}).get("waiting") or {}
+    return waiting
+
+
+def _reason(kube: KubeEmulator, name: str) -> str | None:
+    return _state(kube, name).get("reason")
+
+
+def _message(kube: KubeEmulator, name: str) -> str | None:
+    return _state(kube, name).get("message")
