@@ -143,6 +143,20 @@ def test_a_refused_watch_ends_the_attempt_with_a_reason_and_leaves_nothing(
     wait_for(lambda: nothing_left(kube), 30, what="the pod and its secret to be deleted")
 
 
+def test_a_watch_whose_connection_drops_ends_the_attempt_with_a_reason(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube)
+    kube.drop_next(1000, verb="watch", resource="pods")  # no answer: the connection closes
+    refused = sched.acquire(kind="renderer", ttl_seconds=300)
+    assert refused.status_code == 503, refused.text
+    reason = refused.json()["reasons"]["kubernetes"]
+    assert reason.startswith("watching pod oa-") and "Server disconnected" in reason, reason
+    kube.clear_faults()
+    assert none_provisioning(sched)
+    wait_for(lambda: nothing_left(kube), 30, what="the pod and its secret to be deleted")
+
+
 def test_a_refused_call_goes_to_the_next_provider(make_scheduler: Make, kube: KubeEmulator) -> None:
     sched = on_k8s(make_scheduler, kube, PROVIDERS="kubernetes,local-docker")
     # The pod is made; its secret is refused for good.

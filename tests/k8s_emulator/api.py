@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from . import objects
-from .access import Access, request_info
+from .access import Access, Dropped, request_info
 from .kstatus import ApiError, already_exists, not_found, respond, status_object, success
 from .kubelet import Kubelet
 from .selectors import field_matcher, label_matcher
@@ -50,7 +50,14 @@ async def _gate(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         if not access.authenticate(request):
             raise ApiError(401, "Unauthorized")
-        fault = access.fault_for(info)
+        try:
+            fault = access.fault_for(info)
+        except Dropped:
+            access.record(info, 0, **request["extra"])
+            log.info("%s %s -> connection dropped", request.method, request.path)
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response()  # never sent: the connection is gone
         if fault is not None and not fault[1]:
             raise fault[0]
         access.authorize(info)

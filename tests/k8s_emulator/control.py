@@ -28,7 +28,8 @@ client's traffic. It needs no credentials and is not in the audit list.
 - `POST /_emulator/nodes {"nodes": [...]}`, `/_emulator/unpullable {"images": [...]}`,
   `/_emulator/kubelet {"paused": bool}`, `/_emulator/rbac {"rules": [...] | null}`,
   `/_emulator/namespaces {"name": ...}`, `/_emulator/faults {"n", "code", "verb", "after",
-  "resource", "retry_after", "message"}` (or `{"clear": true}`), `/_emulator/sync`
+  "resource", "retry_after", "message"}` (or `{"drop": true, "n", "verb", "resource"}`: the
+  connection closed without an answer; or `{"clear": true}`), `/_emulator/sync`
   (one whole kubelet pass), `/_emulator/reset`.
 """
 
@@ -213,10 +214,11 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
         if data.get("clear"):
             access.faults = []
             return web.json_response([])
-        code = data.get("code")
+        drop = bool(data.get("drop", False))
+        code = 0 if drop else data.get("code")
         n = data.get("n", 1)
-        if code not in _FAULT_CODES or not isinstance(n, int) or n < 1:
-            raise web.HTTPBadRequest(text=f"code one of {_FAULT_CODES}, n >= 1")
+        if (not drop and code not in _FAULT_CODES) or not isinstance(n, int) or n < 1:
+            raise web.HTTPBadRequest(text=f"code one of {_FAULT_CODES} (or drop), n >= 1")
         access.faults.append(
             Fault(
                 remaining=n,
@@ -226,6 +228,7 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
                 retry_after=int(data.get("retry_after", 1)),
                 message=data.get("message"),
                 after=bool(data.get("after", False)),
+                drop=drop,
             )
         )
         return web.json_response([vars(f) for f in access.faults])

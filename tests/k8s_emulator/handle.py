@@ -201,6 +201,11 @@ class KubeEmulator(EmulatorProcess):
         """Replace the nodes: `{"name", "labels", "allocatable"}` each."""
         self._post("/_emulator/nodes", {"nodes": nodes})
 
+    def drop_next(self, n: int, verb: str | None = None, resource: str | None = None) -> None:
+        """The next `n` API requests (of `verb` on `resource`, when given) get no answer:
+        their connection is closed (the client sees a transport error)."""
+        self._post("/_emulator/faults", {"n": n, "drop": True, "verb": verb, "resource": resource})
+
     def fail_next(
         self,
         n: int,
