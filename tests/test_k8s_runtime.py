@@ -143,6 +143,27 @@ def test_a_refused_watch_ends_the_attempt_with_a_reason_and_leaves_nothing(
     wait_for(lambda: nothing_left(kube), 30, what="the pod and its secret to be deleted")
 
 
+def test_a_watch_refused_when_it_is_made_again_ends_the_attempt(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    sched = on_k8s(make_scheduler, kube)
+    kube.pause_kubelet()  # the pod waits: its watch is open
+    caller, got = acquiring(sched, kind="renderer", ttl_seconds=300)
+    wait_for(lambda: _pod_watches(kube) >= 1, 60, what="the pod's own watch to open")
+    # The API server ends its watches (their timeout), and refuses them from now on.
+    kube.fail_next(1000, 403, verb="watch", resource="pods")
+    assert kube.end_watches() >= 1
+    caller.join(120)
+    refused = got["answer"]
+    assert refused.status_code == 503, refused.text
+    reason = refused.json()["reasons"]["kubernetes"]
+    assert reason.startswith("watching pod oa-") and "403 Forbidden" in reason, reason
+    kube.clear_faults()
+    kube.resume_kubelet()
+    assert none_provisioning(sched)
+    wait_for(lambda: nothing_left(kube), 30, what="the pod and its secret to be deleted")
+
+
 def test_a_watch_whose_connection_drops_ends_the_attempt_with_a_reason(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
