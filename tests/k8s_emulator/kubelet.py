@@ -6,11 +6,11 @@ deadlines), it binds pending pods to nodes, starts the containers of bound ones 
 secrets present, their image "pullable"), probes readiness, enforces
 `activeDeadlineSeconds` against the emulator's clock, and hears container exits from
 Docker's event stream; each pass ends with the cluster autoscaler's scan (autoscaler.py),
-whose new nodes the next pass uses. Graceful deletion stops the container (`docker stop -t G`), writes
-the pod's terminal phase, then removes the container and the Pod object; the store then
-deletes what the pod owned. The control API adds what the machine does: an OOM kill, a
-node-pressure eviction, a node that is lost (and the PodGC controller's collection of
-its pods).
+whose new nodes the next pass uses. Graceful deletion stops the container
+(`docker stop -t G`), writes the pod's terminal phase, then removes the container and
+the Pod object; the store then deletes what the pod owned. The control API adds what the
+machine does: an OOM kill, a node-pressure eviction, a node that is lost (and the PodGC
+controller's collection of its pods).
 
 Whenever the kubelet stops a container itself (delete, deadline, eviction) it marks the
 pod's runtime `ending`: the container's death is then its own doing, written once the
