@@ -49,12 +49,17 @@ def wait_pool(service: Service, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
+Extra = Callable[[dict[str, Service], int], dict[str, dict[str, list[float]]]]
+
+
 def main(
     description: str,
     schedulers: Callable[[], contextlib.AbstractContextManager[dict[str, Service]]],
+    extra: Extra | None = None,
 ) -> None:
     """`--rounds N` (10) rounds on the schedulers `schedulers()` starts, by name; print
-    p50, p99 and max of each, cold and warm."""
+    p50, p99 and max of each, cold and warm, and of what `extra(services, rounds)` adds
+    (more figures, {scheduler: {what: latencies}}), measured after them."""
     parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
@@ -71,10 +76,12 @@ def main(
                 got["warm"].append(timed(service, "renderer"))
         for service in services.values():
             wait_pool(service)
+        for name, more in (extra(services, args.rounds) if extra else {}).items():
+            figures.setdefault(name, {}).update(more)
     print(f"Acquire, request to answer, {args.rounds} rounds (2-core host)")
     width = max(map(len, figures))
     for name, got in figures.items():
-        for how in ("cold", "warm"):
+        for how in got:
             stats: dict[str, Any] = summary(got[how])
             print(
                 f"  {name:{width}s} {how}: p50 {stats['p50'] * 1e3:7.1f} ms   "

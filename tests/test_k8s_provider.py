@@ -365,11 +365,16 @@ def test_an_image_that_never_starts_fails_the_acquire_and_leaves_nothing(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     missing = "registry.invalid/openalice/missing:1"
-    sched = on_k8s(make_scheduler, kube, K8S_RENDERER_IMAGE=missing)
+    # A pull that keeps failing is given up after its bound (test_k8s_runtime.py: within it,
+    # a pull that passes is waited out).
+    sched = on_k8s(
+        make_scheduler, kube, K8S_RENDERER_IMAGE=missing, K8S_IMAGE_PULL_TIMEOUT_SECONDS="2"
+    )
     kube.set_unpullable([missing])
     failed = sched.acquire(kind="renderer", ttl_seconds=300)
     assert failed.status_code in (502, 503), failed.text
     assert "ErrImagePull" in failed.json()["message"] or "ImagePullBackOff" in failed.text
+    assert "K8S_IMAGE_PULL_TIMEOUT_SECONDS" in failed.json()["message"]
     wait_for(lambda: not kube.pods(NAMESPACE) and not kube.secrets(NAMESPACE), 30, what="cleanup")
 
 
@@ -469,15 +474,20 @@ def test_a_create_whose_answer_was_lost_finds_the_lease_s_one_pod(
 def test_the_code_uses_exactly_the_verbs_of_the_documented_role(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
-    sched = on_k8s(make_scheduler, kube, RECONCILE_INTERVAL_SECONDS="1")
+    sched = on_k8s(
+        make_scheduler, kube, RECONCILE_INTERVAL_SECONDS="1", K8S_SCHEDULE_TIMEOUT_SECONDS="1"
+    )
     # Every call the provider makes: a create answered 409 (its first answer lost) is
     # followed by a read of the pod; the start is watched; reconciliation lists; a
-    # release deletes the pod and its secret.
+    # release deletes the pod and its secret; an unschedulable pod's events are listed
+    # (the cluster autoscaler's word on it).
     kube.fail_next(1, 500, verb="create", resource="pods", after=True)
     lease = sched.lease(kind="renderer", ttl_seconds=300)
     assert sched.http.get("/v1/providers").json()[0]["healthy"]
     assert sched.release(lease["lease_id"]).status_code == 204
     wait_for(lambda: gone(kube, lease), 30, what="the pod to go")
+    kube.set_nodes([{"name": "cpu-1", "allocatable": {"cpu": "8", "pods": "110"}}])
+    assert sched.acquire(kind="renderer", gpu="entry", ttl_seconds=300).status_code == 503
     used = {(r["resource"], r["verb"]) for r in kube.requests()}
     granted = {
         (resource, verb)

@@ -1,4 +1,5 @@
-"""Who may do what: the bearer token (401), the emulated faults (429/500/503), RBAC Role
+"""Who may do what: the bearer token (401), the emulated faults (429/500/503, a dropped
+connection), RBAC Role
 rules (403 in the real authorizer's words), and the audit list of every served request.
 
 A request's attributes follow the API server's RequestInfo: GET of an item is `get`, of a
@@ -67,11 +68,18 @@ class Fault:
     # The request is carried out, and only its answer is the error: an answer lost on
     # the way (the client cannot tell whether it happened).
     after: bool = False
+    # No answer at all: the connection is closed as the request arrives (an API server
+    # restarting, a load balancer's reset), which the client sees as a transport error.
+    drop: bool = False
 
     def matches(self, info: RequestInfo) -> bool:
         return (self.verb is None or self.verb == info.verb) and (
             self.resource is None or self.resource == info.resource
         )
+
+
+class Dropped(Exception):
+    """The request's connection is to be closed without an answer (`Fault.drop`)."""
 
 
 @dataclass
@@ -95,6 +103,8 @@ class Access:
             if fault.remaining > 0 and fault.matches(info):
                 fault.remaining -= 1
                 self.faults = [f for f in self.faults if f.remaining > 0]
+                if fault.drop:
+                    raise Dropped()
                 if fault.code == 429:
                     error = too_many_requests(fault.retry_after)
                 else:

@@ -15,11 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from . import admission, objects
-from .access import Access, request_info
+from .access import Access, Dropped, request_info
 from .kstatus import ApiError, already_exists, not_found, respond, status_object, success
 from .kubelet import Kubelet
 from .selectors import field_matcher, label_matcher
-from .store import KINDS, Store
+from .store import KINDS, READ_ONLY, Store
 
 log = logging.getLogger("k8s_emulator.api")
 GIT_VERSION = "v1.37.0"
@@ -50,7 +50,14 @@ async def _gate(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         if not access.authenticate(request):
             raise ApiError(401, "Unauthorized")
-        fault = access.fault_for(info)
+        try:
+            fault = access.fault_for(info)
+        except Dropped:
+            access.record(info, 0, **request["extra"])
+            log.info("%s %s -> connection dropped", request.method, request.path)
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response()  # never sent: the connection is gone
         if fault is not None and not fault[1]:
             raise fault[0]
         access.authorize(info)
@@ -88,6 +95,8 @@ def _resource(request: web.Request) -> str:
     resource = request.match_info["resource"]
     if resource not in KINDS:
         raise ApiError(404, "the server could not find the requested resource", details={})
+    if resource in READ_ONLY and request.method not in ("GET", "HEAD"):
+        raise ApiError(405, "the server does not allow this method on the requested resource")
     return resource
 
 
@@ -147,6 +156,7 @@ async def api_resources(_request: web.Request) -> web.Response:
                 _api_resource("namespaces", "Namespace", False, ["get", "list"]),
                 _api_resource("pods", "Pod", True, verbs),
                 _api_resource("secrets", "Secret", True, verbs),
+                _api_resource("events", "Event", True, verbs),
             ],
         }
     )

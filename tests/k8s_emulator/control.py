@@ -3,7 +3,7 @@ client's traffic. It needs no credentials and is not in the audit list.
 
 - `GET  /_emulator/healthz`
 - `GET  /_emulator/state`: nodes, switches, clock offset, namespaces.
-- `GET  /_emulator/objects/{pods|secrets}[?namespace=]`: full objects (also terminating).
+- `GET  /_emulator/objects/{pods|secrets|events}[?namespace=]`: full objects (also terminating).
 - `GET  /_emulator/requests`: the audit list (verb, resource, namespace, name, code,
   grace_period for pod deletes, label_selector for lists).
 - `GET  /_emulator/containers`: the Docker containers made, with their pods.
@@ -20,11 +20,17 @@ client's traffic. It needs no credentials and is not in the audit list.
 - `POST /_emulator/watches/end`: every open watch ends cleanly, `{"ended": n}`.
 - `POST /_emulator/watches/expire`: every resourceVersion handed out so far is too old;
   open watches get an ERROR 410 event and end, `{"expired": n, "compacted": revision}`.
+- `POST /_emulator/node-groups {"groups": [{"name", "template": {"labels",
+  "allocatable"}, "maxSize", "delaySeconds"}]}`: the cluster autoscaler's node groups
+  (autoscaler.py; none: no autoscaler).
+- `POST /_emulator/flaky-pulls {"images": {image: n}}`: each pod's first n pulls of the
+  image fail (ErrImagePull, ImagePullBackOff), the next one succeeds (pulls.py).
 - `POST /_emulator/nodes {"nodes": [...]}`, `/_emulator/unpullable {"images": [...]}`,
   `/_emulator/kubelet {"paused": bool}`, `/_emulator/rbac {"rules": [...] | null}`,
   `/_emulator/namespaces {"name": ..., "labels": {...}}`, `/_emulator/priorityclasses
   {"name": ..., "value": n}`, `/_emulator/faults {"n", "code", "verb", "after",
-  "resource", "retry_after", "message"}` (or `{"clear": true}`), `/_emulator/sync`
+  "resource", "retry_after", "message"}` (or `{"drop": true, "n", "verb", "resource"}`: the
+  connection closed without an answer; or `{"clear": true}`), `/_emulator/sync`
   (one whole kubelet pass), `/_emulator/reset`.
 """
 
@@ -38,6 +44,7 @@ from aiohttp import web
 from tests.emulator_common import control_app, read_json
 
 from .access import Access, Fault
+from .autoscaler import validate_groups
 from .kubelet import Kubelet, NotRunning
 from .scheduling import validate_nodes
 from .store import Store
@@ -61,6 +68,11 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
                 "nodes": kubelet.nodes,
                 "paused": kubelet.paused,
                 "unpullable": sorted(kubelet.unpullable),
+                "flaky_pulls": kubelet.flaky_pulls,
+                "node_groups": [
+                    {"name": g.name, "size": g.size, "max_size": g.max_size}
+                    for g in kubelet.autoscaler.groups
+                ],
                 "rbac": access.rules,
                 "faults": [vars(f) for f in access.faults],
                 "clock_offset": store.clock_offset,
@@ -75,7 +87,7 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
     @routes.get("/_emulator/objects/{resource}")
     async def objects(request: web.Request) -> web.Response:
         resource = request.match_info["resource"]
-        if resource not in ("pods", "secrets"):
+        if resource not in ("pods", "secrets", "events"):
             raise web.HTTPNotFound()
         return web.json_response(store.list(resource, request.query.get("namespace")))
 
@@ -151,6 +163,28 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
         kubelet.wake()
         return web.json_response(sorted(kubelet.unpullable))
 
+    @routes.post("/_emulator/node-groups")
+    async def node_groups(request: web.Request) -> web.Response:
+        try:
+            kubelet.autoscaler.groups = validate_groups(
+                list((await body(request)).get("groups") or [])
+            )
+        except (ValueError, TypeError) as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from exc
+        await kubelet.settle()
+        return web.json_response([g.name for g in kubelet.autoscaler.groups])
+
+    @routes.post("/_emulator/flaky-pulls")
+    async def flaky_pulls(request: web.Request) -> web.Response:
+        images = (await body(request)).get("images") or {}
+        if not isinstance(images, dict) or not all(
+            isinstance(n, int) and n >= 0 for n in images.values()
+        ):
+            raise web.HTTPBadRequest(text="images: {image: failures before a pull succeeds}")
+        kubelet.flaky_pulls = {str(k): int(v) for k, v in images.items()}
+        kubelet.wake()
+        return web.json_response(kubelet.flaky_pulls)
+
     @routes.post("/_emulator/kubelet")
     async def pause(request: web.Request) -> web.Response:
         kubelet.paused = bool((await body(request)).get("paused"))
@@ -192,10 +226,11 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
         if data.get("clear"):
             access.faults = []
             return web.json_response([])
-        code = data.get("code")
+        drop = bool(data.get("drop", False))
+        code = 0 if drop else data.get("code")
         n = data.get("n", 1)
-        if code not in _FAULT_CODES or not isinstance(n, int) or n < 1:
-            raise web.HTTPBadRequest(text=f"code one of {_FAULT_CODES}, n >= 1")
+        if (not drop and code not in _FAULT_CODES) or not isinstance(n, int) or n < 1:
+            raise web.HTTPBadRequest(text=f"code one of {_FAULT_CODES} (or drop), n >= 1")
         access.faults.append(
             Fault(
                 remaining=n,
@@ -205,6 +240,7 @@ def make_control_app(store: Store, kubelet: Kubelet, access: Access) -> web.Appl
                 retry_after=int(data.get("retry_after", 1)),
                 message=data.get("message"),
                 after=bool(data.get("after", False)),
+                drop=drop,
             )
         )
         return web.json_response([vars(f) for f in access.faults])

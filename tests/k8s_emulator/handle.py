@@ -201,6 +201,11 @@ class KubeEmulator(EmulatorProcess):
         """Replace the nodes: `{"name", "labels", "allocatable", "taints"}` each."""
         self._post("/_emulator/nodes", {"nodes": nodes})
 
+    def drop_next(self, n: int, verb: str | None = None, resource: str | None = None) -> None:
+        """The next `n` API requests (of `verb` on `resource`, when given) get no answer:
+        their connection is closed (the client sees a transport error)."""
+        self._post("/_emulator/faults", {"n": n, "drop": True, "verb": verb, "resource": resource})
+
     def fail_next(
         self,
         n: int,
@@ -233,6 +238,23 @@ class KubeEmulator(EmulatorProcess):
 
     def set_unpullable(self, images: list[str] | set[str]) -> None:
         self._post("/_emulator/unpullable", {"images": sorted(images)})
+
+    def set_node_groups(self, groups: list[dict[str, Any]]) -> None:
+        """The cluster autoscaler's node groups: `{"name", "template": {"labels",
+        "allocatable"}, "maxSize", "delaySeconds"}` each. A pod unschedulable that fits a
+        template gets TriggeredScaleUp and its node after delaySeconds on the emulator's
+        clock (`advance_clock`); one no group can help, NotTriggerScaleUp."""
+        self._post("/_emulator/node-groups", {"groups": groups})
+
+    def events(self, namespace: str = "openalice") -> list[dict[str, Any]]:
+        """The events in `namespace` (the autoscaler's), as the API holds them."""
+        return list(self._get("/_emulator/objects/events", namespace=namespace))
+
+    def set_flaky_pulls(self, images: dict[str, int]) -> None:
+        """Each pod's first n pulls of an image fail as a registry's rate limit does
+        (ErrImagePull, then ImagePullBackOff until the backoff ends: `advance_clock`
+        ends it); the next pull succeeds."""
+        self._post("/_emulator/flaky-pulls", {"images": images})
 
     def pause_kubelet(self) -> None:
         """Pods are still scheduled, but no container starts until `resume_kubelet`."""

@@ -5,11 +5,12 @@ One loop: woken by every object change (and every 0.5 s, for readiness probes an
 deadlines), it binds pending pods to nodes, starts the containers of bound ones (their
 secrets present, their image "pullable"), probes readiness, enforces
 `activeDeadlineSeconds` against the emulator's clock, and hears container exits from
-Docker's event stream. Graceful deletion stops the container (`docker stop -t G`), writes
-the pod's terminal phase, then removes the container and the Pod object; the store then
-deletes what the pod owned. The control API adds what the machine does: an OOM kill, a
-node-pressure eviction, a node that is lost (and the PodGC controller's collection of
-its pods).
+Docker's event stream; each pass ends with the cluster autoscaler's scan (autoscaler.py),
+whose new nodes the next pass uses. Graceful deletion stops the container
+(`docker stop -t G`), writes the pod's terminal phase, then removes the container and
+the Pod object; the store then deletes what the pod owned. The control API adds what the
+machine does: an OOM kill, a node-pressure eviction, a node that is lost (and the PodGC
+controller's collection of its pods).
 
 Whenever the kubelet stops a container itself (delete, deadline, eviction) it marks the
 pod's runtime `ending`: the container's death is then its own doing, written once the
@@ -28,7 +29,8 @@ from typing import Any
 
 import httpx
 
-from . import admission, eviction, podstatus
+from . import admission, eviction, podstatus, pulls
+from .autoscaler import Autoscaler
 from .runtime import Exit, Runtime
 from .scheduling import DEFAULT_NODES, TERMINATED, place
 from .store import Store, parse_time
@@ -84,7 +86,10 @@ class Kubelet:
         self.nodes: list[dict[str, Any]] = [dict(n) for n in DEFAULT_NODES]
         self.paused = False
         self.unpullable: set[str] = set()
+        # Per image, how many pulls (per pod) fail before one succeeds (pulls.py).
+        self.flaky_pulls: dict[str, int] = {}
         self.pods: dict[str, PodRuntime] = {}
+        self.autoscaler = Autoscaler(store)
         self._images: set[str] = set()
         self._image_users: dict[str, str] = {}
         self.host_ip = "127.0.0.1"
@@ -163,6 +168,9 @@ class Kubelet:
                         await self._try_start(pod, runtime)
                 elif not runtime.ready:
                     await self._readiness(pod, runtime)
+            if arrived := self.autoscaler.scan(self.nodes):
+                self.nodes = [*self.nodes, *arrived]
+                self.wake()  # the next pass places the pods that waited for them
 
     def _runtime(self, pod: dict[str, Any]) -> PodRuntime:
         meta = pod["metadata"]
@@ -267,12 +275,25 @@ class Kubelet:
 
     async def _try_start(self, pod: dict[str, Any], runtime: PodRuntime) -> None:
         before = self._snapshot(pod)
-        image = pod["spec"]["containers"][0]["image"]
+        container = pod["spec"]["containers"][0]
+        image = container["image"]
+        if (invalid := pulls.invalid_name(image)) is not None:
+            podstatus.waiting(pod, "InvalidImageName", invalid)
+            self._changed(pod, before)
+            return
         known = image in self.unpullable or image in self._images
         if not known and await asyncio.to_thread(self.runtime.image_exists, image):
             self._images.add(image)  # present locally: used as it is, never pulled
-        if image in self.unpullable or image not in self._images:
-            self._pull_failed(pod, runtime, image)
+        if pulls.never_pull(container) and image not in self._images:
+            podstatus.waiting(pod, "ErrImageNeverPull", pulls.never_pull_message(image))
+            self._changed(pod, before)
+            return
+        # Failing still, or backing off after its last failure.
+        flaky = runtime.pulls < self.flaky_pulls.get(image, 0) or (
+            image in self.flaky_pulls and self.store.now() < runtime.next_pull
+        )
+        if image in self.unpullable or image not in self._images or flaky:
+            self._pull_failed(pod, runtime, image, transient=flaky)
             self._changed(pod, before)
             return
         try:
@@ -292,10 +313,14 @@ class Kubelet:
         if refusal is not None:
             raise ConfigError(refusal)
 
-    def _pull_failed(self, pod: dict[str, Any], runtime: PodRuntime, image: str) -> None:
+    def _pull_failed(
+        self, pod: dict[str, Any], runtime: PodRuntime, image: str, *, transient: bool = False
+    ) -> None:
         """ErrImagePull for a second, then ImagePullBackOff for 2, 4, 8 (at most 10)
-        seconds, then another attempt (real kubelets: 10 s doubling up to 5 minutes)."""
-        now = asyncio.get_running_loop().time()
+        seconds, then another attempt (real kubelets: 10 s doubling up to 5 minutes), on
+        the emulator's clock (`advance_clock` ends a backoff). `transient`: a pull that
+        will succeed (`set_flaky_pulls`), refused meanwhile by the registry's rate limit."""
+        now = self.store.now()
         if now < runtime.next_pull:
             if now >= runtime.next_pull - runtime.backoff + _ERR_IMAGE_PULL_SECONDS:
                 podstatus.image_pull_failed(pod, image, backoff=True)
@@ -303,7 +328,10 @@ class Kubelet:
         runtime.pulls += 1
         runtime.backoff = min(2.0**runtime.pulls, _MAX_BACKOFF) + _ERR_IMAGE_PULL_SECONDS
         runtime.next_pull = now + runtime.backoff
-        podstatus.image_pull_failed(pod, image, backoff=False)
+        if transient:
+            podstatus.waiting(pod, "ErrImagePull", pulls.rate_limited_message(image))
+        else:
+            podstatus.image_pull_failed(pod, image, backoff=False)
 
     async def _start(self, pod: dict[str, Any], runtime: PodRuntime, env: dict[str, str]) -> None:
         meta = pod["metadata"]
@@ -622,6 +650,8 @@ class Kubelet:
             self.deadline_kills.clear()
             self.paused = False
             self.unpullable = set()
+            self.flaky_pulls = {}
+            self.autoscaler.reset()
             self.nodes = [dict(n) for n in DEFAULT_NODES]
             self._images.clear()
             await asyncio.to_thread(self.runtime.remove_all)

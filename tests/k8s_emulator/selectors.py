@@ -3,7 +3,8 @@
 Label selectors take the documented syntax: `k=v`, `k==v`, `k!=v`, `k in (a,b)`,
 `k notin (a,b)`, `k` (exists) and `!k` (does not exist), joined by commas (AND). As in
 Kubernetes, `k!=v` and `k notin (...)` also match objects without the label. Field
-selectors take `=`, `==` and `!=` on the fields the API indexes for pods and secrets.
+selectors take `=`, `==` and `!=` on the fields the API indexes for pods, secrets and
+events.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ _FIELDS: dict[str, Callable[[dict[str, Any]], str]] = {
     "spec.nodeName": lambda o: str(o.get("spec", {}).get("nodeName", "")),
     "spec.restartPolicy": lambda o: str(o.get("spec", {}).get("restartPolicy", "")),
     "type": lambda o: str(o.get("type", "")),
+    # Events' fields (the core/v1 Event field selectors,
+    # https://kubernetes.io/docs/concepts/overview/working-with-objects/field-selectors/;
+    # `kubectl get events --field-selector involvedObject.name=x`).
+    **{
+        f"involvedObject.{key}": lambda o, k=key: str((o.get("involvedObject") or {}).get(k, ""))
+        for key in ("kind", "namespace", "name", "uid", "apiVersion")
+    },
+    "reason": lambda o: str(o.get("reason", "")),
+    "source": lambda o: str((o.get("source") or {}).get("component", "")),
 }
 
 

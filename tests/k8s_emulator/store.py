@@ -22,7 +22,10 @@ from .kstatus import ApiError, status_object
 from .selectors import Matcher
 
 DEFAULT_NAMESPACES = ("default", "openalice")
-KINDS = {"pods": "Pod", "secrets": "Secret"}
+KINDS = {"pods": "Pod", "secrets": "Secret", "events": "Event"}
+# Kinds the API only reads: events are written by the emulator's own controllers
+# (autoscaler.py), never by the client.
+READ_ONLY = frozenset({"events"})
 _EVENT_LOG = 5000
 
 

@@ -53,6 +53,22 @@ class KubernetesSettings(BaseSettings):
         le=3600,
         description="How long a pod may stay unschedulable before the next provider is tried.",
     )
+    k8s_scale_up_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=3600,
+        description="How long an unschedulable pod that triggered the cluster autoscaler's "
+        "scale-up (its TriggeredScaleUp event) is waited for, instead of "
+        "K8S_SCHEDULE_TIMEOUT_SECONDS; PROVISION_TIMEOUT_SECONDS still bounds the whole start.",
+    )
+    k8s_image_pull_timeout_seconds: float = Field(
+        120.0,
+        gt=0,
+        le=3600,
+        description="How long a pod's image pull may keep failing (ErrImagePull, "
+        "ImagePullBackOff: often transient) before the acquire gives it up; InvalidImageName "
+        "and ErrImageNeverPull are given up at once.",
+    )
     k8s_pod_deadline_seconds: int = Field(
         86_400,
         ge=60,

@@ -35,10 +35,12 @@ LABEL_GPU = "openalice.io/gpu"
 # The worker's container in its pod.
 CONTAINER = "worker"
 # Waiting reasons of a container that will not start without someone changing something:
-# its image cannot be had, or its spec cannot be run.
-NEVER_STARTS = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
-)
+# its image's name cannot be parsed, or it may not be pulled and is not on the node.
+NEVER_STARTS = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+# Waiting reasons of a pull that failed and will be tried again (with the kubelet's
+# backoff): often transient (a registry's rate limit, a slow network), given up after
+# K8S_IMAGE_PULL_TIMEOUT_SECONDS (docs/backends/kubernetes.md#image-pulls).
+PULL_FAILING = frozenset({"ErrImagePull", "ImagePullBackOff"})
 
 # A CreateContainerConfigError is mostly passing (the worker's Secret is made just after
 # its pod); the kubelet's refusal of an image's user under runAsNonRoot is not: it says
@@ -136,6 +138,8 @@ class PodState:
     unschedulable: str | None
     # A container that will not start: its reason and message.
     never_starts: str | None
+    # A container whose image pull failed and is tried again: its reason and message.
+    pull_failing: str | None
     # Why the pod ended, when it has.
     ended: str | None
 
@@ -154,11 +158,16 @@ def state(obj: Pod) -> PodState:
     ):
         unschedulable = scheduled.message or "unschedulable"
     never_starts = None
+    pull_failing = None
     ended = None
     for container in (status.containerStatuses or []) if status else []:
         waiting = container.state.waiting if container.state else None
-        if waiting is not None and waiting.reason in NEVER_STARTS:
-            never_starts = f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": ")
+        if waiting is not None and waiting.reason in NEVER_STARTS | PULL_FAILING:
+            words = f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": ")
+            if waiting.reason in NEVER_STARTS:
+                never_starts = words
+            else:
+                pull_failing = words
         elif waiting is not None and (waiting.message or "").startswith(NON_ROOT_REFUSALS):
             never_starts = f"{waiting.reason}: {(waiting.message or '')[:200]} (K8S_RUN_AS_USER)"
         terminated = container.state.terminated if container.state else None
@@ -173,6 +182,7 @@ def state(obj: Pod) -> PodState:
         ending=obj.metadata is not None and obj.metadata.deletionTimestamp is not None,
         unschedulable=unschedulable,
         never_starts=never_starts,
+        pull_failing=pull_failing,
         ended=ended if phase in ("Failed", "Succeeded") else None,
     )
 

@@ -15,10 +15,14 @@ scheduler runs in a cluster, else KUBECONFIG and K8S_CONTEXT).
   guard runs. Kubernetes lets a running pod's deadline be lowered, never raised: a
   lease on Kubernetes lives at most that long from its creation, renewals included
   (`max_lifetime_seconds`; a renewal past it is a 409), as on Modal.
-- A pod still unschedulable after K8S_SCHEDULE_TIMEOUT_SECONDS is deleted and the
-  acquire goes to the next provider (ProviderOutOfCapacity, in the scheduler's words);
-  an image that cannot be pulled is a ProviderError at once. Transient API errors (429,
-  5xx, a dropped connection) are retried with backoff (stamina); 404 on delete is gone.
+- A pod still unschedulable after K8S_SCHEDULE_TIMEOUT_SECONDS (K8S_SCALE_UP_TIMEOUT_SECONDS
+  when the cluster autoscaler triggered a scale-up for it; at once when it says it cannot
+  help) is deleted and the acquire goes to the next provider (ProviderOutOfCapacity, in
+  the scheduler's and autoscaler's words); an image pull is given up when its reason is
+  final or after K8S_IMAGE_PULL_TIMEOUT_SECONDS (starting.py). Transient API errors (429,
+  5xx, a dropped connection) are retried with backoff (stamina); what is still refused
+  then ends the attempt as a reason of the 503 (ProviderOutOfCapacity); 404 on delete
+  is gone.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -44,7 +47,7 @@ import stamina
 from lightkube import AsyncClient, ConfigError, KubeConfig
 from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT, SingleConfig
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.resources.core_v1 import Event, Pod, Secret
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.config.kubernetes import parse_gpu_classes
@@ -64,7 +67,7 @@ from openalice_scheduler.providers.base import (
     past_bound,
     worker_env,
 )
-from openalice_scheduler.providers.kubernetes import objects, podspec, watching
+from openalice_scheduler.providers.kubernetes import objects, podspec, starting, watching
 from openalice_scheduler.providers.kubernetes.objects import (
     LABEL_GPU,
     LABEL_INSTANCE,
@@ -75,7 +78,12 @@ from openalice_scheduler.providers.kubernetes.objects import (
     MANAGED_BY,
     PodPlan,
 )
-from openalice_scheduler.providers.kubernetes.watching import on_watch_error, transient
+from openalice_scheduler.providers.kubernetes.watching import (
+    on_watch_error,
+    refusal,
+    status_code,
+    transient,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,6 +135,11 @@ class KubernetesProvider:
         self.shape = podspec.PodShape.from_settings(settings)
         self.images = {"renderer": settings.k8s_renderer_image, "anim": settings.k8s_anim_image}
         self.ports = settings.worker_ports
+        self.limits = starting.Limits(
+            schedule=settings.k8s_schedule_timeout_seconds,
+            scale_up=settings.k8s_scale_up_timeout_seconds,
+            image_pull=settings.k8s_image_pull_timeout_seconds,
+        )
         self._client: AsyncClient | None = None
 
     # --- the Provider contract -----------------------------------------------------------
@@ -262,10 +275,10 @@ class KubernetesProvider:
         try:
             return await self._call(lambda: client.create(objects.pod(plan)))
         except httpx.TransportError as exc:
-            raise _error(f"creating pod {plan.name}", exc) from None
+            raise _refused(f"creating pod {plan.name}", exc) from None
         except ApiError as exc:
             if exc.status.code != 409:
-                raise _error(f"creating pod {plan.name}", exc) from None
+                raise _refused(f"creating pod {plan.name}", exc) from None
         # A create answered before (its answer lost) or by another attempt: the lease's pod.
         found = await self._get(plan.name)
         labels = (found.metadata.labels or {}) if found and found.metadata else {}
@@ -278,48 +291,24 @@ class KubernetesProvider:
         try:
             await self._call(lambda: client.create(obj))
         except httpx.TransportError as exc:
-            raise _error("creating the worker's secret", exc) from None
+            raise _refused("creating the worker's secret", exc) from None
         except ApiError as exc:
             if exc.status.code != 409:  # 409: made by an earlier try of this very call
                 # The API's message may quote what was sent: only its reason is told.
-                raise ProviderError(
-                    f"kubernetes: creating the worker's secret: {exc.status.code} "
-                    f"{exc.status.reason}"
+                raise ProviderOutOfCapacity(
+                    f"creating the worker's secret: {exc.status.code} {exc.status.reason}"
                 ) from None
 
     async def _wait_ready(self, created: Pod) -> str:
-        """The pod's IP once it is Running and Ready, heard from a watch of the pod.
-        ProviderOutOfCapacity when it is still unschedulable K8S_SCHEDULE_TIMEOUT_SECONDS
-        after its creation; ProviderError when it ends, goes, or will not start."""
+        """The pod's IP once it is Running and Ready (starting.py: the schedule, scale-up
+        and image-pull bounds); any refusal of the API on the way ends the attempt."""
         assert created.metadata is not None and created.metadata.name is not None
         name = created.metadata.name
-        started = time.monotonic()
         changes = self._changes(name, created.metadata.resourceVersion)
-        pod: Pod | None = created
         try:
-            while True:
-                if pod is None:
-                    raise ProviderError(f"kubernetes: pod {name} was deleted while starting")
-                now = objects.state(pod)
-                if now.phase == "Running" and now.ready and now.ip:
-                    return now.ip
-                if now.ended is not None or now.ending:
-                    raise ProviderError(f"kubernetes: pod {name} ended while starting: {now.ended}")
-                if now.never_starts is not None:
-                    raise ProviderError(
-                        f"kubernetes: pod {name} will not start: {now.never_starts}"
-                    )
-                limit = None
-                if now.unschedulable is not None:
-                    limit = started + self.settings.k8s_schedule_timeout_seconds - time.monotonic()
-                try:
-                    async with asyncio.timeout(max(0.0, limit) if limit is not None else None):
-                        pod = await anext(changes)
-                except TimeoutError:
-                    raise ProviderOutOfCapacity(
-                        f"pod unschedulable after {self.settings.k8s_schedule_timeout_seconds:g} "
-                        f"s (K8S_SCHEDULE_TIMEOUT_SECONDS): {now.unschedulable}"
-                    ) from None
+            return await starting.wait_ready(
+                created, changes, lambda: self._pod_events(name), self.limits
+            )
         finally:
             await changes.aclose()
 
@@ -339,11 +328,9 @@ class KubernetesProvider:
                 ):
                     yield None if kind == "DELETED" else pod
                 return  # not reached: lightkube watches again when the server ends a watch
-            except ApiError as exc:
-                if exc.status.code != 410:
-                    raise _error(f"watching pod {name}", exc) from None
-            except httpx.TransportError as exc:
-                raise _error(f"watching pod {name}", exc) from None
+            except httpx.HTTPError as exc:  # lightkube's ApiError, a refused watch, a drop
+                if not isinstance(exc, httpx.HTTPStatusError) or status_code(exc) != 410:
+                    raise _refused(f"watching pod {name}", exc) from None
             again = await self._get(name)
             yield again
             if again is None or again.metadata is None:
@@ -383,9 +370,22 @@ class KubernetesProvider:
         except ApiError as exc:
             if exc.status.code == 404:
                 return None
-            raise _error(f"reading pod {name}", exc) from None
+            raise _refused(f"reading pod {name}", exc) from None
         except httpx.TransportError as exc:
-            raise _error(f"reading pod {name}", exc) from None
+            raise _refused(f"reading pod {name}", exc) from None
+
+    async def _pod_events(self, name: str) -> list[Event]:
+        """The events of the pod `name` (the cluster autoscaler's among them)."""
+        client = self._connect()
+        fields: dict[str, Any] = {"involvedObject.kind": "Pod", "involvedObject.name": name}
+
+        async def listed() -> list[Event]:
+            return [e async for e in client.list(Event, namespace=self.namespace, fields=fields)]
+
+        try:
+            return await self._call(listed)
+        except (ApiError, httpx.TransportError) as exc:
+            raise _refused(f"reading pod {name}'s events", exc) from None
 
     async def _list(self, labels: dict[str, str]) -> list[Pod]:
         client = self._connect()
@@ -423,14 +423,17 @@ class KubernetesProvider:
             raise _error(doing, exc) from None
 
 
-def _error(doing: str, exc: BaseException) -> ProviderError:
+def _error(doing: str, exc: httpx.HTTPError) -> ProviderError:
     """A ProviderError for a failed API call: its status and the API's message (the
     client's messages never carry the credentials)."""
-    if isinstance(exc, ApiError):
-        detail = f"{exc.status.code} {exc.status.reason}: {(exc.status.message or '')[:200]}"
-    else:
-        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
-    return ProviderError(f"kubernetes: {doing}: {detail}")
+    return ProviderError(f"kubernetes: {doing}: {refusal(exc)}")
+
+
+def _refused(doing: str, exc: httpx.HTTPError) -> ProviderOutOfCapacity:
+    """A call or watch of a provision the API refused (or could not be reached for),
+    after its retries: the attempt ends and the next provider is tried, with this reason
+    in the 503's `reasons` when none serves (docs/backends/kubernetes.md#errors)."""
+    return ProviderOutOfCapacity(f"{doing}: {refusal(exc)}")
 
 
 def _gpu_type(plan: PodPlan) -> str | None:

@@ -60,14 +60,13 @@ async def deaths(
                 ended = _ended(kind, pod)
                 if ended is not None:
                     yield ended
-        except ApiError as exc:
-            if exc.status.code == 410:
+        except httpx.HTTPStatusError as exc:  # ApiError among them
+            if status_code(exc) == 410:
                 log.info("kubernetes: the pod watch's version expired; listing again")
                 continue
             log.warning(
-                "kubernetes: the pod watch was refused (%s %s); again in %.1f s",
-                exc.status.code,
-                exc.status.reason,
+                "kubernetes: the pod watch was refused (%s); again in %.1f s",
+                refusal(exc),
                 backoff,
             )
         except (httpx.TransportError, ProviderError) as exc:
@@ -89,9 +88,29 @@ def _ended(kind: str, pod: Pod) -> WorkerEnded | None:
 def transient(exc: Exception) -> bool:
     """Whether a failed API call is worth trying again: the API server was busy or
     briefly away, or the connection dropped."""
-    if isinstance(exc, ApiError):
-        return exc.status.code in (429, 500, 502, 503, 504)
+    if isinstance(exc, httpx.HTTPStatusError):
+        return status_code(exc) in (429, 500, 502, 503, 504)
     return isinstance(exc, httpx.TransportError)
+
+
+def status_code(exc: httpx.HTTPStatusError) -> int:
+    """The code of an API error: the Status' own (an ERROR event in a watch's 200 stream
+    carries one), else the answer's. lightkube raises a refused watch as httpx's
+    HTTPStatusError, not as its ApiError: its body is not read."""
+    if isinstance(exc, ApiError) and exc.status.code is not None:
+        return exc.status.code
+    return exc.response.status_code
+
+
+def refusal(exc: httpx.HTTPError) -> str:
+    """An API call's or watch's failure in words: its code, reason and the API's message
+    (the client's messages never carry the credentials), or the connection's error."""
+    if isinstance(exc, ApiError):
+        message = (exc.status.message or "")[:200]
+        return f"{status_code(exc)} {exc.status.reason}: {message}".rstrip(": ")
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{exc.response.status_code} {exc.response.reason_phrase}"
+    return f"{type(exc).__name__}: {str(exc)[:200]}".rstrip(": ")
 
 
 def on_watch_error(exc: Exception, count: int) -> OnErrorResult:
