@@ -203,9 +203,9 @@ def test_the_first_acquire_does_not_pay_for_the_image_s_build(
 
 
 def test_an_image_that_cannot_be_resolved_is_told_at_start_and_in_the_503(
-    make_scheduler: Make, modal: ModalEmulator
+    make_scheduler: Make, modal: ModalEmulator, fresh_image: str
 ) -> None:
-    missing = f"openalice-no-such-image:{uuid.uuid4().hex[:8]}"
+    missing = fresh_image.replace("openalice-demo-worker", "openalice-not-yet")
     sched = on_modal(make_scheduler, modal, MODAL_RENDERER_IMAGE=missing)
     wait_for(lambda: missing in sched.log(), 60, what="the start-up warning")
     warning = next(line for line in sched.log().splitlines() if missing in line)
@@ -215,6 +215,26 @@ def test_an_image_that_cannot_be_resolved_is_told_at_start_and_in_the_503(
     reason = refused.json()["reasons"]["modal"]
     assert missing in reason and "not on the local Docker engine" in reason, reason
     assert modal.sandboxes() == []  # nothing was created for it
+
+    # The image appears: a later attempt, made in the background, resolves it, with no
+    # restart, and acquires are served again.
+    client = docker.DockerClient(base_url=SHARED_ENGINE)
+    repository, _, tag = missing.partition(":")
+    client.images.get(fresh_image).tag(repository, tag)
+    try:
+        served = wait_for(
+            lambda: (
+                (answer := sched.acquire(kind="renderer", ttl_seconds=300)).status_code == 200
+                and answer.json()["lease"]
+            ),
+            90,
+            interval=1,
+            what="the image to be resolved again",
+        )
+        assert asked(modal, served)["image"] == missing
+    finally:
+        client.images.remove(missing, noprune=True)
+        client.close()
 
 
 # --- a private registry -----------------------------------------------------------------

@@ -28,7 +28,7 @@ import modal.exception
 log = logging.getLogger(__name__)
 
 # A failed resolution is tried again, in the background, at most this often.
-RETRY_AFTER_S = 30.0
+RETRY_AFTER_S = 10.0
 
 
 @dataclass
