@@ -83,8 +83,8 @@ class ModalSettings(BaseSettings):
         "tried (alone: a 503 naming the wait). 180 s waits out a short queue yet gives "
         "a caller who has another provider its worker there rather than after Modal's "
         "own 21 minutes, and leaves most of PROVISION_TIMEOUT_SECONDS (600) to the "
-        "worker's readiness; the wait is also cut a little before "
-        "PROVISION_TIMEOUT_SECONDS, so that the reason given is this one.",
+        "worker's readiness. The wait also ends a little before "
+        "PROVISION_TIMEOUT_SECONDS when that comes first, with Modal's reason.",
     )
     modal_registry_secret: str | None = Field(
         None,
