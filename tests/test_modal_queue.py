@@ -198,9 +198,26 @@ def test_the_first_acquire_does_not_pay_for_the_image_s_build(
     acquire_calls = modal.calls()[before:]
     creates = [c for c in acquire_calls if c["rpc"].startswith("SandboxCreate")]
     assert creates and all(c["at"] > built["built_at"] for c in creates)
-    # No build in the acquire's path: the image was Modal's already.
-    assert [c for c in acquire_calls if c["rpc"] == "ImageJoinStreaming"] == []
+    # Nothing about the image in the acquire's path: no build, not even a lookup.
+    assert [c["rpc"] for c in acquire_calls if c["rpc"].startswith("Image")] == []
     assert f"image {fresh_image} resolved" in sched.log()
+
+
+def test_an_acquire_during_the_start_up_build_waits_for_it_and_builds_nothing_itself(
+    make_scheduler: Make, modal: ModalEmulator, fresh_image: str
+) -> None:
+    modal.set_rpc_delay("ImageJoinStreaming", 4)  # a build that takes a while
+    sched = on_modal(
+        make_scheduler, modal, MODAL_RENDERER_IMAGE=fresh_image, MODAL_ANIM_IMAGE=fresh_image
+    )
+    lease = sched.lease(kind="renderer", ttl_seconds=300)
+    assert asked(modal, lease)["image"] == fresh_image
+    # One build, the one started at start-up: the acquire waited for it, and its create
+    # only named the image Modal had then.
+    assert [c["rpc"] for c in modal.calls() if c["rpc"].startswith("Image")] == [
+        "ImageGetOrCreate",
+        "ImageJoinStreaming",
+    ]
 
 
 def test_an_image_that_cannot_be_resolved_is_told_at_start_and_in_the_503(

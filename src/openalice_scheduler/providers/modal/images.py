@@ -3,9 +3,10 @@ built by Modal, or looked up when Modal built it already, once the provider has 
 (at start-up: the start-up reconciliation connects), in the background, so that no
 caller's acquire pays for a build.
 
-- An acquire arriving while that resolution still runs waits for it (it never starts
-  one); once resolved, a create only sends the image again, which Modal answers from
-  its cache (the client re-sends every dependency on each create).
+- An acquire arriving while its image's resolution still runs waits for that one (it
+  never starts one); once resolved, a create names the image by its id, with no call
+  about the image (modal 1.6.4, `sandbox/_common.py`: "An already-hydrated image ...
+  has nothing to load").
 - A resolution that failed is logged at once (a warning naming the image and Modal's
   reason) and is the reason `modal` gives for the kinds of that image (a 503 when no
   other provider serves) until a later attempt succeeds: one is started in the
@@ -36,6 +37,7 @@ class _Resolution:
     image: modal.Image | None = None
     error: str | None = None
     finished_at: float | None = None
+    task: asyncio.Task[None] | None = None  # the attempt under way, or the last one
 
 
 class ImageResolver:
@@ -51,12 +53,13 @@ class ImageResolver:
         self.registry_secret = registry_secret
         self._clock = clock
         self._resolutions = {ref: _Resolution() for ref in set(self.references.values())}
-        self._task: asyncio.Task[None] | None = None
 
     def start(self, client: modal.Client, app: modal.App) -> None:
-        """Resolve, in the background, every image not resolved yet (unless under way)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._resolve_all(client, app))
+        """Resolve, in the background, each image not resolved yet (unless under way),
+        each on its own: a kind waits for its own image only."""
+        for reference, found in self._resolutions.items():
+            if found.image is None and (found.task is None or found.task.done()):
+                found.task = asyncio.create_task(self._resolve(reference, found, client, app))
 
     def problem(self, kind: str, client: modal.Client, app: modal.App) -> str | None:
         """Why `kind`'s image cannot be used (its last resolution failed), starting a new
@@ -73,37 +76,35 @@ class ImageResolver:
         """`kind`'s resolved image, waiting for a resolution under way. LookupError with
         the reason when it failed (or none was started: the provider never connected)."""
         reference = self.references[kind]
-        if self._resolutions[reference].image is None and self._task is not None:
-            await asyncio.shield(self._task)
         found = self._resolutions[reference]
+        if found.image is None and found.task is not None:
+            await asyncio.shield(found.task)
         if found.image is None:
             raise LookupError(found.error or f"Modal image {reference} is not resolved yet")
         return found.image
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [f.task for f in self._resolutions.values() if f.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _resolve_all(self, client: modal.Client, app: modal.App) -> None:
-        for reference, found in self._resolutions.items():
-            if found.image is not None:
-                continue
-            started = time.perf_counter()
-            try:
-                found.image = await self._resolve(reference, client, app)
-                found.error = None
-                log.info(
-                    "modal: image %s resolved in %.1f s", reference, time.perf_counter() - started
-                )
-            except Exception as exc:  # noqa: BLE001 - whatever it was is the kinds' reason
-                found.error = f"Modal image {reference} could not be resolved: " + _why(
-                    exc, self.registry_secret
-                )
-                log.warning("modal: %s", found.error)
-            found.finished_at = self._clock()
+    async def _resolve(
+        self, reference: str, found: _Resolution, client: modal.Client, app: modal.App
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            found.image = await self._build(reference, client, app)
+            found.error = None
+            log.info("modal: image %s resolved in %.1f s", reference, time.perf_counter() - started)
+        except Exception as exc:  # noqa: BLE001 - whatever it was is the kinds' reason
+            found.error = f"Modal image {reference} could not be resolved: " + _why(
+                exc, self.registry_secret
+            )
+            log.warning("modal: %s", found.error)
+        found.finished_at = self._clock()
 
-    async def _resolve(self, reference: str, client: modal.Client, app: modal.App) -> modal.Image:
+    async def _build(self, reference: str, client: modal.Client, app: modal.App) -> modal.Image:
         secret = None
         if self.registry_secret is not None:
             secret = modal.Secret.from_name(self.registry_secret, client=client)
