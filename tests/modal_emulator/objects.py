@@ -182,7 +182,9 @@ class ObjectRpcs:
         registry = definition.image_registry_config
         if registry.secret_id and registry.secret_id not in self.state.secrets:
             raise GRPCError(Status.NOT_FOUND, f"Secret {registry.secret_id} not found")
-        image_id = _stable_id("im", "\n".join([*commands, registry.secret_id]))
+        # Another registry secret is another image (its id changes with the secret's).
+        parts = commands + ([registry.secret_id] if registry.secret_id else [])
+        image_id = _stable_id("im", "\n".join(parts))
         auth = (
             api_pb2.RegistryAuthType.Name(registry.registry_auth_type)
             if registry.secret_id
