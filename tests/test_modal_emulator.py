@@ -601,6 +601,47 @@ def test_a_queued_sandbox_is_created_at_once_and_its_tunnels_wait_for_its_start(
     assert emulator.sandbox(queued.object_id)["state"] == "running"
 
 
+@pytest.mark.parametrize("gpu", [None, "L4"], ids=["v2", "v1"])
+def test_a_running_sandbox_s_held_tunnels_time_out_until_reported(
+    emulator: ModalEmulator,
+    app: modal.App,
+    image: modal.Image,
+    emulator_ca: ssl.SSLContext,
+    gpu: str | None,
+) -> None:
+    """`hold_tunnels`: a running sandbox whose tunnels Modal has not reported; the
+    client's `tunnels(timeout)` raises SandboxTimeoutError after its timeout, as the
+    client documents, and answers them once they are reported."""
+    emulator.hold_tunnels()
+    sandbox = leased_worker(app, image, "renderer", gpu=gpu)
+    assert emulator.sandbox(sandbox.object_id)["state"] == "running"
+    with pytest.raises(modal.exception.SandboxTimeoutError):
+        sandbox.tunnels(timeout=1)
+    emulator.hold_tunnels(False)
+    tunnel = sandbox.tunnels(timeout=5)[8080]
+    assert worker_answer(tunnel.url, emulator_ca)["lease_id"] == LEASE_VALUE
+
+
+def test_a_private_registry_s_image_names_its_secret_and_an_unknown_one_is_not_found(
+    emulator: ModalEmulator, app: modal.App, client: modal.Client
+) -> None:
+    name = f"registry-{uuid.uuid4().hex[:8]}"
+    password = "pw-" + uuid.uuid4().hex
+    modal.Secret.objects.create(
+        name, {"REGISTRY_USERNAME": "robot", "REGISTRY_PASSWORD": password}, client=client
+    )
+    secret = modal.Secret.from_name(name, client=client)
+    built = modal.Image.from_registry(WORKER_IMAGE, secret=secret).build(app)
+    record = next(i for i in emulator.state()["images"] if i["image_id"] == built.object_id)
+    assert record["registry_auth"] == "REGISTRY_AUTH_TYPE_STATIC_CREDS"
+    assert record["registry_secret_id"] == secret.object_id and record["built_at"]
+    assert password not in json.dumps(emulator.state())  # keys only, never values
+
+    missing = modal.Secret.from_name(f"no-such-{uuid.uuid4().hex[:6]}", client=client)
+    with pytest.raises(modal.exception.NotFoundError, match="not found"):
+        modal.Image.from_registry(WORKER_IMAGE, secret=missing).build(app)
+
+
 def test_queued_sandboxes_start_oldest_first_and_a_terminated_one_never_starts(
     emulator: ModalEmulator, app: modal.App, image: modal.Image, client: modal.Client
 ) -> None:

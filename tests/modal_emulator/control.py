@@ -38,6 +38,7 @@ SWITCHES_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "schedule_delay": _SECONDS,
+        "hold_tunnels": {"type": "boolean"},
         # GPU types refused at create ("*": every create, "": CPU-only ones); [] clears.
         "no_capacity": {"type": "array", "items": {"type": "string"}},
         "max_sandboxes": {"type": ["integer", "null"], "minimum": 0},
@@ -80,6 +81,8 @@ def apply_switches(state: EmulatorState, body: dict[str, Any]) -> None:
     settings = state.settings
     if "schedule_delay" in body:
         settings.schedule_delay = float(body["schedule_delay"])
+    if "hold_tunnels" in body:
+        settings.hold_tunnels = body["hold_tunnels"]
     if "no_capacity" in body:
         settings.no_capacity = set(body["no_capacity"])
     if "max_sandboxes" in body:

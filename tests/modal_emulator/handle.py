@@ -101,6 +101,11 @@ class ModalEmulator(EmulatorProcess):
     def set_schedule_delay(self, seconds: float) -> None:
         self.switch(schedule_delay=seconds)
 
+    def hold_tunnels(self, held: bool = True) -> None:
+        """Running sandboxes' tunnels are not reported (`tunnels()` waits, then
+        `SandboxTimeoutError`) until `hold_tunnels(False)`."""
+        self.switch(hold_tunnels=held)
+
     def set_no_capacity(self, enabled: bool = True, *, gpu: str = "*") -> None:
         """Refuse creates (RESOURCE_EXHAUSTED) asking for `gpu` ("*": all, "": no GPU)."""
         refused = set(self.state()["settings"]["no_capacity"])

@@ -42,6 +42,7 @@ MESSAGES_USED = (
     "GenericResult",
     "Image",
     "ImageMetadata",
+    "ImageRegistryConfig",
     "PortSpec",
     "PortSpecs",
     "Resources",

@@ -10,14 +10,25 @@
   client's `ImageBuildError`, with the reason). A first `ImageGetOrCreate` answers
   "not built yet", so the client joins the build stream and hears it finished; later
   ones answer the cached result, as Modal does.
+- A private registry's image (`Image.from_registry(tag, secret=...)`, "To pull from a
+  private registry, set the `secret` parameter to a `modal.Secret` holding registry
+  credentials", https://modal.com/docs/reference/modal.Image#from_registry) names its
+  secret by id in `image_registry_config`: an id the emulator does not know is
+  NOT_FOUND, and the kind of credentials the client inferred from the secret's keys is
+  recorded with the secret's id, never its values. The emulator pulls nothing, so the
+  credentials are not tried.
 - `SecretGetOrCreate`: `Secret.from_dict` (ephemeral or owned by the app) and named
-  secrets (`Secret.from_name`; made by `Secret.objects.create` or the control API).
+  secrets (`Secret.from_name`; made by `Secret.objects.create` or the control API). A
+  name not made is NOT_FOUND, which the client raises as `modal.exception.NotFoundError`
+  ("Reference a deployed Secret by name", https://modal.com/docs/reference/modal.Secret#from_name;
+  the message's wording is the emulator's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpclib.server
@@ -137,6 +148,8 @@ class ObjectRpcs:
     ) -> None:
         request = await received(stream)
         image = await self._image_of(request.image)
+        known = self.state.images.get(image.image_id)
+        image.built_at = known.built_at if known is not None else None
         self.state.images[image.image_id] = image
         response = api_pb2.ImageGetOrCreateResponse(image_id=image.image_id)
         if image.image_id in self._built:
@@ -152,7 +165,9 @@ class ObjectRpcs:
         image = self.state.images.get(request.image_id)
         if image is None:
             raise GRPCError(Status.NOT_FOUND, f"Image {request.image_id} not found")
-        self._built.add(image.image_id)
+        if image.image_id not in self._built:
+            self._built.add(image.image_id)
+            image.built_at = time.time()
         await stream.send_message(
             api_pb2.ImageJoinStreamingResponse(
                 result=self._build_result(image),
@@ -164,7 +179,24 @@ class ObjectRpcs:
 
     async def _image_of(self, definition: api_pb2.Image) -> Image:
         commands = list(definition.dockerfile_commands)
-        image_id = _stable_id("im", "\n".join(commands))
+        registry = definition.image_registry_config
+        if registry.secret_id and registry.secret_id not in self.state.secrets:
+            raise GRPCError(Status.NOT_FOUND, f"Secret {registry.secret_id} not found")
+        # Another registry secret is another image (its id changes with the secret's).
+        parts = commands + ([registry.secret_id] if registry.secret_id else [])
+        image_id = _stable_id("im", "\n".join(parts))
+        auth = (
+            api_pb2.RegistryAuthType.Name(registry.registry_auth_type)
+            if registry.secret_id
+            else None
+        )
+        image = await self._image_from(image_id, definition, commands)
+        image.registry_auth, image.registry_secret_id = auth, registry.secret_id or None
+        return image
+
+    async def _image_from(
+        self, image_id: str, definition: api_pb2.Image, commands: list[str]
+    ) -> Image:
         if not commands or not commands[0].startswith("FROM "):
             return Image(image_id, "", "the emulator runs registry images only (FROM <image>)")
         reference = commands[0].removeprefix("FROM ").strip()

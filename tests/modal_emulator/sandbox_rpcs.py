@@ -16,6 +16,7 @@ Which generation a sandbox id belongs to is in its shape (`state.new_sandbox_id`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -172,6 +173,8 @@ class SandboxRpcs:
         # Like Modal: the encrypted ports' tunnels now; unencrypted endpoints come from
         # SandboxGetTunnelsV2 (the client asks when this list is incomplete).
         tunnels = [t for t in self._tunnel_protos(record) if not t.unencrypted_host]
+        if self.state.settings.hold_tunnels:
+            tunnels = []  # not reported yet: the client asks SandboxGetTunnelsV2
         await stream.send_message(
             api_pb2.SandboxCreateV2Response(
                 sandbox_id=record.sandbox_id,
@@ -243,7 +246,17 @@ class SandboxRpcs:
     ) -> None:
         request, record = await self._requested(stream)
         response = api_pb2.SandboxGetTunnelsResponse()
-        if await self.engine.wait_started(record, min(request.timeout, _LONGEST_WAIT)):
+        wait = min(request.timeout, _LONGEST_WAIT)
+        asked_at = time.monotonic()
+        started = await self.engine.wait_started(record, wait)
+        if started and self.state.settings.hold_tunnels:
+            # Running, its tunnels not reported within the request's timeout: the
+            # client's "SandboxTimeoutError: If the tunnels are not available after the
+            # timeout" (https://modal.com/docs/reference/modal.Sandbox#tunnels).
+            await self.engine.wait_ended(record, wait - (time.monotonic() - asked_at))
+            if record.state != "ended":
+                response.result.status = GenericStatus.GENERIC_STATUS_TIMEOUT
+        elif started:
             response.tunnels.extend(self._tunnel_protos(record))
         elif record.state == "pending":
             # Not running within the request's timeout (queued, or still scheduling): a

@@ -210,6 +210,7 @@ class Settings:
     """The switches (control API `POST /_emulator/settings`, README)."""
 
     schedule_delay: float = 0.0  # seconds from create to a running container
+    hold_tunnels: bool = False  # running sandboxes' tunnels are not reported
     no_capacity: set[str] = field(default_factory=set)  # GPU types; "*" all, "" CPU-only
     max_sandboxes: int | None = None  # sandboxes placed at once; more wait in the queue
     list_page_size: int = 100
@@ -218,6 +219,7 @@ class Settings:
     def as_dict(self) -> dict[str, Any]:
         return {
             "schedule_delay": self.schedule_delay,
+            "hold_tunnels": self.hold_tunnels,
             "no_capacity": sorted(self.no_capacity),
             "max_sandboxes": self.max_sandboxes,
             "list_page_size": self.list_page_size,
@@ -237,6 +239,11 @@ class Image:
     image_id: str
     reference: str
     error: str | None  # why it cannot run here (not local, unsupported commands)
+    # A private registry's credentials: the kind (`REGISTRY_AUTH_TYPE_…`) and the secret
+    # holding them (`Image.from_registry(tag, secret=…)`); the secret's values stay here.
+    registry_auth: str | None = None
+    registry_secret_id: str | None = None
+    built_at: float | None = None  # real time its build finished (`calls[].at`'s clock)
 
 
 class EmulatorState:

@@ -74,6 +74,28 @@ class ModalSettings(BaseSettings):
         "0 = not probed.",
     )
 
+    modal_start_timeout_seconds: float = Field(
+        180.0,
+        ge=1,
+        description="How long a new sandbox may take to start and report its tunnel: "
+        "Modal queues a sandbox it cannot place yet (a GPU type in short supply) instead "
+        "of refusing it. Past this the sandbox is terminated and the next provider "
+        "tried (alone: a 503 naming the wait). 180 s waits out a short queue yet gives "
+        "a caller who has another provider its worker there rather than after Modal's "
+        "own 21 minutes, and leaves most of PROVISION_TIMEOUT_SECONDS (600) to the "
+        "worker's readiness. The wait also ends a little before "
+        "PROVISION_TIMEOUT_SECONDS when that comes first, with Modal's reason.",
+    )
+    modal_registry_secret: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The name of a Modal secret holding a private registry's "
+        "credentials (REGISTRY_USERNAME and REGISTRY_PASSWORD; or AWS_* for ECR; or "
+        "SERVICE_ACCOUNT_JSON for Google's registry), for pulling every kind's image. "
+        "The scheduler names it only: its values stay in Modal.",
+    )
+
     @field_validator("modal_gpu_types")
     @classmethod
     def _gpu_types(cls, value: str) -> str:
