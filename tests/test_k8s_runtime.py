@@ -100,6 +100,32 @@ def test_a_lease_waits_for_the_autoscaler_s_new_node(
     assert _node(kube, lease["provider_token"]) == "l4-pool-1"
 
 
+def test_a_pod_unschedulable_past_a_read_of_its_events_is_placed_once_a_node_comes(
+    make_scheduler: Make, kube: KubeEmulator
+) -> None:
+    """No autoscaler: the pod waits out K8S_SCHEDULE_TIMEOUT_SECONDS, its events read
+    every 5 s meanwhile. A node that comes after a read places it, and the lease is
+    answered. (Each read once ended the wait for the pod's next change for good, the watch
+    cancelled under it: the next look found it finished and the acquire answered 500.)"""
+    sched = on_k8s(make_scheduler, kube, K8S_SCHEDULE_TIMEOUT_SECONDS="120")
+    kube.set_nodes([CPU_NODE])
+    caller, got = acquiring(sched, kind="renderer", gpu="entry", ttl_seconds=300)
+
+    def events_read_twice() -> bool:
+        assert "answer" not in got, got["answer"].text  # still waiting
+        reads = [r for r in kube.requests() if (r["verb"], r["resource"]) == ("list", "events")]
+        return len(reads) >= 2
+
+    wait_for(events_read_twice, 60, what="two reads of the pod's events, 5 s apart")
+    kube.set_nodes([CPU_NODE, {"name": "l4-1", **L4_TEMPLATE}])
+    caller.join(120)
+    answer = got["answer"]
+    assert answer.status_code == 200, answer.text
+    lease = answer.json()["lease"]
+    assert lease["provider"] == "kubernetes" and lease["state"] == "active"
+    assert _node(kube, lease["provider_token"]) == "l4-1"
+
+
 def test_a_pod_the_autoscaler_cannot_help_is_refused_at_once(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
