@@ -18,13 +18,13 @@ import pytest
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod
 
-from tests.harness import WORKER_IMAGE, Scheduler, free_port, printed_lines, wait_for
+from tests.harness import WORKER_IMAGE, Scheduler, printed_lines, wait_for
 from tests.k8s_emulator import KubeEmulator
 from tests.k8s_emulator.clusters import aks_gpu_node, cpu_node, gke_gpu_node
 from tests.k8s_emulator.scheduling import validate_nodes
 from tests.k8s_emulator.taints import tolerates, untolerated
 from tests.test_k8s_provider import documented_role
-from tests.test_lifecycle import serve
+from tests.test_lifecycle import serve, startable
 
 Make = Callable[..., Scheduler]
 ENFORCE = "pod-security.kubernetes.io/enforce"
@@ -246,14 +246,7 @@ def test_a_lease_class_names_its_pods_priority_class(
 def test_bad_pod_settings_stop_start_up_with_one_line_naming_the_variable(
     tmp_path: Path,
 ) -> None:
-    valid = {
-        "INTERNAL_SECRET": "cfg-secret-" + uuid.uuid4().hex,
-        "SCHEDULER_HOST": "127.0.0.1",
-        "SCHEDULER_PORT": str(free_port()),
-        "SCHEDULER_INSTANCE": f"t-cfg-{uuid.uuid4().hex[:8]}",
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'cfg.db'}",
-        "LOCAL_GPU_DEVICES": "",
-    }
+    valid = startable(tmp_path, LOCAL_GPU_DEVICES="")
     cases = [
         ("K8S_GPU_LABELS", "eks", "'gpu-operator', 'gke' or 'none'"),
         ("K8S_TOLERATIONS", "entry=nvidia.com/gpu:Never", "'nvidia.com/gpu:Never'"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.harness import WORKER_IMAGE, Scheduler, free_port, printed_lines
+from tests.harness import WORKER_IMAGE, Scheduler, printed_lines
 from tests.k8s_emulator import KubeEmulator
 from tests.test_k8s_provider import documented_role
-from tests.test_lifecycle import serve
+from tests.test_lifecycle import serve, startable
 
 Make = Callable[..., Scheduler]
 NAMESPACE = "openalice"
@@ -150,15 +149,8 @@ def test_the_first_file_to_set_a_value_wins_and_its_entry_is_taken_whole(
 def test_a_list_that_cannot_serve_stops_start_up_with_one_line_naming_the_file(
     tmp_path: Path,
 ) -> None:
-    secret = "cfg-secret-" + uuid.uuid4().hex
-    valid = {
-        "INTERNAL_SECRET": secret,
-        "SCHEDULER_HOST": "127.0.0.1",
-        "SCHEDULER_PORT": str(free_port()),
-        "SCHEDULER_INSTANCE": f"t-kcfg-{uuid.uuid4().hex[:8]}",
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'cfg.db'}",
-        "PROVIDERS": "kubernetes",
-    }
+    valid = startable(tmp_path, PROVIDERS="kubernetes")
+    secret = valid["INTERNAL_SECRET"]
     users = write(tmp_path / "users.yaml", {"users": [{"name": "u", "user": {"token": "t"}}]})
     context = write(
         tmp_path / "context.yaml",

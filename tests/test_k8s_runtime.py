@@ -49,6 +49,19 @@ def acquiring(sched: Scheduler, **body: Any) -> tuple[threading.Thread, dict[str
     return caller, got
 
 
+def answered_on(
+    kube: KubeEmulator, caller: threading.Thread, got: dict[str, httpx.Response], node: str
+) -> None:
+    """The acquire under way (`acquiring`) is answered with an active lease on Kubernetes,
+    its pod placed on `node`."""
+    caller.join(120)
+    answer = got["answer"]
+    assert answer.status_code == 200, answer.text
+    lease = answer.json()["lease"]
+    assert lease["provider"] == "kubernetes" and lease["state"] == "active"
+    assert _node(kube, lease["provider_token"]) == node
+
+
 # --- scale-up --------------------------------------------------------------------------
 
 # A cluster of one CPU node, and an autoscaled pool of L4 nodes (none yet) that takes
@@ -92,12 +105,7 @@ def test_a_lease_waits_for_the_autoscaler_s_new_node(
 
     wait_for(outlived_its_schedule_timeout, 60, what="the pod to outlive its schedule timeout")
     kube.advance_clock(180)  # the node arrives; the pod is placed there
-    caller.join(120)
-    answer = got["answer"]
-    assert answer.status_code == 200, answer.text
-    lease = answer.json()["lease"]
-    assert lease["provider"] == "kubernetes" and lease["state"] == "active"
-    assert _node(kube, lease["provider_token"]) == "l4-pool-1"
+    answered_on(kube, caller, got, "l4-pool-1")
 
 
 def test_a_pod_unschedulable_past_a_read_of_its_events_is_placed_once_a_node_comes(
@@ -118,12 +126,7 @@ def test_a_pod_unschedulable_past_a_read_of_its_events_is_placed_once_a_node_com
 
     wait_for(events_read_twice, 60, what="two reads of the pod's events, 5 s apart")
     kube.set_nodes([CPU_NODE, {"name": "l4-1", **L4_TEMPLATE}])
-    caller.join(120)
-    answer = got["answer"]
-    assert answer.status_code == 200, answer.text
-    lease = answer.json()["lease"]
-    assert lease["provider"] == "kubernetes" and lease["state"] == "active"
-    assert _node(kube, lease["provider_token"]) == "l4-1"
+    answered_on(kube, caller, got, "l4-1")
 
 
 def test_a_pod_the_autoscaler_cannot_help_is_refused_at_once(

@@ -311,19 +311,26 @@ def serve(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[st
     return run_serve(full, tmp_path)
 
 
-def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
-    tmp_path: Path,
-) -> None:
-    secret = "cfg-secret-" + uuid.uuid4().hex
-    valid = {
-        "INTERNAL_SECRET": secret,
+def startable(tmp_path: Path, **env: str) -> dict[str, str]:
+    """A configuration `serve` starts with (a secret, port, instance and SQLite file of
+    its own), `env` on top: what each bad-setting case changes one variable of."""
+    return {
+        "INTERNAL_SECRET": "cfg-secret-" + uuid.uuid4().hex,
         "SCHEDULER_HOST": "127.0.0.1",
         "SCHEDULER_PORT": str(free_port()),
         "SCHEDULER_INSTANCE": f"t-cfg-{uuid.uuid4().hex[:8]}",
         "DATABASE_URL": f"sqlite:///{tmp_path / 'cfg.db'}",
-        "DOCKER_NETWORK": f"oa-cfg-{uuid.uuid4().hex[:8]}",
-        "LOCAL_GPU_DEVICES": "",
+        **env,
     }
+
+
+def test_bad_configuration_stops_start_up_with_one_line_naming_the_variable(
+    tmp_path: Path,
+) -> None:
+    valid = startable(
+        tmp_path, DOCKER_NETWORK=f"oa-cfg-{uuid.uuid4().hex[:8]}", LOCAL_GPU_DEVICES=""
+    )
+    secret = valid["INTERNAL_SECRET"]
     # A kubeconfig that reads well, with one context: `K8S_CONTEXT=nope` names none.
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
