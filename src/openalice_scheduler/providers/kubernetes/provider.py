@@ -304,13 +304,13 @@ class KubernetesProvider:
         and image-pull bounds); any refusal of the API on the way ends the attempt."""
         assert created.metadata is not None and created.metadata.name is not None
         name = created.metadata.name
-        changes = self._changes(name, created.metadata.resourceVersion)
+        changes = starting.NextChange(self._changes(name, created.metadata.resourceVersion))
         try:
             return await starting.wait_ready(
                 created, changes, lambda: self._pod_events(name), self.limits
             )
         finally:
-            await changes.aclose()
+            await changes.close()
 
     async def _changes(self, name: str, version: str | None) -> AsyncGenerator[Pod | None, None]:
         """The pod each time it changes after `version` (None once it is deleted), from a

@@ -23,7 +23,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from lightkube.resources.core_v1 import Event, Pod
@@ -77,7 +77,7 @@ def autoscaler_word(events: Sequence[Event], uid: str | None) -> Word | None:
 
 async def wait_ready(
     created: Pod,
-    changes: AsyncIterator[Pod | None],
+    changes: NextChange,
     events: Callable[[], Awaitable[list[Event]]],
     limits: Limits,
 ) -> str:
@@ -92,62 +92,58 @@ async def wait_ready(
     scale_up: str | None = None  # the TriggeredScaleUp message, once read
     next_look = started  # when the events are read next, while unschedulable
     pull_failing_since: float | None = None
-    following = _NextChange(changes)
-    try:
-        while True:
-            if pod is None:
-                raise ProviderError(f"kubernetes: pod {name} was deleted while starting")
-            now = objects.state(pod)
-            if now.phase == "Running" and now.ready and now.ip:
-                return now.ip
-            if now.ended is not None or now.ending:
-                raise ProviderError(f"kubernetes: pod {name} ended while starting: {now.ended}")
-            if now.never_starts is not None:
-                raise ProviderError(f"kubernetes: pod {name} will not start: {now.never_starts}")
-            clock = time.monotonic()
-            wake: float | None = None  # when to look again without a change heard
-            if now.unschedulable is not None:
-                schedule_end = started + limits.schedule
-                if scale_up is None and clock >= min(next_look, schedule_end):
-                    word = autoscaler_word(await events(), uid)
-                    clock = time.monotonic()
-                    next_look = clock + EVENTS_EVERY_S
-                    if word is not None and word.reason == NOT_TRIGGERED:
-                        raise ProviderOutOfCapacity(
-                            f"pod unschedulable ({now.unschedulable}) and the cluster autoscaler "
-                            f"cannot add a node for it: {word.message}"
-                        )
-                    if word is not None:
-                        scale_up = word.message
-                        log.info("kubernetes: pod %s waits for a new node: %s", name, scale_up)
-                end = started + (limits.scale_up if scale_up is not None else limits.schedule)
-                if clock >= end:
-                    raise _unschedulable(now.unschedulable, scale_up, limits)
-                wake = end if scale_up is not None else min(end, next_look)
-            if now.pull_failing is not None:
-                pull_failing_since = pull_failing_since or clock
-                end = pull_failing_since + limits.image_pull
-                if clock >= end:
-                    raise ProviderError(
-                        f"kubernetes: pod {name} will not start: its image was not pulled within "
-                        f"{limits.image_pull:g} s (K8S_IMAGE_PULL_TIMEOUT_SECONDS): "
-                        f"{now.pull_failing}"
+    while True:
+        if pod is None:
+            raise ProviderError(f"kubernetes: pod {name} was deleted while starting")
+        now = objects.state(pod)
+        if now.phase == "Running" and now.ready and now.ip:
+            return now.ip
+        if now.ended is not None or now.ending:
+            raise ProviderError(f"kubernetes: pod {name} ended while starting: {now.ended}")
+        if now.never_starts is not None:
+            raise ProviderError(f"kubernetes: pod {name} will not start: {now.never_starts}")
+        clock = time.monotonic()
+        wake: float | None = None  # when to look again without a change heard
+        if now.unschedulable is not None:
+            schedule_end = started + limits.schedule
+            if scale_up is None and clock >= min(next_look, schedule_end):
+                word = autoscaler_word(await events(), uid)
+                clock = time.monotonic()
+                next_look = clock + EVENTS_EVERY_S
+                if word is not None and word.reason == NOT_TRIGGERED:
+                    raise ProviderOutOfCapacity(
+                        f"pod unschedulable ({now.unschedulable}) and the cluster autoscaler "
+                        f"cannot add a node for it: {word.message}"
                     )
-                wake = end if wake is None else min(wake, end)
-            heard, change = await following.within(None if wake is None else max(0.0, wake - clock))
-            if heard:
-                pod = change  # else the same pod, looked at again at its bound
-    finally:
-        await following.close()
+                if word is not None:
+                    scale_up = word.message
+                    log.info("kubernetes: pod %s waits for a new node: %s", name, scale_up)
+            end = started + (limits.scale_up if scale_up is not None else limits.schedule)
+            if clock >= end:
+                raise _unschedulable(now.unschedulable, scale_up, limits)
+            wake = end if scale_up is not None else min(end, next_look)
+        if now.pull_failing is not None:
+            pull_failing_since = pull_failing_since or clock
+            end = pull_failing_since + limits.image_pull
+            if clock >= end:
+                raise ProviderError(
+                    f"kubernetes: pod {name} will not start: its image was not pulled within "
+                    f"{limits.image_pull:g} s (K8S_IMAGE_PULL_TIMEOUT_SECONDS): "
+                    f"{now.pull_failing}"
+                )
+            wake = end if wake is None else min(wake, end)
+        heard, change = await changes.within(None if wake is None else max(0.0, wake - clock))
+        if heard:
+            pod = change  # else the same pod, looked at again at its bound
 
 
-class _NextChange:
+class NextChange:
     """The watch's next change, asked for once and kept across looks at the pod: a look
     that comes at a bound (the schedule's, the next read of the events) leaves it pending.
     Cancelling it instead would end the watch's generator for good (the cancellation is
     raised inside it), and the next ask of it would find it finished."""
 
-    def __init__(self, changes: AsyncIterator[Pod | None]) -> None:
+    def __init__(self, changes: AsyncGenerator[Pod | None, None]) -> None:
         self.changes = changes
         self.pending: asyncio.Future[Pod | None] | None = None
 
@@ -162,11 +158,12 @@ class _NextChange:
         return True, heard.result()
 
     async def close(self) -> None:
-        """The change still asked for is asked no more (the watch ends with it)."""
+        """The change still asked for is asked no more, and the watch ends."""
         if self.pending is not None:
             self.pending.cancel()
             await asyncio.gather(self.pending, return_exceptions=True)
             self.pending = None
+        await self.changes.aclose()
 
 
 def _unschedulable(why: str, scale_up: str | None, limits: Limits) -> ProviderOutOfCapacity:
