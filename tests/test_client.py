@@ -497,6 +497,7 @@ def test_a_held_lease_that_is_preempted_stops_renewing_and_hears_why(
     sched = on_static(
         make_scheduler,
         PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
+        UNLISTED_OWNER_MAX_CLASS="live",
         PREEMPTION_GRACE_SECONDS="600",
     )
     told = threading.Event()

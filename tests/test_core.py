@@ -28,8 +28,10 @@ from openalice_scheduler.errors import (
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lifecycle import LeaseService, states
 from openalice_scheduler.lifecycle.admission import Priorities
+from openalice_scheduler.lifecycle.line import LINE_TIMEOUT_S
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
 from openalice_scheduler.lifecycle.pooling import Pool
+from openalice_scheduler.loops import AdmissionLoop
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import (
     GpuClass,
@@ -186,10 +188,14 @@ async def test_a_preempted_lease_runs_its_grace_on_the_moved_clock_then_goes(
             store,
             clock,
             priorities=Priorities(
-                parse_priority_classes("live=100:preempts,default=50:preemptible")
+                parse_priority_classes("live=100:preempts,default=50:preemptible"),
+                unlisted="live",
             ),
             preemption_grace=30,
         )
+        # The line's decisions are the admission loop's (it runs on one replica).
+        admission = AdmissionLoop(service, LINE_TIMEOUT_S)
+        admission.start()
         victim = await service.acquire(LeaseRequest(kind=WorkerKind.renderer, ttl_seconds=600))
         # A live caller waits for the one endpoint: the victim is told, and goes after its
         # grace, counted on the service's clock.
@@ -208,6 +214,7 @@ async def test_a_preempted_lease_runs_its_grace_on_the_moved_clock_then_goes(
         assert ended.release_reason == ReleaseReason.preempted
         served = await asyncio.wait_for(waiting, 30)
         assert served.priority_class == "live" and served.endpoint == "http://only:8080"
+        await admission.stop()
         await store.close()
 
 

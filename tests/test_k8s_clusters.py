@@ -223,6 +223,7 @@ def test_a_lease_class_names_its_pods_priority_class(
         make_scheduler,
         kube,
         PRIORITY_CLASSES="live=100:preempts,default=50,batch=10",
+        UNLISTED_OWNER_MAX_CLASS="live",
         K8S_PRIORITY_CLASS_NAMES="live=openalice-live, batch=openalice-batch",
     )
     live = sched.lease(kind="anim", gpu="none", ttl_seconds=300, priority_class="live")

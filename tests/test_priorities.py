@@ -45,14 +45,16 @@ TWO_KINDS = "renderer=http://r:8080;anim=http://a:8080"
 
 
 # Preemption on a provider with room for one lease, its notice short.
-PREEMPTING = {"PRIORITY_CLASSES": CLASSES["PRIORITY_CLASSES"], "PREEMPTION_GRACE_SECONDS": "2"}
+PREEMPTING = {**CLASSES, "PREEMPTION_GRACE_SECONDS": "2"}
 
 
 def anim_preempted_for_live(sched: Scheduler, provider: str) -> dict[str, Any]:
     """An anim lease, then a live caller who gets a worker on `provider` by preempting
     it: the anim lease as it ended, its worker told first."""
     victim = sched.lease(kind="renderer", priority_class="anim", ttl_seconds=300)
-    live = sched.acquire(kind="renderer", priority_class="live", wait_seconds=60)
+    live = sched.acquire(
+        kind="renderer", owner_id="live-control", priority_class="live", wait_seconds=60
+    )
     assert live.status_code == 200, live.text
     assert live.json()["lease"]["provider"] == provider
     ended = dict(sched.http.get(f"/v1/lease/{victim['lease_id']}").json())

@@ -315,6 +315,7 @@ def test_a_preempted_lease_shows_its_class_and_deadline_and_the_line_its_classes
         tmp_path,
         **STATIC,
         PRIORITY_CLASSES="live=100:preempts,default=50,anim=10:preemptible",
+        UNLISTED_OWNER_MAX_CLASS="live",
         PREEMPTION_GRACE_SECONDS="600",
     ).start()
     try:

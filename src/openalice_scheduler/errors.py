@@ -45,6 +45,14 @@ class Forbidden(SchedulerError):
     status = 403
 
 
+class ClassNotAllowed(SchedulerError):
+    """The request names a priority class above its owner's ceiling
+    (OWNER_PRIORITY_CLASSES; UNLISTED_OWNER_MAX_CLASS for owners not listed)."""
+
+    code = "class_not_allowed"
+    status = 403
+
+
 class LeaseNotFound(SchedulerError):
     code = "lease_not_found"
     status = 404

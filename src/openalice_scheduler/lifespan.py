@@ -17,8 +17,10 @@ from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifecycle import Clock, LeaseService
 from openalice_scheduler.lifecycle.admission import Budgets, Priorities
+from openalice_scheduler.lifecycle.line import LINE_TIMEOUT_S
 from openalice_scheduler.lifecycle.policy import build_policy
 from openalice_scheduler.loops import (
+    AdmissionLoop,
     Alarm,
     GuardForgetter,
     Heartbeat,
@@ -63,7 +65,11 @@ def lifespan(
         try:
             await store.migrate()
             alarm = Alarm(clock)
-            beat = min(5.0, settings.reconcile_interval_seconds / 2)
+            # Silent this long, a replica's provisions are another's to resolve.
+            replica_timeout = 3 * min(5.0, settings.reconcile_interval_seconds / 2) + 1
+            # A heartbeat each second: a replica that dies takes its callers in line with
+            # it within LINE_TIMEOUT_S (loops/admission.py).
+            beat = 1.0
             # Tells workers of their lease: a warm one its hand-off, any one its preemption.
             handoff = HandOff(
                 settings.warm_handoff_path, settings.warm_handoff_timeout_seconds, access
@@ -85,12 +91,17 @@ def lifespan(
                     settings.max_spend_per_day_per_owner,
                     settings.owner_budgets,
                 ),
-                priorities=Priorities(settings.priority_table, settings.owner_classes),
+                priorities=Priorities(
+                    settings.priority_table,
+                    settings.owner_classes,
+                    settings.unlisted_owner_max_class,
+                ),
                 max_waiting=settings.max_waiting_callers,
                 max_waiting_per_owner=settings.waiting_per_owner,
-                replica_timeout=3 * beat + 1,
+                replica_timeout=replica_timeout,
                 preemption_grace=settings.preemption_grace_seconds,
                 notices=handoff,
+                line_aging=settings.line_aging_seconds,
             )
             metrics.expect_classes(settings.priority_table)
             sweeper = Sweeper(service, alarm, tracing.tracer, settings.sweep_interval_seconds)
@@ -114,7 +125,7 @@ def lifespan(
                 service,
                 tracing.tracer,
                 settings.reconcile_interval_seconds,
-                replica_timeout=3 * beat + 1,
+                replica_timeout=replica_timeout,
                 heartbeat=heartbeat,  # a store outage is not the other replicas' death
             )
             await heartbeat.run_once()
@@ -131,6 +142,8 @@ def lifespan(
             reconciler.start(first_wait=settings.reconcile_interval_seconds if reconciled else 0)
             heartbeat.start()
             pool.start()  # after reconciliation: what a crash left is resolved first
+            admission = AdmissionLoop(service, LINE_TIMEOUT_S)
+            admission.start()
             # Deaths as the backends stream them; each stream's (re)opening wakes the
             # reconciler, whose listing finds what the stream missed.
             watcher = Watcher(service, on_resync=reconciler.wake_for)
@@ -155,6 +168,9 @@ def lifespan(
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
             await watcher.stop()
+            await admission.stop()
+            with contextlib.suppress(SchedulerError):
+                await admission.release()
             for loop in (forgetter, purger, pool, sweeper, reconciler, heartbeat):
                 await loop.stop()
         finally:

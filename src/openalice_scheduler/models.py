@@ -320,6 +320,20 @@ class GuardView(BaseModel):
     silent_seconds: float = Field(description="Seconds since then")
 
 
+class Waiting(BaseModel):
+    """One caller in `GET /v1/line` (never its `env`)."""
+
+    position: int = Field(description="1: the next caller the admission loop looks at")
+    owner_id: str | None
+    correlation_id: str | None
+    priority_class: str
+    kind: WorkerKind
+    gpu: GpuClass
+    region: str | None = None
+    waited_seconds: float
+    replica: str = Field(description="The replica the caller waits on")
+
+
 class ProviderView(BaseModel):
     """One provider in `GET /v1/providers`."""
 

@@ -23,6 +23,7 @@ from openalice_scheduler.models import (
     ProviderView,
     RenewRequest,
     Token,
+    Waiting,
     WorkerKind,
 )
 
@@ -139,3 +140,13 @@ async def list_leases(
 )
 async def list_providers(service: ServiceDep) -> JSONResponse:
     return JSONResponse(await service.provider_view())
+
+
+@router.get(
+    "/line",
+    response_model=list[Waiting],
+    summary="The callers waiting in line, in admission order",
+    responses=errors(503),
+)
+async def waiting_line(service: ServiceDep) -> JSONResponse:
+    return JSONResponse(await service.waiting_line())

@@ -24,7 +24,21 @@ class PrioritySettings(BaseSettings):
         "live=100:preempts,default=50,anim=10:preemptible); unset: one class `default`.",
     )
     owner_priority_classes: str | None = Field(
-        None, description="owner=class, comma list: an owner's class when a request names none."
+        None,
+        description="owner=class, comma list: an owner's class when a request names none, "
+        "and the highest class it may name (a higher one: 403 class_not_allowed).",
+    )
+    unlisted_owner_max_class: str = Field(
+        "default",
+        description="The highest class an owner not in OWNER_PRIORITY_CLASSES (or a "
+        "request without owner_id) may name.",
+    )
+    line_aging_seconds: float = Field(
+        120.0,
+        gt=0,
+        le=86_400,
+        description="Each full period a caller has waited in line moves it one class up "
+        "in the line's order (never above the highest; it preempts only as its own class).",
     )
     preemption_grace_seconds: float = Field(
         30.0,
@@ -55,6 +69,11 @@ class PrioritySettings(BaseSettings):
     @model_validator(mode="after")
     def _owner_classes(self) -> PrioritySettings:
         parse_owner_classes(self.owner_priority_classes, self.priority_table)
+        if self.unlisted_owner_max_class not in self.priority_table:
+            raise ValueError(
+                f"UNLISTED_OWNER_MAX_CLASS: {self.unlisted_owner_max_class[:32]!r} is not a "
+                f"class of PRIORITY_CLASSES ({', '.join(sorted(self.priority_table))})"
+            )
         return self
 
     @property

@@ -5,17 +5,21 @@ reserving.py): under the owner's lock, no second lease for the same request and 
 owner's quota of live leases; under the provider's lock, its cap on live workers and
 its exclusive devices (or a fleet's placement); then the owner's caps in money at the
 price of the place given. Every replica takes the same locks, so the checks hold across
-replicas. The terms of one reservation are `Terms`; an owner's caps `Budgets`."""
+replicas. The terms of one reservation are `Terms`; an owner's caps `Budgets`.
+
+The same checks run twice for a caller in line: first on the admission loop's picture
+of the cluster (lifecycle/admitting.py), to find where it fits without a transaction
+per waiter; then in the transaction that grants it, which decides. A caller who does
+not wait in line reserves directly only while nobody waits (`FirstInLine`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from typing import Protocol
 
-from openalice_scheduler.errors import Forbidden, InvalidRequest
-from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.errors import ClassNotAllowed, Forbidden, InvalidRequest
 from openalice_scheduler.prices import parse_owner_budgets
 from openalice_scheduler.priorities import DEFAULT_CLASS, PriorityClass
 from openalice_scheduler.providers import PlacingProvider, Provider, WorkerSpec
@@ -31,7 +35,21 @@ from openalice_scheduler.store import (
 from openalice_scheduler.store.records import Behind, Budget, Terms
 from openalice_scheduler.store.reserving import Grant, Reserving
 from openalice_scheduler.store.spending import DAY_US
-from openalice_scheduler.store.waiters import WaitingRow
+
+
+class Facts(Protocol):
+    """What the admission rules ask of the cluster: a reserving transaction
+    (store.Reserving) answers under its locks, the admission loop's picture
+    (admitting.Picture) from memory."""
+
+    def lock(self, key: str) -> None: ...
+    def twin(self, lease: NewLease) -> str | None: ...
+    def held(self, lease: NewLease) -> int: ...
+    def live_on(self, lease: NewLease, provider: str) -> int: ...
+    def taken_on(self, lease: NewLease, provider: str) -> set[str]: ...
+    def owner_price(self, lease: NewLease) -> float: ...
+    def owner_spent(self, lease: NewLease, since: int, now: int) -> float: ...
+
 
 # A worker that already runs: its (endpoint, provider token) behind a reserved resource.
 Assign = Callable[[str | None], tuple[str, str]]
@@ -69,19 +87,36 @@ def reservation_terms(
 
 
 @dataclass(frozen=True, slots=True)
-class InLine:
-    """Where the caller of a reservation stands in the line: its `priority` and
-    `arrived_at` (µs), its own row (`waiter_id`, left out), read at `now` among the
-    waiters of replicas alive since `alive_since`; `claims`, the lease it preempted
-    (then no one in line is ahead of it: the room that lease frees is its own, as
-    is any room it finds before that)."""
+class FirstInLine:
+    """A reservation made outside the line: refused (Behind) when any caller waits in
+    line on a replica alive since `alive_since`, at `now`: the admission loop serves
+    them first."""
 
-    priority: int
-    arrived_at: int
-    waiter_id: str
-    claims: str | None
     alive_since: int
     now: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForWaiter:
+    """A reservation the admission loop makes for the caller `waiter_id`: its decision
+    is written in the same transaction (no reservation for a caller who left)."""
+
+    waiter_id: str
+    now: int
+
+
+class Left(Exception):
+    """The caller left the line before the loop's reservation for it was written."""
+
+
+def _in_line(r: Reserving, first: FirstInLine | None) -> None:
+    if first is not None and r.someone_waits(alive_since=first.alive_since, now=first.now):
+        raise Behind("callers wait in line: the admission loop serves them first")
+
+
+def _granted(r: Reserving, waiter: ForWaiter | None, lease_id: str) -> None:
+    if waiter is not None and not r.decide(waiter.waiter_id, lease_id, None, waiter.now):
+        raise Left(waiter.waiter_id)
 
 
 def reserve(
@@ -90,39 +125,43 @@ def reserve(
     terms: Terms,
     move: Move,
     assign: Assign | None = None,
-    line: tuple[Provider, InLine] | None = None,
+    first: FirstInLine | None = None,
+    waiter: ForWaiter | None = None,
 ) -> Callable[[Reserving], LeaseRecord]:
     """A lease's reservation on `provider`, recorded by `move`: the owner's checks, the
-    provider's, the line's (with `line`: no caller ahead could use the same capacity),
-    the owner's caps in money, then the row. With `assign` (a provider whose workers
-    already run), the lease is granted its worker in the same transaction."""
+    provider's, the line's (with `first`: nobody waits), the owner's caps in money,
+    then the row (with `waiter`: and the loop's decision for that caller). With
+    `assign` (a provider whose workers already run), the lease is granted its worker
+    in the same transaction."""
 
     def tx(r: Reserving) -> LeaseRecord:
         admit_owner(r, lease, terms.owner_quota)
         r.lock(f"provider:{provider}")
         grant = admit_provider(r, lease, provider, terms)
-        if line is not None:
-            admit_in_line(r, *line)
+        _in_line(r, first)
         if terms.budget is not None:  # still under the owner's lock
             admit_price(r, lease, grant.price, terms.budget, terms.now)
         worker = None if assign is None else assign(grant.resource)
-        return r.write(lease, provider, move, grant, terms.now, worker)
+        record = r.write(lease, provider, move, grant, terms.now, worker)
+        _granted(r, waiter, record.lease_id)
+        return record
 
     return tx
 
 
 def reserve_warm(
-    lease: NewLease, provider: str, terms: Terms, target: int, move: Move
+    lease: NewLease, provider: str, terms: Terms, target: int, move: Move, first: FirstInLine
 ) -> Callable[[Reserving], LeaseRecord | None]:
     """A warm-pool worker's reservation (no owner): when its kind and GPU class have
     fewer than `target` pool workers, checked under a lock of that pool (exact across
-    replicas), then as any lease's; None when the pool is full."""
+    replicas), then as any lease's; None when the pool is full. A refill is the line's
+    last consumer: Behind while anyone waits in line."""
 
     def tx(r: Reserving) -> LeaseRecord | None:
         r.lock(f"pool:{lease.kind}/{lease.gpu}")
         if r.pooled(lease.kind, lease.gpu) >= target:
             return None
-        return reserve(lease, provider, terms, move)(r)
+        return reserve(lease, provider, terms, move, first=first)(r)
 
     return tx
 
@@ -132,13 +171,14 @@ def claim_idle(
     quota: int,
     budget: Budget | None,
     move: Move,
-    line: InLine | None = None,
+    first: FirstInLine | None = None,
+    waiter: ForWaiter | None = None,
 ) -> Callable[[Reserving], LeaseRecord | None]:
     """The oldest idle pool worker of `lease.kind`/`lease.gpu`, claimed by `move` for
     the request `lease` describes, under the owner's lock with the checks of a cold
     reservation: no second lease for the request, the owner's quota, the line's (with
-    `line`: no caller ahead waits for such a worker), its caps in money at that worker's
-    price. None when no idle worker is left."""
+    `first`: nobody waits), its caps in money at that worker's price; with `waiter`,
+    the loop's decision for that caller. None when no idle worker is left."""
 
     def tx(r: Reserving) -> LeaseRecord | None:
         admit_owner(r, lease, quota)
@@ -146,28 +186,18 @@ def claim_idle(
         if oldest is None:
             return None
         worker_id, provider, price = oldest
-        if line is not None and line.claims is None:
-            for row in r.waiting_ahead(
-                priority=line.priority,
-                arrived_at=line.arrived_at,
-                exclude=line.waiter_id,
-                provider=provider,
-                alive_since=line.alive_since,
-                now=line.now,
-            ):
-                if (row.kind, row.gpu, row.region) == (lease.kind, lease.gpu, None):
-                    raise Behind(
-                        "a warm worker is idle, but a caller ahead in line (class "
-                        f"{row.priority_class}) waits for it"
-                    )
+        _in_line(r, first)
         if budget is not None:
             admit_price(r, lease, price, budget, lease.created_at)
-        return r.claim(worker_id, lease, move)
+        claimed = r.claim(worker_id, lease, move)
+        if claimed is not None:
+            _granted(r, waiter, claimed.lease_id)
+        return claimed
 
     return tx
 
 
-def admit_owner(r: Reserving, lease: NewLease, quota: int) -> None:
+def admit_owner(r: Facts, lease: NewLease, quota: int) -> None:
     """Takes the owner's lock, then refuses a second lease for the same request
     (DuplicateRequest) and an owner holding `quota` live leases (OverQuota)."""
     if not lease.owner_id:
@@ -185,7 +215,7 @@ def admit_owner(r: Reserving, lease: NewLease, quota: int) -> None:
 
 
 def admit_provider(
-    r: Reserving,
+    r: Facts,
     lease: NewLease,
     provider: str,
     terms: Terms,
@@ -218,111 +248,19 @@ def admit_provider(
     return Grant(None, None, price)
 
 
-def admit_in_line(r: Reserving, provider: Provider, place: InLine) -> None:
-    """Under the provider's lock, the room found: refuses (Behind) when a caller ahead
-    in line, on any replica, could use it (the same provider serves its request, and
-    its shape fits what is free: a waiter whose shape cannot be served holds no one
-    back). The line is one, in order of priority then arrival. A caller that
-    preempted a lease is behind no one (InLine.claims)."""
-    if place.claims is not None:
-        return
-    for row in r.waiting_ahead(
-        priority=place.priority,
-        arrived_at=place.arrived_at,
-        exclude=place.waiter_id,
-        provider=provider.name,
-        alive_since=place.alive_since,
-        now=place.now,
-    ):
-        spec = WorkerSpec(
-            lease_id=row.waiter_id,
-            kind=WorkerKind(row.kind),
-            gpu=GpuClass(row.gpu),
-            expires_at=datetime.fromtimestamp(place.now / 1e6, UTC),
-            region=row.region,
-        )
-        terms = reservation_terms(provider, spec, now=place.now, owner_quota=0)
-        theirs = NewLease(
-            row.waiter_id, row.kind, row.gpu, None, None, row.region, 1, place.now, place.now
-        )
-        try:
-            admit_provider(r, theirs, provider.name, terms)
-        except AtCapacity:
-            continue  # what is free does not fit it: it holds no one back
-        raise Behind(
-            f"capacity is free, but a caller ahead in line (class {row.priority_class}) "
-            "waits for it"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Displacing:
-    """What a caller of a class that preempts asks, finding no room: who it is (`by`:
-    its owner and correlation id, so that its retry finds its victim again, else its
-    place in line), its class, and its row in the line (written with the victim)."""
-
-    by: str
-    cls: PriorityClass
-    classes: dict[str, PriorityClass]
-    row: WaitingRow
-    grace_us: int
-    now: int
-
-
 def preempt(
-    lease: NewLease, provider: str, terms: Terms, ask: Displacing, move: Move
-) -> Callable[[Reserving], tuple[str, LeaseRecord | None]]:
-    """For a caller of a class that preempts, finding `provider` full: under the owner's
-    and the provider's locks, ("room", None) when there is room after all; else the
-    lease already preempted for this request ("again", it), or one displaced now by
-    `move` ("displaced", it): an active lease of a preemptible class of a lower value
-    whose end makes room for this request, the lowest value first, then the most
-    recently granted (the least work lost); ("none", None) when none would. The
-    caller's row in the line claims the victim's capacity in the same transaction: once
-    freed, it is this caller's and no one else's. One victim per caller, and never two
-    callers on one victim (a guarded update, under the provider's lock)."""
+    victim: str, move: Move, *, preempt_at: int, by: str, now: int
+) -> Callable[[Reserving], LeaseRecord | None]:
+    """`victim` displaced by `move` for the caller `by` (its waiter id) as one guarded
+    update: None when it is no longer active (released meanwhile: its room is free)."""
 
-    def tx(r: Reserving) -> tuple[str, LeaseRecord | None]:
-        admit_owner(r, lease, terms.owner_quota)
-        r.lock(f"provider:{provider}")
-        try:
-            admit_provider(r, lease, provider, terms)
-            return "room", None
-        except AtCapacity:
-            pass
-        again = r.displaced_for(ask.by)
-        if again is not None:
-            r.enter_line(replace(ask.row, claims=again.lease_id))
-            return "again", again
-        classes = ask.classes
-        lower = [c.name for c in classes.values() if c.preemptible and c.value < ask.cls.value]
-        candidates = sorted(
-            r.displaceable(provider, lower),
-            key=lambda v: (classes[v.priority_class].value, -(v.granted_at or 0)),
-        )
-        for victim in candidates:
-            try:
-                admit_provider(r, lease, provider, terms, freeing=victim)
-            except AtCapacity:
-                continue  # its end would not make room for this request
-            displaced = r.preempt(
-                victim.lease_id,
-                move,
-                preempt_at=ask.now + ask.grace_us,
-                by=ask.by,
-                now=ask.now,
-            )
-            if displaced is not None:
-                r.enter_line(replace(ask.row, claims=victim.lease_id))
-                return "displaced", displaced
-        return "none", None
+    def tx(r: Reserving) -> LeaseRecord | None:
+        return r.preempt(victim, move, preempt_at=preempt_at, by=by, now=now)
 
     return tx
 
 
-def admit_price(
-    r: Reserving, lease: NewLease, price: float | None, budget: Budget, now: int
-) -> None:
+def admit_price(r: Facts, lease: NewLease, price: float | None, budget: Budget, now: int) -> None:
     """Under the owner's lock: refuses with OverBudget when a lease at `price` would
     break `budget`. A free (or unpriced) lease breaks none: the owner is placed where it
     costs nothing."""
@@ -397,26 +335,46 @@ def _show(amount: float) -> str:
 
 class Priorities:
     """The priority classes (PRIORITY_CLASSES) and each owner's (OWNER_PRIORITY_CLASSES):
-    a request's class is the one it names, else its owner's, else `default`."""
+    a request's class is the one it names, else its owner's, else `default`. An
+    owner's class is also the highest it may name (a class is a right, not a wish);
+    owners not listed, and requests without an owner, may name up to `unlisted`
+    (UNLISTED_OWNER_MAX_CLASS, `default` unless set)."""
 
     def __init__(
         self,
         classes: dict[str, PriorityClass] | None = None,
         owners: dict[str, str] | None = None,
+        unlisted: str = DEFAULT_CLASS,
     ) -> None:
         self.classes = classes or {DEFAULT_CLASS: PriorityClass(DEFAULT_CLASS, 0)}
         self.owners = owners or {}
+        self.unlisted = unlisted if unlisted in self.classes else DEFAULT_CLASS
 
     def of(self, named: str | None, owner: str | None) -> PriorityClass:
         """The class of a request naming `named` (None: none) for `owner`; an unknown
-        name is an InvalidRequest naming the valid ones."""
-        if named is not None:
-            found = self.classes.get(named)
-            if found is None:
-                raise InvalidRequest(
-                    f"priority_class: {named!r} is not a class of this scheduler; its "
-                    f"classes (PRIORITY_CLASSES): {', '.join(sorted(self.classes))}",
-                    field="priority_class",
-                )
-            return found
-        return self.classes[self.owners.get(owner or "", DEFAULT_CLASS)]
+        name is an InvalidRequest naming the valid ones, one above the owner's ceiling
+        a ClassNotAllowed naming the ceiling."""
+        own = self.owners.get(owner or "")
+        if named is None:
+            return self.classes[own or DEFAULT_CLASS]
+        found = self.classes.get(named)
+        if found is None:
+            raise InvalidRequest(
+                f"priority_class: {named!r} is not a class of this scheduler; its "
+                f"classes (PRIORITY_CLASSES): {', '.join(sorted(self.classes))}",
+                field="priority_class",
+            )
+        ceiling = self.classes[own or self.unlisted]
+        if found.value > ceiling.value:
+            who = f"owner {owner!r}" if owner else "a request without owner_id"
+            source = "OWNER_PRIORITY_CLASSES" if own else "UNLISTED_OWNER_MAX_CLASS"
+            raise ClassNotAllowed(
+                f"priority_class {named!r} is above what {who} may ask for: its ceiling "
+                f"is {ceiling.name!r} ({source})",
+                ceiling=ceiling.name,
+            )
+        return found
+
+    def rank(self) -> list[str]:
+        """The class names from the lowest value to the highest (aging climbs it)."""
+        return [c.name for c in sorted(self.classes.values(), key=lambda c: c.value)]

@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from openalice_scheduler.lifecycle.line import Waiter
 from openalice_scheduler.models import LeaseRequest
-from openalice_scheduler.providers import Provider, WorkerSpec
+from openalice_scheduler.providers import WorkerSpec
 from openalice_scheduler.store import LeaseRecord, NewLease, OverBudget
-from openalice_scheduler.store.records import Budget, Terms
+from openalice_scheduler.store.records import Budget
 
 
 @dataclass(eq=False)
@@ -19,20 +18,21 @@ class Attempt:
     spec: WorkerSpec
     new: NewLease
     budget: Budget | None
-    # Where its caller stands in the line (its priority, its arrival).
-    caller: Waiter
+    # Its caller's priority class.
+    priority_class: str
     # Why a provider could not serve (unavailable, at capacity, over the owner's caps).
     reasons: dict[str, str] = field(default_factory=dict)
     # What a provider tried and failed at.
     failures: dict[str, str] = field(default_factory=dict)
     over_budget: list[OverBudget] = field(default_factory=list)
     at_capacity: bool = False
+    # Room was there, but callers wait in line: this one joins them.
+    behind: bool = False
     # This lease's row exists (a provider was tried): the next one moves it.
     written: bool = False
-    # The providers that could serve it at all (its kind, GPU class, region), and those
-    # of them that were full, with their terms (where a preemption may make room).
+    # The providers that could serve it at all (its kind, GPU class, region), in the
+    # policy's order.
     eligible: list[str] = field(default_factory=list)
-    full: list[tuple[Provider, Terms]] = field(default_factory=list)
 
 
 class Supply(Protocol):

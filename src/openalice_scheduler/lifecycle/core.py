@@ -11,9 +11,9 @@ from opentelemetry.trace import Tracer
 
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.lease_access import LeaseAccess
-from openalice_scheduler.lifecycle.admission import Budgets, InLine, Priorities
+from openalice_scheduler.lifecycle.admission import Budgets, FirstInLine, Priorities
 from openalice_scheduler.lifecycle.clock import SYSTEM_CLOCK, Clock
-from openalice_scheduler.lifecycle.line import CapacityQueue, Waiter
+from openalice_scheduler.lifecycle.line import LINE_TIMEOUT_S, Line
 from openalice_scheduler.lifecycle.policy import Policy
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import InstantProvider, Provider
@@ -32,7 +32,7 @@ class Core:
     access: LeaseAccess
     budgets: Budgets
     priorities: Priorities
-    line: CapacityQueue
+    line: Line
     # A rule about time takes its time from here (tests move it).
     clock: Clock = SYSTEM_CLOCK
     # Called with the moment (µs) something new becomes due (the sweeper's alarm).
@@ -43,11 +43,20 @@ class Core:
     replica_timeout: float = 16.0
     # How long a preempted lease's worker runs on after its notice.
     preemption_grace: float = 30.0
+    # Each full period waited lifts a caller one class up the line's order.
+    line_aging: float = 120.0
+    # A replica silent this long takes its callers in line with it.
+    line_timeout: float = LINE_TIMEOUT_S
     # What tells workers of their lease (a preemption's notice); None: nobody tells them.
     notices: HandOff | None = None
     # Leases this process is provisioning (or handing off) right now: the reconciler
     # leaves them be.
     in_flight: set[str] = field(default_factory=set)
+
+    # Called when the line may move (a new caller, a freed room): wakes the admission
+    # loop where it runs (loops/admission.py), and this replica's callers' decisions
+    # are read (acquiring.py).
+    on_line: list[Callable[[], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.by_name = {p.name: p for p in self.providers}
@@ -58,24 +67,29 @@ class Core:
         return to_us(self.clock.now())
 
     def capacity_freed(self) -> None:
-        """A lease stopped holding capacity: the first acquire waiting for some tries."""
-        self.line.freed()
+        """A lease stopped holding capacity (here, or on another replica as the store
+        tells): the line may move."""
+        self.wake_line()
 
-    def in_line(self, caller: Waiter) -> InLine:
-        """Where `caller` stands in the line, for a reservation's admission: among the
-        callers of replicas heard from within the replica timeout."""
+    def wake_line(self) -> None:
+        for call in self.on_line:
+            call()
+
+    def line_alive_since(self, now: int) -> int:
+        """Callers of replicas heard from since then are in line."""
+        return now - int(self.line_timeout * 1e6)
+
+    def first_in_line(self) -> FirstInLine:
+        """The terms of a reservation made outside the line: nobody may wait."""
         now = self.now_us()
-        return InLine(
-            priority=caller.priority,
-            arrived_at=caller.arrived_at,
-            waiter_id=caller.waiter_id,
-            claims=caller.claims,
-            alive_since=now - int(self.replica_timeout * 1e6),
-            now=now,
-        )
+        return FirstInLine(alive_since=self.line_alive_since(now), now=now)
 
     async def announce_freed(self) -> None:
-        """Capacity may be free for a caller in line on any replica: each replica's
-        first waiter tries (here at once, elsewhere as the store tells them)."""
-        self.line.freed()
+        """Capacity may be free for a caller in line on any replica."""
+        self.wake_line()
+        await self.store.announce_capacity()
+
+    async def announce_decided(self) -> None:
+        """The admission loop decided on callers in line: their replicas read it."""
+        self.wake_line()
         await self.store.announce_capacity()

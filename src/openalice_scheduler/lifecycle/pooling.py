@@ -184,8 +184,18 @@ class Pool:
                 )
                 try:
                     reserved = await self.core.store.reserve(
-                        new, admission.reserve_warm(new, provider.name, terms, target, states.WARM)
+                        new,
+                        admission.reserve_warm(
+                            new,
+                            provider.name,
+                            terms,
+                            target,
+                            states.WARM,
+                            self.core.first_in_line(),
+                        ),
                     )
+                except Behind:
+                    return 0  # callers wait in line: a refill takes no room before them
                 except AtCapacity:
                     continue  # pool workers never take what the cap does not allow
                 if reserved is None:
@@ -234,7 +244,7 @@ class Pool:
             gpu_type=worker.gpu_type,
             price_per_hour=worker.price_per_hour,
         )
-        if ready is None:  # resolved by reconciliation meanwhile
+        if ready is None:  # resolved by reconciliation, or cancelled, meanwhile
             await destroy_quietly(provider, spec.lease_id, worker.provider_token)
             return 0
         self._backoff.pop(key, None)
@@ -291,7 +301,7 @@ class Pool:
                 ttl_seconds=request.ttl_seconds,
                 created_at=now,
                 expires_at=now + request.ttl_seconds * 1_000_000,
-                priority_class=attempt.caller.priority_class,
+                priority_class=attempt.priority_class,
             )
             claimed = await self.store.claim(
                 lease,
@@ -300,17 +310,24 @@ class Pool:
                     core.max_leases_per_owner,
                     core.budgets.of(request.owner_id),
                     states.CLAIM,
-                    core.in_line(attempt.caller),
+                    core.first_in_line(),
                 ),
             )
         except OverBudget as exc:
             attempt.over_budget.append(exc)
             return None
         except Behind:
-            await core.announce_freed()  # wakes the caller ahead, wherever it waits
+            attempt.behind = attempt.at_capacity = True  # the line is served first
             return None
         if claimed is None:
             return None
+        return await self.hand_off(claimed, request)
+
+    async def hand_off(self, claimed: LeaseRecord, request: LeaseRequest) -> LeaseRecord | None:
+        """The claimed pool worker handed the lease, which is then `active`; None when
+        its hand-off failed (destroyed: the acquire goes on cold)."""
+        core = self.core
+        kind, gpu = claimed.kind, claimed.gpu
         self.idle_gauge.labels(kind, gpu).dec()  # the next pass sets it from the store
         # Refill in the background, just after this burst of takes rather than inside it:
         # the pool's provisions would compete with the hand-offs for this process's CPU.
@@ -363,6 +380,21 @@ class Pool:
             return None
         finally:
             core.in_flight.discard(claimed.lease_id)
+
+    async def give_up(self, record: LeaseRecord) -> bool:
+        """A pool worker's room given to a caller in line (admitting.py): an idle one
+        recycled, a warming one cancelled (its row failed at once, so the room counts
+        free; its worker is destroyed as soon as its start returns, in `_make`).
+        Whether it was."""
+        if record.state == "idle":
+            return bool(await self._recycle(record.lease_id))
+        cancelled = await self.core.store.fail(
+            record.lease_id,
+            states.FAIL,
+            error="cancelled: its room went to a caller in line",
+            now=self.core.now_us(),
+        )
+        return cancelled is not None
 
     async def make_room(self, provider: str, gpu: str) -> bool:
         """Destroy one idle pool worker of `provider` (of class `gpu` first): a cold

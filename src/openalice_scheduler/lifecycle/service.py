@@ -31,11 +31,12 @@ from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifecycle import states
 from openalice_scheduler.lifecycle.acquiring import Acquiring
 from openalice_scheduler.lifecycle.admission import Budgets, Priorities, check_owner
+from openalice_scheduler.lifecycle.admitting import Admitting
 from openalice_scheduler.lifecycle.clock import SYSTEM_CLOCK, Clock
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.guards import GuardDesk
-from openalice_scheduler.lifecycle.line import CapacityQueue
+from openalice_scheduler.lifecycle.line import Line
 from openalice_scheduler.lifecycle.losing import Losing
 from openalice_scheduler.lifecycle.policy import Policy
 from openalice_scheduler.lifecycle.pooling import Key, Pool
@@ -82,6 +83,7 @@ class LeaseService:
         replica_timeout: float = 16.0,
         preemption_grace: float = 30.0,
         notices: HandOff | None = None,
+        line_aging: float = 120.0,
     ) -> None:
         self.core = Core(
             store=store,
@@ -96,9 +98,7 @@ class LeaseService:
             budgets=budgets or Budgets(),
             # The priority classes (none given: one class, `default`).
             priorities=priorities or Priorities(),
-            line=CapacityQueue(
-                metrics, most=max_waiting, per_owner=max_waiting_per_owner, clock=clock
-            ),
+            line=Line(metrics, most=max_waiting, per_owner=max_waiting_per_owner, clock=clock),
             clock=clock,
             on_due=on_due,
             provision_timeout=provision_timeout,
@@ -106,9 +106,12 @@ class LeaseService:
             replica_timeout=replica_timeout,
             preemption_grace=preemption_grace,
             notices=notices,
+            line_aging=line_aging,
         )
         self.ending = Ending(self.core)
         self.acquiring = Acquiring(self.core, self.ending)
+        # The admission loop's passes (run on one replica by loops/admission.py).
+        self.admitting = Admitting(self.core, self.ending)
         self.losing = Losing(self.core)
         self.reconciling = Reconciling(self.core, self.ending, self.losing)
         self.pool: Pool | None = None  # WARM_POOL's idle workers (open_pool)
@@ -128,7 +131,7 @@ class LeaseService:
         return self.core.metrics
 
     @property
-    def line(self) -> CapacityQueue:
+    def line(self) -> Line:
         return self.core.line
 
     @property
@@ -164,7 +167,7 @@ class LeaseService:
             max_idle_seconds=max_idle_seconds,
             idle_gauge=idle_gauge,
         )
-        self.acquiring.pool = self.pool
+        self.acquiring.pool = self.admitting.pool = self.pool
         # An idle worker that dies is replaced at once (the pool loop wakes).
         self.losing.pool_lost = lambda: self.pool.on_taken() if self.pool else None
         return self.pool
@@ -179,6 +182,32 @@ class LeaseService:
             forget_seconds=forget_seconds,
         )
         return self.guards
+
+    async def admit(self) -> int:
+        """One pass of the admission loop over the whole line (admitting.py)."""
+        return await self.admitting.admit()
+
+    def on_line(self, call: Callable[[], None]) -> None:
+        """`call` whenever the line may move (a new caller, a freed room)."""
+        self.core.on_line.append(call)
+
+    async def waiting_line(self) -> list[dict[str, Any]]:
+        """GET /v1/line: the callers waiting, in admission order (never their env)."""
+        now = self.core.now_us()
+        return [
+            {
+                "position": i + 1,
+                "owner_id": row.owner_id,
+                "correlation_id": row.correlation_id,
+                "priority_class": row.priority_class,
+                "kind": row.kind,
+                "gpu": row.gpu,
+                "region": row.region,
+                "waited_seconds": round(max(0, now - row.arrived_at) / 1e6, 3),
+                "replica": row.replica_id,
+            }
+            for i, row in enumerate(await self.acquiring.waiting.line_now())
+        ]
 
     def drain(self) -> None:
         """Shutting down (drain.py): every acquire from now on, and each one waiting in

@@ -82,3 +82,14 @@ TRANSITIONS: frozenset[tuple[LeaseState, LeaseState]] = frozenset(
 )
 # States no move leaves.
 FINAL = frozenset(S) - {source for source, _ in TRANSITIONS}
+
+# What the admission rules count (lifecycle/admission.py, admitting.py).
+# States that hold a worker: they count against caps and exclusive devices.
+LIVE = frozenset(
+    s.value for s in (S.provisioning, S.active, S.preempting, S.releasing, S.warming, S.idle)
+)
+# What answers an idempotent replay; what counts against an owner's quota (those and a
+# lease being preempted, whose worker still runs); what an owner pays for now.
+ANSWERED = frozenset({S.provisioning.value, S.active.value})
+HELD = ANSWERED | {S.preempting.value}
+PAID = HELD | {S.releasing.value}

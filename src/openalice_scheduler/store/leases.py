@@ -93,15 +93,17 @@ class LeaseStore:
 
     # --- acquire ---------------------------------------------------------------------
 
-    async def reserve(self, lease: NewLease, tx: Callable[[Reserving], T]) -> T:
+    async def reserve(
+        self, lease: NewLease, tx: Callable[[Reserving], T], *, replica_id: str | None = None
+    ) -> T:
         """Run a reserving transaction of the core's (lifecycle/admission.py: its checks,
-        then `Reserving.write`) for `lease`. Raises what its checks raise (AtCapacity,
-        OverQuota, OverBudget), or DuplicateRequest when another live lease has the same
-        owner_id and correlation_id (another replica won the race for it)."""
+        then `Reserving.write`) for `lease`, whose rows it writes as `replica_id`'s (the
+        replica that makes the worker; this one by default). Raises what its checks
+        raise (AtCapacity, OverQuota, OverBudget), or DuplicateRequest when another live
+        lease has the same owner_id and correlation_id (another replica won the race)."""
+        mine = replica_id or self.replica_id
         try:
-            return await self.backend.write(
-                lambda conn: tx(Reserving(conn, self.backend, self.replica_id))
-            )
+            return await self.backend.write(lambda conn: tx(Reserving(conn, self.backend, mine)))
         except StoreUnavailable:
             self.unsure.add(lease.lease_id)
             raise

@@ -9,7 +9,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from openalice_scheduler.store.backend import Backend
-from openalice_scheduler.store.schema import locks, replicas, waiters
+from openalice_scheduler.store.schema import locks, replicas
+from openalice_scheduler.store.waiters import purge
 
 _DAY_US = 86_400_000_000
 
@@ -34,7 +35,7 @@ class Replicas:
                 )
             conn.execute(replicas.delete().where(replicas.c.heartbeat_at < now - _DAY_US))
             # Callers whose wait is over (their replica stopped while they waited).
-            conn.execute(waiters.delete().where(waiters.c.until < now))
+            purge(conn, now)
 
         await self.backend.write_apart(_tx)
 

@@ -7,7 +7,6 @@ then writes. Which checks it makes, and in what order, is the core's
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ from openalice_scheduler.store.statements import (
     state_in,
     transition_tx,
 )
-from openalice_scheduler.store.waiters import WaitingRow, ahead_of, enter
+from openalice_scheduler.store.waiters import decide, someone_waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,52 +87,20 @@ class Reserving:
         assert lease.owner_id is not None
         return spent_since(self.conn, lease.owner_id, since, now)
 
-    def waiting_ahead(
-        self,
-        *,
-        priority: int,
-        arrived_at: int,
-        exclude: str,
-        provider: str,
-        alive_since: int,
-        now: int,
-    ) -> list[WaitingRow]:
-        """The callers in line ahead of (`priority`, `arrived_at`), on any replica alive
-        since `alive_since`, whose request `provider` could serve; first first."""
-        return ahead_of(
-            self.conn,
-            priority=priority,
-            arrived_at=arrived_at,
-            exclude=exclude,
-            provider=provider,
-            alive_since=alive_since,
-            now=now,
-        )
+    def someone_waits(self, *, alive_since: int, now: int) -> bool:
+        """Whether any caller waits in line (on a replica alive since `alive_since`)."""
+        return someone_waits(self.conn, self.replica_id, alive_since=alive_since, now=now)
 
-    def displaceable(self, provider: str, classes: Sequence[str]) -> list[LeaseRecord]:
-        """The active leases of `provider` whose priority class is one of `classes`."""
-        if not classes:
-            return []
-        query = select(leases).where(
-            leases.c.provider == provider,
-            state_in([LeaseState.active.value]),
-            leases.c.priority_class.in_(list(classes)),
-        )
-        return [record_of(row) for row in self.conn.execute(query)]
-
-    def displaced_for(self, by: str) -> LeaseRecord | None:
-        """The lease being preempted for the request `by` names, if any."""
-        query = select(leases).where(
-            state_in([LeaseState.preempting.value]), leases.c.preempted_by == by
-        )
-        row = self.conn.execute(query).first()
-        return None if row is None else record_of(row)
+    def decide(self, waiter_id: str, granted: str | None, refusal: str | None, now: int) -> bool:
+        """The admission loop's decision on an undecided caller still in line; False
+        when it left meanwhile (the transaction is then undone by its caller)."""
+        return decide(self.conn, waiter_id, granted, refusal, now)
 
     def preempt(
         self, victim: str, move: Move, *, preempt_at: int, by: str, now: int
     ) -> LeaseRecord | None:
         """The lease `victim` by `move` (to `preempting`): its worker goes at
-        `preempt_at`, for the request `by` names. None when it is no longer active."""
+        `preempt_at`, for the caller `by` names. None when it is no longer active."""
         return transition_tx(
             self.conn,
             victim,
@@ -145,11 +112,6 @@ class Reserving:
                 "updated_at": now,
             },
         )
-
-    def enter_line(self, row: WaitingRow) -> None:
-        """`row` into the line (or its place and claim brought up to date), in this
-        transaction: a preemption's claim is written with the preemption."""
-        enter(self.conn, self.replica_id, row)
 
     def pooled(self, kind: str, gpu: str) -> int:
         """Pool workers (warming or idle) of `kind` and `gpu`."""

@@ -3,6 +3,7 @@ the Alembic migrations beside this file; a test checks the two agree."""
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Float,
     Index,
@@ -157,9 +158,21 @@ waiters = Table(
     Column("kind", String(16), nullable=False),
     Column("gpu", String(8), nullable=False),
     Column("region", String(64)),
+    # The providers that may serve it, in the policy's order (comma list).
     Column("providers", String(256), nullable=False),
     Column("until", BigInteger, nullable=False),
-    # The lease it preempted, whose capacity is its alone once freed.
-    Column("claims", String(36)),
-    Index("ix_waiters_order", "priority", "arrived_at"),
+    # The lease it will have, its TTL, whether it waits at all (`wait_seconds` > 0), and
+    # whether an idle pool worker may serve it.
+    Column("lease_id", String(36), nullable=False),
+    Column("ttl_seconds", Integer, nullable=False),
+    Column("patient", Boolean, nullable=False),
+    Column("pooled", Boolean, nullable=False),
+    # The admission loop's decision: the lease granted, or why it was refused (JSON).
+    Column("granted", String(36)),
+    Column("refusal", Text),
+    Column("decided_at", BigInteger),
+    # Out of line (its wait ran out): its arrival kept until then for a retry.
+    Column("left_until", BigInteger),
+    Index("ix_waiters_replica", "replica_id", "decided_at"),
+    Index("ix_waiters_request", "owner_id", "correlation_id"),
 )
