@@ -20,8 +20,9 @@ from typing import Any
 
 from openalice_scheduler.errors import InvalidRequest, TooManyGuards
 from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseState
-from openalice_scheduler.store import LeaseStore, format_us
+from openalice_scheduler.store import LeaseStore
 from openalice_scheduler.store.guards import GuardContact, GuardsFull, GuardStore
+from openalice_scheduler.times import format_us
 
 
 class GuardDesk:

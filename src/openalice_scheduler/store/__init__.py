@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from sqlalchemy.engine import make_url
 
+from openalice_scheduler.capacity import AtCapacity
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.leases import LeaseStore
 from openalice_scheduler.store.records import (
-    AtCapacity,
     Behind,
     DuplicateRequest,
     LeaseRecord,
@@ -17,9 +17,8 @@ from openalice_scheduler.store.records import (
     OverBudget,
     OverQuota,
     Terms,
-    format_us,
-    to_us,
 )
+from openalice_scheduler.times import format_us, to_us
 
 
 def open_backend(database_url: str, *, sqlite_synchronous: str = "full") -> Backend:

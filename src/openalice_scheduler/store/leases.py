@@ -35,7 +35,7 @@ from openalice_scheduler.store.records import (
 from openalice_scheduler.store.replicas import Replicas
 from openalice_scheduler.store.reserving import Reserving
 from openalice_scheduler.store.schema import leases, store_identity
-from openalice_scheduler.store.spending import DAY_US, live_price, spent_since
+from openalice_scheduler.store.spending import live_price, spent_since
 from openalice_scheduler.store.statements import (
     GET,
     LIVE,
@@ -46,6 +46,7 @@ from openalice_scheduler.store.statements import (
     transition_tx,
 )
 from openalice_scheduler.store.waiters import Waiters
+from openalice_scheduler.times import DAY_US
 
 # A worker's release is being attempted by someone: nobody else retries it before then.
 RELEASE_CLAIM_US = 60_000_000

@@ -7,25 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from openalice_scheduler.capacity import AtCapacity, Placement
 from openalice_scheduler.models import Lease, LeaseState
 from openalice_scheduler.store.schema import leases
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EPOCH_NAIVE = datetime(1970, 1, 1)
-
-
-def to_us(moment: datetime) -> int:
-    """Integer microseconds since the epoch (UTC): how the store keeps every time."""
-    delta = moment.astimezone(UTC) - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def format_us(us: int) -> str:
-    """RFC 3339 in UTC with microseconds: `2026-11-29T17:34:49.948395Z`."""
-    return (_EPOCH_NAIVE + timedelta(microseconds=us)).isoformat(timespec="microseconds") + "Z"
+from openalice_scheduler.times import format_us
 
 
 @dataclass(slots=True)
@@ -174,22 +161,6 @@ class Budget:
     per_day: float = 0.0
     hour_from: str = "MAX_COST_PER_HOUR_PER_OWNER"
     day_from: str = "MAX_SPEND_PER_DAY_PER_OWNER"
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a placed lease goes: the resource it holds, on which host."""
-
-    resource: str
-    host: str
-    # What a worker costs there, USD per hour (None: the provider's price).
-    price: float | None = None
-
-
-class AtCapacity(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class OverQuota(AtCapacity):

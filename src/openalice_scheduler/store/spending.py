@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from openalice_scheduler.store.statements import HOUR_US, OWNER_PRICE, OWNER_SPENDING
+from openalice_scheduler.store.statements import OWNER_PRICE, OWNER_SPENDING
 
-DAY_US = 24 * HOUR_US
+# DAY_US: lifecycle/admission.py still takes it from here.
+from openalice_scheduler.times import DAY_US as DAY_US
+from openalice_scheduler.times import HOUR_US
 
 
 def held_us(granted_at: int | None, released_at: int | None, since: int, until: int) -> int:

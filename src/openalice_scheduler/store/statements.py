@@ -18,8 +18,8 @@ from openalice_scheduler.models import LIVE_STATES, LeaseState, ReleaseReason
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.records import LeaseRecord, Move, record_of
 from openalice_scheduler.store.schema import leases
+from openalice_scheduler.times import HOUR_US
 
-HOUR_US = 3_600_000_000
 LIVE = [s.value for s in LIVE_STATES]
 # What answers an idempotent replay (schema.IDEMPOTENCY_SCOPE), and what counts
 # against an owner's quota: those and a lease being preempted, whose worker still runs.

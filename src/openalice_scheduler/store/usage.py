@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.engine import Connection
 
-from openalice_scheduler.models import GroupBy, LeaseState
+from openalice_scheduler.models import GroupBy, LeaseState, UsageFigures
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.schema import leases
 from openalice_scheduler.store.spending import cost_of, held_us
-from openalice_scheduler.store.statements import HOUR_US, state_in
+from openalice_scheduler.store.statements import state_in
+from openalice_scheduler.times import HOUR_US
 
 # The column each grouping reads.
 _GROUP_COLUMN = {
@@ -44,6 +45,13 @@ class Tally:
         self.live += live
         self.lease_hours += held / HOUR_US
         self.cost += cost_of(price, held)
+
+    def figures(self) -> UsageFigures:
+        """The figures as computed, not rounded: whoever shows them rounds once (a cost
+        of 0.000150461 rounded here to 0.00015 showed as 0.0001, not 0.0002)."""
+        return UsageFigures(
+            leases=self.leases, live=self.live, lease_hours=self.lease_hours, cost=self.cost
+        )
 
 
 @dataclass
