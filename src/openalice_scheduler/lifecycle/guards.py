@@ -40,7 +40,7 @@ class GuardDesk:
         forget_seconds: float,
     ) -> None:
         self.store = store
-        self.guards = GuardStore(store.backend)
+        self.guards = GuardStore(store.backend, store.states.holds_capacity)
         self.instance = instance
         self.providers = tuple(providers)
         self.most = most

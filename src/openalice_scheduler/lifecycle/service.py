@@ -305,7 +305,9 @@ class LeaseService:
 
     async def purge_ended(self, *, days: int) -> int:
         """Ended leases released more than `days` ago, deleted: how many."""
-        return await counting.purge_ended(self.store.backend, before=self.now_us() - days * DAY_US)
+        return await counting.purge_ended(
+            self.store.backend, self.store.states.ended, before=self.now_us() - days * DAY_US
+        )
 
 
 def _refuse_lost(record: LeaseRecord, owner: str | None) -> None:

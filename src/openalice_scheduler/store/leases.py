@@ -29,6 +29,7 @@ from openalice_scheduler.store.records import (
     LeaseRecord,
     Move,
     NewLease,
+    StateSets,
     record_of,
     wire_of,
 )
@@ -38,9 +39,7 @@ from openalice_scheduler.store.schema import leases, store_identity
 from openalice_scheduler.store.spending import live_price, spent_since
 from openalice_scheduler.store.statements import (
     GET,
-    LIVE,
-    PAID,
-    REQUEST,
+    lease_statements,
     released,
     state_in,
     transition_tx,
@@ -56,8 +55,14 @@ Check = Callable[[LeaseRecord | None], None]
 
 
 class LeaseStore:
-    def __init__(self, backend: Backend, *, replica_id: str | None = None) -> None:
+    def __init__(
+        self, backend: Backend, *, states: StateSets, replica_id: str | None = None
+    ) -> None:
         self.backend = backend
+        # The sets of states its reads select by, the core's (lifecycle/states.py), and
+        # the statements built once for them.
+        self.states = states
+        self.statements = lease_statements(states)
         # This process among the replicas sharing the store: it marks the leases it
         # provisions, so another replica can tell a crashed provision from a slow one.
         self.replica_id = replica_id or uuid.uuid4().hex
@@ -264,7 +269,7 @@ class LeaseStore:
         def _tx(conn: Connection) -> int:
             return conn.execute(
                 update(leases)
-                .where(leases.c.state == LeaseState.releasing.value, leases.c.next_attempt_at > now)
+                .where(state_in(self.states.retrying), leases.c.next_attempt_at > now)
                 .values(next_attempt_at=now)
             ).rowcount
 
@@ -354,12 +359,14 @@ class LeaseStore:
             return None
 
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = conn.execute(REQUEST, {"b_owner": owner_id, "b_corr": correlation_id}).first()
+            row = conn.execute(
+                self.statements.request, {"b_owner": owner_id, "b_corr": correlation_id}
+            ).first()
             return record_of(row) if row else None
 
         return await self.backend.read(_tx)
 
-    async def list_json(self, states: Sequence[LeaseState] = (LeaseState.active,)) -> bytes:
+    async def list_json(self, states: Sequence[LeaseState]) -> bytes:
         """The leases in `states` as one JSON array of `Lease`, oldest first."""
         return await self.backend.read(self._listing.list_json, [s.value for s in states])
 
@@ -389,7 +396,9 @@ class LeaseStore:
 
     async def live(self, provider: str | None = None) -> list[LeaseRecord]:
         def _tx(conn: Connection) -> list[LeaseRecord]:
-            query = select(leases).where(leases.c.state.in_(LIVE))
+            query = select(leases).where(
+                leases.c.state.in_([s.value for s in self.states.holds_capacity])
+            )
             if provider is not None:
                 query = query.where(leases.c.provider == provider)
             return [record_of(row) for row in conn.execute(query)]
@@ -401,19 +410,13 @@ class LeaseStore:
 
         def _tx(conn: Connection) -> int | None:
             expiry = conn.execute(
-                select(func.min(leases.c.expires_at)).where(
-                    state_in([LeaseState.active.value, LeaseState.preempting.value])
-                )
+                select(func.min(leases.c.expires_at)).where(state_in(self.states.expiring))
             ).scalar()
             retry = conn.execute(
-                select(func.min(leases.c.next_attempt_at)).where(
-                    leases.c.state == LeaseState.releasing.value
-                )
+                select(func.min(leases.c.next_attempt_at)).where(state_in(self.states.retrying))
             ).scalar()
             preempt = conn.execute(
-                select(func.min(leases.c.preempt_at)).where(
-                    leases.c.state == LeaseState.preempting.value
-                )
+                select(func.min(leases.c.preempt_at)).where(state_in(self.states.in_grace))
             ).scalar()
             due = [t for t in (expiry, retry, preempt) if t is not None]
             return min(due) if due else None
@@ -424,17 +427,18 @@ class LeaseStore:
         """(USD per hour of what `owner` pays for now, USD it spent over the last 24 h)."""
 
         def _tx(conn: Connection) -> tuple[float, float]:
-            return live_price(conn, owner), spent_since(conn, owner, now - DAY_US, now)
+            price = live_price(conn, owner, priced=self.statements.owner_price)
+            return price, spent_since(conn, owner, now - DAY_US, now)
 
         return await self.backend.read(_tx)
 
     async def live_price(self) -> dict[str, float]:
-        """USD per hour of what is paid for now (statements.PAID), by provider."""
+        """USD per hour of what is paid for now (StateSets.paid), by provider."""
 
         def _tx(conn: Connection) -> dict[str, float]:
             rows = conn.execute(
                 select(leases.c.provider, func.sum(leases.c.price_per_hour))
-                .where(state_in(PAID))
+                .where(state_in(self.states.paid))
                 .group_by(leases.c.provider)
             )
             return {provider: float(total or 0.0) for provider, total in rows}
@@ -454,7 +458,9 @@ class LeaseStore:
 
         def _tx(conn: Connection) -> list[tuple[str, str, str, str | None, int]]:
             rows = conn.execute(
-                select(*columns, func.count()).where(leases.c.state.in_(LIVE)).group_by(*columns)
+                select(*columns, func.count())
+                .where(leases.c.state.in_([s.value for s in self.states.holds_capacity]))
+                .group_by(*columns)
             )
             return [(p, k, g, o, n) for p, k, g, o, n in rows]
 

@@ -114,6 +114,33 @@ class Move:
     target: LeaseState
 
 
+@dataclass(frozen=True, slots=True)
+class StateSets:
+    """The sets of states the store's reads and counts select leases by, as the core
+    defines them (lifecycle/states.py: its one instance, STATE_SETS); the store names no
+    state of its own. Given when the store is opened, so its statements are built once."""
+
+    # A worker exists or is being made: it counts against its provider's cap and holds
+    # its device; reconciliation and the guards watch it.
+    holds_capacity: tuple[LeaseState, ...]
+    # Answers an idempotent replay of its request (owner_id, correlation_id).
+    answered: tuple[LeaseState, ...]
+    # Counts against its owner's quota.
+    held: tuple[LeaseState, ...]
+    # Its owner pays for it now.
+    paid: tuple[LeaseState, ...]
+    # A warm pool's workers; those of them ready to be claimed.
+    pooled: tuple[LeaseState, ...]
+    idle: tuple[LeaseState, ...]
+    # Over: what the purge deletes once past retention.
+    ended: tuple[LeaseState, ...]
+    # What the sweeper waits for (LeaseStore.next_due): an expiry (`expires_at`), a
+    # release attempt (`next_attempt_at`), the end of a preemption's grace (`preempt_at`).
+    expiring: tuple[LeaseState, ...]
+    retrying: tuple[LeaseState, ...]
+    in_grace: tuple[LeaseState, ...]
+
+
 @dataclass(slots=True)
 class NewLease:
     """A lease about to be reserved: what the request fixed."""

@@ -7,6 +7,8 @@ period: usage over yesterday is what yesterday cost, whatever began before or en
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.engine import Connection
 
 from openalice_scheduler.store.statements import OWNER_PRICE, OWNER_SPENDING
@@ -29,10 +31,12 @@ def cost_of(price: float | None, held: int) -> float:
     return (price or 0.0) * held / HOUR_US
 
 
-def live_price(conn: Connection, owner: str, lease_id: str = "") -> float:
-    """USD per hour of what `owner` pays for now (leases held, or being destroyed),
-    leaving out `lease_id`."""
-    return float(conn.execute(OWNER_PRICE, {"b_id": lease_id, "b_owner": owner}).scalar_one())
+def live_price(conn: Connection, owner: str, lease_id: str = "", *, priced: Any = None) -> float:
+    """USD per hour of what `owner` pays for now, leaving out `lease_id`. `priced`: the
+    store's statement for it (LeaseStatements.owner_price); none given, reserving.py's,
+    until it gives its store's."""
+    statement = OWNER_PRICE if priced is None else priced
+    return float(conn.execute(statement, {"b_id": lease_id, "b_owner": owner}).scalar_one())
 
 
 def spent_since(conn: Connection, owner: str, since: int, now: int) -> float:
