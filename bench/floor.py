@@ -151,10 +151,11 @@ async def sql_round_trips(url: str, clients: int, seconds: float) -> dict[str, f
     import asyncpg
 
     ensure_src_on_path()
+    from openalice_scheduler.lifecycle.states import STATE_SETS
     from openalice_scheduler.store import open_store
     from openalice_scheduler.store.postgres import POOL_MAX, POOL_MIN
 
-    store = open_store(url)
+    store = open_store(url, states=STATE_SETS)
     await store.migrate()  # the store's own tables and indexes
     await store.close()
     # The store's own pool bounds (store/postgres.py).

@@ -26,6 +26,7 @@ from replicas import STATIC_ENDPOINTS, fresh_database  # noqa: E402
 
 from openalice_scheduler.ids import new_lease_id  # noqa: E402
 from openalice_scheduler.lifecycle import admission, states  # noqa: E402
+from openalice_scheduler.lifecycle.states import STATE_SETS  # noqa: E402
 from openalice_scheduler.models import ReleaseReason  # noqa: E402
 from openalice_scheduler.store import NewLease, Terms, open_store  # noqa: E402
 
@@ -34,7 +35,7 @@ ENDPOINTS = [f"http://w{i}.static.invalid:8080" for i in range(STATIC_ENDPOINTS)
 
 async def run(url: str, clients: int, seconds: float) -> tuple[float, float]:
     """(round trips per second, CPU ms per round trip) with `clients` callers."""
-    store = open_store(url)
+    store = open_store(url, states=STATE_SETS)
     await store.migrate()
 
     async def one_round() -> None:

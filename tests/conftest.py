@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.store import open_store
 from tests.engines import PrivateEngine
 from tests.harness import REPO, WORKER_IMAGE, Scheduler, database_url, docker_client
@@ -177,7 +178,7 @@ def private_pg() -> Iterator[PrivatePostgres]:
 async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
     """A fresh, migrated LeaseStore, once on SQLite and once on PostgreSQL."""
     with database_url(request.param, tmp_path) as url:
-        s = open_store(url)
+        s = open_store(url, states=STATE_SETS)
         await s.migrate()
         yield s
         await s.close()

@@ -31,6 +31,7 @@ from openalice_scheduler.lifecycle.admission import Priorities
 from openalice_scheduler.lifecycle.line import LINE_TIMEOUT_S
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
 from openalice_scheduler.lifecycle.pooling import Pool
+from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.loops import AdmissionLoop
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import (
@@ -182,7 +183,7 @@ async def test_a_preempted_lease_runs_its_grace_on_the_moved_clock_then_goes(
     tmp_path: Path, clock: Clock
 ) -> None:
     with database_url("sqlite", tmp_path) as url:
-        store = open_store(url)
+        store = open_store(url, states=STATE_SETS)
         await store.migrate()
         service = on_one_endpoint(
             store,
@@ -241,7 +242,7 @@ async def on_docker(
             renderer_image=image,
             local_gpu_devices="",
         )
-        store = open_store(f"sqlite:///{tmp_path / f'{instance}.db'}")
+        store = open_store(f"sqlite:///{tmp_path / f'{instance}.db'}", states=STATE_SETS)
         await store.migrate()
         provider = LocalDockerProvider(settings)
         service = LeaseService(

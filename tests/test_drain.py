@@ -35,6 +35,7 @@ from opentelemetry.trace import NoOpTracer
 from openalice_scheduler.errors import ShuttingDown
 from openalice_scheduler.lifecycle import LeaseService
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
+from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.loops import Reconciler
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import LeaseRequest, WorkerKind
@@ -326,7 +327,7 @@ class TellingReconciler(Reconciler):
 async def test_ready_once_a_reconciliation_finished_and_not_while_draining(
     tmp_path: Path,
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'ready.db'}")
+    store = open_store(f"sqlite:///{tmp_path / 'ready.db'}", states=STATE_SETS)
     await store.migrate()
     service = LeaseService(store, [], OrderedFirstAvailable(), Metrics(), NoOpTracer())
     reconciler = TellingReconciler(service, NoOpTracer(), 60, replica_timeout=30)

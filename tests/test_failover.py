@@ -13,6 +13,7 @@ from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProvisionFailed
 from openalice_scheduler.lifecycle import LeaseService
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
+from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import LeaseRequest, WorkerKind
 from openalice_scheduler.providers.docker import LocalDockerProvider
@@ -37,7 +38,7 @@ def docker_provider(name: str, instance: str, image: str) -> LocalDockerProvider
 @pytest.fixture
 async def service(tmp_path: Path):  # type: ignore[no-untyped-def]
     instance = f"t-{uuid.uuid4().hex[:10]}"
-    store = open_store(f"sqlite:///{tmp_path / 'failover.db'}")
+    store = open_store(f"sqlite:///{tmp_path / 'failover.db'}", states=STATE_SETS)
     await store.migrate()
     broken = docker_provider("broken-docker", instance, "openalice-no-such-image:0")
     working = docker_provider("local-docker", instance, WORKER_IMAGE)

@@ -13,6 +13,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import text
 
+from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.store import Terms, open_store
 from tests import storeops
 from tests.harness import Scheduler, database_url, docker_client, new_lease_at
@@ -89,7 +90,7 @@ async def test_the_migration_numbers_existing_leases_in_created_order(
     kind: str,
 ) -> None:
     with database_url(kind, tmp_path) as url:
-        store = open_store(url)
+        store = open_store(url, states=STATE_SETS)
         await store.backend.schema(_upgrade_to, "0007")
         # Three leases recorded before fences existed, inserted out of created order.
         made = {str(uuid.uuid4()): NOW + n for n in (3, 1, 2)}

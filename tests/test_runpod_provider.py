@@ -27,6 +27,7 @@ from openalice_scheduler.errors import (
 )
 from openalice_scheduler.lifecycle import SYSTEM_CLOCK, LeaseService
 from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
+from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.loops import Alarm, Reconciler, Sweeper
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
@@ -819,7 +820,7 @@ async def make_stack(
     stores: list[LeaseStore] = []
 
     async def make(api: str, **overrides: Any) -> Stack:
-        store = open_store(f"sqlite:///{tmp_path / f'runpod-{len(stores)}.db'}")
+        store = open_store(f"sqlite:///{tmp_path / f'runpod-{len(stores)}.db'}", states=STATE_SETS)
         stores.append(store)
         await store.migrate()
         provider = make_provider(api, **overrides)

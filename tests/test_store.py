@@ -19,7 +19,8 @@ from sqlalchemy.engine import Connection
 
 from openalice_scheduler.errors import StoreUnavailable
 from openalice_scheduler.lifecycle import states
-from openalice_scheduler.models import ReleaseReason
+from openalice_scheduler.lifecycle.states import STATE_SETS
+from openalice_scheduler.models import LeaseState, ReleaseReason
 from openalice_scheduler.store import (
     AtCapacity,
     LeaseStore,
@@ -49,7 +50,7 @@ async def test_migrations_build_exactly_the_schema_the_code_uses(store: LeaseSto
 
 
 async def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", states=STATE_SETS)
     await store.migrate()
     await store.close()
     mode = sqlite3.connect(tmp_path / "store.db").execute("PRAGMA journal_mode").fetchone()[0]
@@ -114,7 +115,7 @@ async def test_resources_are_exclusive_across_stores_without_a_cap(
     """Two stores on one PostgreSQL database (two replicas, two pools), no cap, 40
     reservations at once for 8 endpoints: each endpoint is taken exactly once."""
     with database_url("postgresql", tmp_path) as url:
-        stores = [open_store(url), open_store(url)]
+        stores = [open_store(url, states=STATE_SETS), open_store(url, states=STATE_SETS)]
         for s in stores:
             await s.migrate()
         try:
@@ -214,12 +215,17 @@ async def test_a_listing_always_shows_the_leases_as_they_are_now(store: LeaseSto
     def listed_ids(body: bytes) -> list[str]:
         return [x["lease_id"] for x in json.loads(body)]
 
-    assert await store.list_json() == b"[]"
+    shown = (LeaseState.active,)
+
+    assert await store.list_json(shown) == b"[]"
     first, second = new_lease(), replace(new_lease(), created_at=NOW + 1)
     await active(first)
-    assert listed_ids(await store.list_json()) == [first.lease_id]
+    assert listed_ids(await store.list_json(shown)) == [first.lease_id]
     await active(second)
-    assert listed_ids(await store.list_json()) == [first.lease_id, second.lease_id]
+    assert listed_ids(await store.list_json(shown)) == [
+        first.lease_id,
+        second.lease_id,
+    ]
     # Written behind the store's back, with the same updated_at: still seen.
     await store.backend.write(
         lambda conn: conn.execute(
@@ -228,13 +234,13 @@ async def test_a_listing_always_shows_the_leases_as_they_are_now(store: LeaseSto
             .values(endpoint="http://moved:1")
         )
     )
-    listed = json.loads(await store.list_json())
+    listed = json.loads(await store.list_json(shown))
     assert [x["endpoint"] for x in listed] == ["e", "http://moved:1"]
     assert listed[1] == (await store.get(second.lease_id)).wire()  # type: ignore[union-attr]
     await store.claim_release(first.lease_id, ReleaseReason.explicit, states.RELEASE, now=NOW + 1)
-    assert listed_ids(await store.list_json()) == [second.lease_id]
+    assert listed_ids(await store.list_json(shown)) == [second.lease_id]
     await store.claim_release(second.lease_id, ReleaseReason.explicit, states.RELEASE, now=NOW + 1)
-    assert await store.list_json() == b"[]"
+    assert await store.list_json(shown) == b"[]"
 
 
 async def test_a_static_lease_is_active_at_once_and_released_in_the_claim(
@@ -284,7 +290,7 @@ async def test_free_resources_are_judged_by_the_file_not_by_what_the_process_rem
     """Which resources are held is read from the file at each reservation: a lease
     written by another connection (an operator's tool) is seen by the next one."""
     path = tmp_path / "store.db"
-    store = open_store(f"sqlite:///{path}")
+    store = open_store(f"sqlite:///{path}", states=STATE_SETS)
     await store.migrate()
     resources = ("a", "b", "c")
 
@@ -389,7 +395,7 @@ async def test_a_write_lock_held_by_another_process_is_waited_for_off_the_loop(
     the event loop; reads go on; past the timeout the write is StoreUnavailable (503),
     and once the lock is let go the same write succeeds: nothing was half done."""
     monkeypatch.setattr(sqlite, "WRITE_LOCK_TIMEOUT_S", 0.5)
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", states=STATE_SETS)
     await store.migrate()
     lease = new_lease()
     tool = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
@@ -424,7 +430,7 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
     gets its 503 one timeout after its own arrival, not a timeout after the one ahead of
     it gave up (which made it wait up to twice as long)."""
     monkeypatch.setattr(sqlite, "WRITE_LOCK_TIMEOUT_S", 4.0)
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", states=STATE_SETS)
     await store.migrate()
     first, second = new_lease(), new_lease()
     loop = asyncio.get_running_loop()
@@ -462,7 +468,7 @@ async def test_sqlite_commits_are_full_synchronous_by_default(tmp_path: Path) ->
     """A write is answered after SQLite's own synchronous=FULL commit: the writer's
     connection says so, and the store starts no helper process to make it durable."""
     before = set(_children(os.getpid()))
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", states=STATE_SETS)
     await store.migrate()
     try:
         await storeops.reserve(store, new_lease(), "p", Terms(NOW))
@@ -491,7 +497,7 @@ async def test_a_failed_commit_fails_every_write_of_its_batch_and_keeps_none(
     SQLite refuses the statement: an authorizer denies COMMIT on the writer's own
     connection), no caller of that batch is told success, and nothing of the batch is
     in the file afterwards; the next batch commits again."""
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", states=STATE_SETS)
     await store.migrate()
     deny = {"on": False}
 
@@ -530,7 +536,7 @@ async def test_a_database_file_that_cannot_be_opened_fails_its_writes_instead_of
     file was replaced by a directory after start-up), the writes waiting for it fail
     with 503, none waits forever, and writing works again once the file can be opened."""
     path = tmp_path / "store.db"
-    store = open_store(f"sqlite:///{path}")
+    store = open_store(f"sqlite:///{path}", states=STATE_SETS)
     path.unlink(missing_ok=True)
     path.mkdir()
     try:
@@ -601,11 +607,11 @@ async def test_a_lock_left_by_a_killed_process_is_taken_at_once_in_a_store_of_it
     # TTL. On SQLite nobody else uses the store: the restarted one takes it at once, so
     # its start-up reconciliation runs (seen failing under load: a pod left behind).
     with database_url("sqlite", tmp_path) as url:
-        gone = open_store(url)
+        gone = open_store(url, states=STATE_SETS)
         await gone.migrate()
         assert await gone.replicas.try_lock("reconcile", ttl_us=180_000_000, now=NOW)
         await gone.close()  # kill -9: no unlock
-        again = open_store(url)
+        again = open_store(url, states=STATE_SETS)
         await again.migrate()
         assert await again.replicas.try_lock("reconcile", ttl_us=180_000_000, now=NOW + 1)
         await again.close()

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Insert, select
 
+from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.store import LeaseStore
 from openalice_scheduler.store.schema import leases
 from openalice_scheduler.store.usage import purge_ended, usage
@@ -130,13 +131,12 @@ def _cli(sched: Scheduler, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_cost_is_rounded_once_where_it_is_shown() -> None:
     # Held 0.9027666 s at 0.6 $/h: 0.000150461 $, 0.0002 to the hundredth of a cent.
     # The API once rounded it to 0.00015 first, which the command showed as 0.0001.
-    from openalice_scheduler.api.usage import _figures
     from openalice_scheduler.cli.usage import _amount
     from openalice_scheduler.store.usage import Tally
 
     tally = Tally()
     tally.add(live=False, held=902_766, price=0.6)
-    figures = _figures(tally)
+    figures = tally.figures()
     assert figures.cost == tally.cost
     assert _amount(figures.cost) == "0.0002"
 
@@ -209,8 +209,9 @@ async def test_purge_removes_old_ended_leases_only(store: LeaseStore) -> None:
         )
     await write_rows(store, inserts)
     # A batch of one: the purge goes on until nothing old is left.
-    assert await purge_ended(store.backend, before=now - 90 * DAY_US, batch=1) == 2
-    assert await purge_ended(store.backend, before=now - 90 * DAY_US) == 0  # idempotent
+    before = now - 90 * DAY_US
+    assert await purge_ended(store.backend, STATE_SETS.ended, before=before, batch=1) == 2
+    assert await purge_ended(store.backend, STATE_SETS.ended, before=before) == 0  # idempotent
     left = await store.backend.read(
         lambda conn: sorted(r[0] for r in conn.execute(select(leases.c.lease_id)))
     )

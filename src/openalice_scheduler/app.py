@@ -14,6 +14,7 @@ from openalice_scheduler.api.errors import install_error_handlers
 from openalice_scheduler.config import Settings
 from openalice_scheduler.lease_access import LeaseAccess
 from openalice_scheduler.lifecycle import SYSTEM_CLOCK, Clock
+from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.lifespan import lifespan
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.providers import Provider, build_providers
@@ -33,8 +34,12 @@ def create_app(
     metrics.providers.set(len(providers))
     tracing = Tracing(settings)
     # Opened here, not in the lifespan: a second process on one SQLite file fails
-    # before serving, with one line.
-    store = open_store(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    # before serving, with one line. Its reads select by the core's sets of states.
+    store = open_store(
+        settings.database_url,
+        states=STATE_SETS,
+        sqlite_synchronous=settings.sqlite_synchronous,
+    )
     access = LeaseAccess(settings.internal_secret.get_secret_value(), settings.scheduler_public_url)
     # FastAPI whose /docs loads Swagger UI's JS, CSS and icon from the service itself
     # (ungated, under /docs/assets), not from a CDN: the docs work where only the service

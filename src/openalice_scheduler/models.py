@@ -102,17 +102,6 @@ class LeaseState(StrEnum):
     preempting = "preempting"
 
 
-# States that hold a worker: they count against caps and exclusive devices.
-LIVE_STATES = (
-    LeaseState.provisioning,
-    LeaseState.active,
-    LeaseState.preempting,
-    LeaseState.releasing,
-    LeaseState.warming,
-    LeaseState.idle,
-)
-
-
 class ReleaseReason(StrEnum):
     explicit = "explicit"
     expired = "expired"

@@ -13,7 +13,7 @@ from fastapi.security import HTTPBearer
 from openalice_scheduler.api.deps import SECRET_HEADER, ServiceDep
 from openalice_scheduler.api.openapi import Responses, errors
 from openalice_scheduler.models import ErrorBody, LeaseSelf
-from openalice_scheduler.store import format_us
+from openalice_scheduler.times import format_us
 
 # Either one (OpenAPI lists them as alternatives); checked by SecretGate before routing.
 _token = HTTPBearer(auto_error=False, description="LEASE_TOKEN: the lease's own token")

@@ -1,5 +1,6 @@
 """GET /v1/usage: leases, lease-hours and cost per owner, provider, kind or GPU class
-over a period (docs/concepts/money.md#usage-and-retention). The counting is store/usage.py's."""
+over a period (docs/concepts/money.md#usage-and-retention). The counting is the service's
+(store/usage.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,8 @@ from pydantic import StringConstraints, WithJsonSchema
 from openalice_scheduler.api.deps import SECRET_HEADER, ServiceDep
 from openalice_scheduler.api.openapi import errors
 from openalice_scheduler.errors import InvalidRequest
-from openalice_scheduler.models import GroupBy, UsageFigures, UsageGroup, UsageReport
-from openalice_scheduler.store import usage as counting
-from openalice_scheduler.store.records import format_us, to_us
-from openalice_scheduler.store.spending import DAY_US
+from openalice_scheduler.models import GroupBy, UsageGroup, UsageReport
+from openalice_scheduler.times import DAY_US, format_us, to_us
 
 router = APIRouter(prefix="/v1", tags=["usage"], dependencies=[Security(SECRET_HEADER)])
 
@@ -90,8 +89,8 @@ async def usage(
         since=format_us(start),
         until=format_us(end),
         group_by=group_by,
-        groups=[UsageGroup(key=key, **_figures(t).model_dump()) for key, t in found.by_cost()],
-        total=_figures(found.total),
+        groups=[UsageGroup(key=key, **t.figures().model_dump()) for key, t in found.by_cost()],
+        total=found.total.figures(),
         retention_days=retention,
         complete=complete,
         note=None
@@ -123,9 +122,3 @@ def _instant(value: str, name: str) -> int:
         return to_us(moment)
     except OverflowError:  # 9999-12-31T23:59:59-01:00 is after year 9999 in UTC
         raise InvalidRequest(f"{name}: out of range", field=name) from None
-
-
-def _figures(t: counting.Tally) -> UsageFigures:
-    """A group's figures as computed, not rounded: whoever shows them rounds once (a
-    cost of 0.000150461 rounded here to 0.00015 showed as 0.0001, not 0.0002)."""
-    return UsageFigures(leases=t.leases, live=t.live, lease_hours=t.lease_hours, cost=t.cost)

@@ -59,9 +59,9 @@ from openalice_scheduler.store.waiters import WaitingRow
 log = logging.getLogger("openalice_scheduler.waiting")
 
 S = LeaseState
-# Rooms being freed: their workers are going (or told to go).
+# Rooms being freed: their workers are going (or told to go); pool workers' rooms.
 FREEING = frozenset({S.preempting.value, S.releasing.value})
-POOLED = frozenset({S.warming.value, S.idle.value})
+POOLED = frozenset(s.value for s in states.POOLED)
 
 
 class Picture:
@@ -80,7 +80,7 @@ class Picture:
         old = self.records.get(record.lease_id)
         if old is not None:
             self._on[old.provider].discard(record.lease_id)
-        if record.state in states.LIVE:
+        if record.state in states.HOLDS_CAPACITY:
             self.records[record.lease_id] = record
             self._on[record.provider].add(record.lease_id)
         else:

@@ -20,8 +20,9 @@ from typing import Any
 
 from openalice_scheduler.errors import InvalidRequest, TooManyGuards
 from openalice_scheduler.models import MAX_TTL_SECONDS, LeaseState
-from openalice_scheduler.store import LeaseStore, format_us
+from openalice_scheduler.store import LeaseStore
 from openalice_scheduler.store.guards import GuardContact, GuardsFull, GuardStore
+from openalice_scheduler.times import format_us
 
 
 class GuardDesk:
@@ -39,7 +40,7 @@ class GuardDesk:
         forget_seconds: float,
     ) -> None:
         self.store = store
-        self.guards = GuardStore(store.backend)
+        self.guards = GuardStore(store.backend, store.states.holds_capacity)
         self.instance = instance
         self.providers = tuple(providers)
         self.most = most

@@ -32,8 +32,9 @@ from openalice_scheduler.lifecycle.making import destroy_quietly, make_worker
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
 from openalice_scheduler.providers import BoundedProvider, InstantProvider, Provider, WorkerSpec
-from openalice_scheduler.store import AtCapacity, Behind, LeaseRecord, NewLease, OverBudget, to_us
+from openalice_scheduler.store import AtCapacity, Behind, LeaseRecord, NewLease, OverBudget
 from openalice_scheduler.store.pool import PoolStore
+from openalice_scheduler.times import to_us
 from openalice_scheduler.tracing import span_attributes
 
 # The pool's lines, as ever (operators filter by logger name).

@@ -53,9 +53,9 @@ from openalice_scheduler.models import (
 )
 from openalice_scheduler.providers import BoundedProvider, Provider, WorkerEnded, WorkerInfo
 from openalice_scheduler.providers.probe import ReadyProbe
-from openalice_scheduler.store import LeaseRecord, LeaseStore, format_us
+from openalice_scheduler.store import LeaseRecord, LeaseStore
 from openalice_scheduler.store import usage as counting
-from openalice_scheduler.store.spending import DAY_US
+from openalice_scheduler.times import DAY_US, format_us
 
 # The service's lines, as ever (operators filter by logger name).
 log = logging.getLogger("openalice_scheduler.service")
@@ -334,7 +334,9 @@ class LeaseService:
 
     async def purge_ended(self, *, days: int) -> int:
         """Ended leases released more than `days` ago, deleted: how many."""
-        return await counting.purge_ended(self.store.backend, before=self.now_us() - days * DAY_US)
+        return await counting.purge_ended(
+            self.store.backend, self.store.states.ended, before=self.now_us() - days * DAY_US
+        )
 
 
 def _refuse_lost(record: LeaseRecord, owner: str | None) -> None:

@@ -4,7 +4,9 @@ Every change of a lease's state is one of the moves below. The store applies a m
 guarded update (`UPDATE … WHERE state IN <its sources>`): of two actors racing on one
 lease (a release and the sweeper, two replicas), only one still finds the lease in a
 source state, and the other is told it is gone. The store takes each move from here and
-holds no rule of its own.
+holds no rule of its own; the sets of states its reads select by (which hold capacity,
+which are answered, paid, pooled...) are defined here too, at the end, and handed to the
+store when it is opened (STATE_SETS).
 
     (new) ─reserve─▶ provisioning ─activate─▶ active ─release/expire─▶ releasing ─finish─▶ released
           ─assign──────────────────────────▶ active ─release at once────────────────────▶ released
@@ -17,7 +19,7 @@ holds no rule of its own.
 from __future__ import annotations
 
 from openalice_scheduler.models import LeaseState
-from openalice_scheduler.store import Move
+from openalice_scheduler.store import Move, StateSets
 
 S = LeaseState
 
@@ -83,13 +85,36 @@ TRANSITIONS: frozenset[tuple[LeaseState, LeaseState]] = frozenset(
 # States no move leaves.
 FINAL = frozenset(S) - {source for source, _ in TRANSITIONS}
 
-# What the admission rules count (lifecycle/admission.py, admitting.py).
-# States that hold a worker: they count against caps and exclusive devices.
-LIVE = frozenset(
-    s.value for s in (S.provisioning, S.active, S.preempting, S.releasing, S.warming, S.idle)
+# What the store's reads select by, each set once (store/records.py StateSets).
+# A worker exists or is being made: counts against a provider's cap and its exclusive
+# devices (pool workers too); what reconciliation and the guards watch.
+HOLDS_CAPACITY = (S.provisioning, S.active, S.preempting, S.releasing, S.warming, S.idle)
+# Answers an idempotent replay of its request; the database's unique index on (owner_id,
+# correlation_id) covers exactly these (store/schema.py IDEMPOTENCY_SCOPE).
+ANSWERED = (S.provisioning, S.active)
+# Counts against its owner's quota: those, and a lease being preempted (its worker runs).
+HELD = (*ANSWERED, S.preempting)
+# Its owner pays for it now: held, or its worker being destroyed.
+PAID = (*HELD, S.releasing)
+# The warm pool's workers; those ready to be claimed.
+POOLED = (S.warming, S.idle)
+IDLE = CLAIM.sources
+# Over: no move leaves them (FINAL); the purge deletes them past retention.
+ENDED = (S.released, S.failed)
+# What the sweeper's moves take: expired, a release to retry, a preemption's grace over.
+EXPIRING = EXPIRE.sources
+RETRYING = RETRY.sources
+IN_GRACE = PREEMPTED.sources
+
+STATE_SETS = StateSets(
+    holds_capacity=HOLDS_CAPACITY,
+    answered=ANSWERED,
+    held=HELD,
+    paid=PAID,
+    pooled=POOLED,
+    idle=IDLE,
+    ended=ENDED,
+    expiring=EXPIRING,
+    retrying=RETRYING,
+    in_grace=IN_GRACE,
 )
-# What answers an idempotent replay; what counts against an owner's quota (those and a
-# lease being preempted, whose worker still runs); what an owner pays for now.
-ANSWERED = frozenset({S.provisioning.value, S.active.value})
-HELD = ANSWERED | {S.preempting.value}
-PAID = HELD | {S.releasing.value}

@@ -8,9 +8,9 @@ from typing import Any
 
 from openalice_scheduler.models import GpuClass
 from openalice_scheduler.providers import Provider, ProviderStatus
-from openalice_scheduler.store import format_us
 from openalice_scheduler.store.guards import GuardContact
 from openalice_scheduler.store.pool import PoolCount
+from openalice_scheduler.times import format_us
 
 _GPU_ORDER = [g.value for g in GpuClass]
 

@@ -10,7 +10,7 @@ from opentelemetry.trace import Tracer
 
 from openalice_scheduler.lifecycle import Clock, LeaseService
 from openalice_scheduler.loops.base import LoopService
-from openalice_scheduler.store import to_us
+from openalice_scheduler.times import to_us
 
 
 class Alarm:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
+from openalice_scheduler.capacity import Placement
 from openalice_scheduler.config import Settings
 from openalice_scheduler.models import GpuClass, LostCause, WorkerKind
-from openalice_scheduler.store.records import Placement
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,16 @@
 """The state store. `open_store` chooses the database once, from DATABASE_URL; the
-lease logic (leases.py) runs on either backend without asking which."""
+lease logic (leases.py) runs on either backend without asking which. The store decides
+nothing: every move it applies, and every set of states it selects by, is the core's
+(lifecycle/states.py), handed to it."""
 
 from __future__ import annotations
 
 from sqlalchemy.engine import make_url
 
+from openalice_scheduler.capacity import AtCapacity
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.leases import LeaseStore
 from openalice_scheduler.store.records import (
-    AtCapacity,
     Behind,
     DuplicateRequest,
     LeaseRecord,
@@ -16,10 +18,10 @@ from openalice_scheduler.store.records import (
     NewLease,
     OverBudget,
     OverQuota,
+    StateSets,
     Terms,
-    format_us,
-    to_us,
 )
+from openalice_scheduler.times import format_us, to_us
 
 
 def open_backend(database_url: str, *, sqlite_synchronous: str = "full") -> Backend:
@@ -40,11 +42,14 @@ def open_backend(database_url: str, *, sqlite_synchronous: str = "full") -> Back
 def open_store(
     database_url: str,
     *,
+    states: StateSets,
     replica_id: str | None = None,
     sqlite_synchronous: str = "full",
 ) -> LeaseStore:
+    """The store at `database_url`; `states`: the core's sets of states its reads select
+    by (lifecycle/states.py STATE_SETS)."""
     backend = open_backend(database_url, sqlite_synchronous=sqlite_synchronous)
-    return LeaseStore(backend, replica_id=replica_id)
+    return LeaseStore(backend, states=states, replica_id=replica_id)
 
 
 __all__ = [
@@ -58,6 +63,7 @@ __all__ = [
     "NewLease",
     "OverBudget",
     "OverQuota",
+    "StateSets",
     "Terms",
     "format_us",
     "open_backend",

@@ -5,18 +5,19 @@ guards silent too long are forgotten (GUARD_FORGET_SECONDS, retention.py's loop)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
-from openalice_scheduler.models import LIVE_STATES
+from openalice_scheduler.models import LeaseState
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.schema import guards, leases
 
-_LIVE = select(
+_WORKERS = select(
     leases.c.lease_id, leases.c.provider, leases.c.state, leases.c.expires_at, leases.c.released_at
-).where(leases.c.state.in_([s.value for s in LIVE_STATES]))
+)
 _ROOM = select(func.count(), func.min(guards.c.last_contact_at)).select_from(guards)
 # Taken by a new guard's transaction only: on PostgreSQL two replicas recording two new
 # guards at once could otherwise both take the last room (SQLite has one writer anyway).
@@ -52,8 +53,10 @@ class GuardsFull(Exception):
 
 
 class GuardStore:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, live: Sequence[LeaseState]) -> None:
+        """`live`: the states whose workers a guard watches (StateSets.holds_capacity)."""
         self.backend = backend
+        self._live = _WORKERS.where(leases.c.state.in_([s.value for s in live]))
 
     async def contact(
         self,
@@ -116,7 +119,7 @@ class GuardStore:
 
     async def live(self, providers: tuple[str, ...]) -> list[LiveWorker]:
         """The live rows of `providers`."""
-        query = _LIVE.where(leases.c.provider.in_(providers))
+        query = self._live.where(leases.c.provider.in_(providers))
 
         def _tx(conn: Connection) -> list[LiveWorker]:
             return [LiveWorker(*row) for row in conn.execute(query)]

@@ -29,23 +29,23 @@ from openalice_scheduler.store.records import (
     LeaseRecord,
     Move,
     NewLease,
+    StateSets,
     record_of,
     wire_of,
 )
 from openalice_scheduler.store.replicas import Replicas
 from openalice_scheduler.store.reserving import Reserving
 from openalice_scheduler.store.schema import leases, store_identity
-from openalice_scheduler.store.spending import DAY_US, live_price, spent_since
+from openalice_scheduler.store.spending import live_price, spent_since
 from openalice_scheduler.store.statements import (
     GET,
-    LIVE,
-    PAID,
-    REQUEST,
+    lease_statements,
     released,
     state_in,
     transition_tx,
 )
 from openalice_scheduler.store.waiters import Waiters
+from openalice_scheduler.times import DAY_US
 
 # A worker's release is being attempted by someone: nobody else retries it before then.
 RELEASE_CLAIM_US = 60_000_000
@@ -55,8 +55,13 @@ Check = Callable[[LeaseRecord | None], None]
 
 
 class LeaseStore:
-    def __init__(self, backend: Backend, *, replica_id: str | None = None) -> None:
+    def __init__(
+        self, backend: Backend, *, states: StateSets, replica_id: str | None = None
+    ) -> None:
         self.backend = backend
+        # The core's sets of states (lifecycle/states.py), and statements built for them.
+        self.states = states
+        self.statements = lease_statements(states)
         # This process among the replicas sharing the store: it marks the leases it
         # provisions, so another replica can tell a crashed provision from a slow one.
         self.replica_id = replica_id or uuid.uuid4().hex
@@ -96,14 +101,15 @@ class LeaseStore:
     async def reserve(
         self, lease: NewLease, tx: Callable[[Reserving], T], *, replica_id: str | None = None
     ) -> T:
-        """Run a reserving transaction of the core's (lifecycle/admission.py: its checks,
-        then `Reserving.write`) for `lease`, whose rows it writes as `replica_id`'s (the
-        replica that makes the worker; this one by default). Raises what its checks
-        raise (AtCapacity, OverQuota, OverBudget), or DuplicateRequest when another live
+        """Run a reserving transaction of the core's (lifecycle/admission.py) for `lease`,
+        its rows written as `replica_id`'s (the replica making the worker; this one by
+        default). Raises what its checks raise, or DuplicateRequest when another live
         lease has the same owner_id and correlation_id (another replica won the race)."""
-        mine = replica_id or self.replica_id
+        mine, made = replica_id or self.replica_id, self.statements
         try:
-            return await self.backend.write(lambda conn: tx(Reserving(conn, self.backend, mine)))
+            return await self.backend.write(
+                lambda conn: tx(Reserving(conn, self.backend, mine, made))
+            )
         except StoreUnavailable:
             self.unsure.add(lease.lease_id)
             raise
@@ -265,7 +271,7 @@ class LeaseStore:
         def _tx(conn: Connection) -> int:
             return conn.execute(
                 update(leases)
-                .where(leases.c.state == LeaseState.releasing.value, leases.c.next_attempt_at > now)
+                .where(state_in(self.states.retrying), leases.c.next_attempt_at > now)
                 .values(next_attempt_at=now)
             ).rowcount
 
@@ -355,12 +361,14 @@ class LeaseStore:
             return None
 
         def _tx(conn: Connection) -> LeaseRecord | None:
-            row = conn.execute(REQUEST, {"b_owner": owner_id, "b_corr": correlation_id}).first()
+            row = conn.execute(
+                self.statements.request, {"b_owner": owner_id, "b_corr": correlation_id}
+            ).first()
             return record_of(row) if row else None
 
         return await self.backend.read(_tx)
 
-    async def list_json(self, states: Sequence[LeaseState] = (LeaseState.active,)) -> bytes:
+    async def list_json(self, states: Sequence[LeaseState]) -> bytes:
         """The leases in `states` as one JSON array of `Lease`, oldest first."""
         return await self.backend.read(self._listing.list_json, [s.value for s in states])
 
@@ -390,7 +398,9 @@ class LeaseStore:
 
     async def live(self, provider: str | None = None) -> list[LeaseRecord]:
         def _tx(conn: Connection) -> list[LeaseRecord]:
-            query = select(leases).where(leases.c.state.in_(LIVE))
+            query = select(leases).where(
+                leases.c.state.in_([s.value for s in self.states.holds_capacity])
+            )
             if provider is not None:
                 query = query.where(leases.c.provider == provider)
             return [record_of(row) for row in conn.execute(query)]
@@ -402,19 +412,13 @@ class LeaseStore:
 
         def _tx(conn: Connection) -> int | None:
             expiry = conn.execute(
-                select(func.min(leases.c.expires_at)).where(
-                    state_in([LeaseState.active.value, LeaseState.preempting.value])
-                )
+                select(func.min(leases.c.expires_at)).where(state_in(self.states.expiring))
             ).scalar()
             retry = conn.execute(
-                select(func.min(leases.c.next_attempt_at)).where(
-                    leases.c.state == LeaseState.releasing.value
-                )
+                select(func.min(leases.c.next_attempt_at)).where(state_in(self.states.retrying))
             ).scalar()
             preempt = conn.execute(
-                select(func.min(leases.c.preempt_at)).where(
-                    leases.c.state == LeaseState.preempting.value
-                )
+                select(func.min(leases.c.preempt_at)).where(state_in(self.states.in_grace))
             ).scalar()
             due = [t for t in (expiry, retry, preempt) if t is not None]
             return min(due) if due else None
@@ -425,17 +429,18 @@ class LeaseStore:
         """(USD per hour of what `owner` pays for now, USD it spent over the last 24 h)."""
 
         def _tx(conn: Connection) -> tuple[float, float]:
-            return live_price(conn, owner), spent_since(conn, owner, now - DAY_US, now)
+            price = live_price(conn, owner, priced=self.statements.owner_price)
+            return price, spent_since(conn, owner, now - DAY_US, now)
 
         return await self.backend.read(_tx)
 
     async def live_price(self) -> dict[str, float]:
-        """USD per hour of what is paid for now (statements.PAID), by provider."""
+        """USD per hour of what is paid for now (StateSets.paid), by provider."""
 
         def _tx(conn: Connection) -> dict[str, float]:
             rows = conn.execute(
                 select(leases.c.provider, func.sum(leases.c.price_per_hour))
-                .where(state_in(PAID))
+                .where(state_in(self.states.paid))
                 .group_by(leases.c.provider)
             )
             return {provider: float(total or 0.0) for provider, total in rows}
@@ -455,7 +460,9 @@ class LeaseStore:
 
         def _tx(conn: Connection) -> list[tuple[str, str, str, str | None, int]]:
             rows = conn.execute(
-                select(*columns, func.count()).where(leases.c.state.in_(LIVE)).group_by(*columns)
+                select(*columns, func.count())
+                .where(leases.c.state.in_([s.value for s in self.states.holds_capacity]))
+                .group_by(*columns)
             )
             return [(p, k, g, o, n) for p, k, g, o, n in rows]
 

@@ -1,7 +1,7 @@
 """The warm pool's transactions (docs/concepts/pools.md#warm-pools). A pool worker is a row of
 `leases` with no owner: `warming` while made and probed, `idle` once ready. So every cap and
-exclusive device the lease path counts (`_COUNT_LIVE`, `_TAKEN`) counts pool workers too, and
-reconciliation sees them by their lease id; quotas and idempotency (`_HELD`) do not.
+exclusive device the lease path counts (StateSets.holds_capacity) counts pool workers too, and
+reconciliation sees them by their lease id; quotas and idempotency (`held`, `answered`) do not.
 
 Claiming an idle worker for a request is one guarded UPDATE (`idle → provisioning`, the
 core's move): two acquires (two replicas) racing for one worker never both win it. Which
@@ -10,6 +10,7 @@ making one is LeaseStore.reserve's."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,6 @@ from openalice_scheduler.store.reserving import Reserving
 from openalice_scheduler.store.schema import leases
 from openalice_scheduler.store.statements import state_in, transition_tx
 
-_POOLED = (LeaseState.warming.value, LeaseState.idle.value)
-
 
 @dataclass(frozen=True, slots=True)
 class PoolCount:
@@ -51,6 +50,7 @@ class PoolStore:
     def __init__(self, store: LeaseStore) -> None:
         self.store = store
         self.backend = store.backend
+        self._statements = _pool_statements(store.states.pooled, store.states.idle)
 
     async def ready(
         self,
@@ -87,7 +87,9 @@ class PoolStore:
         replica won the race for its (owner_id, correlation_id)."""
         try:
             return await self.backend.write(
-                lambda conn: tx(Reserving(conn, self.backend, self.store.replica_id))
+                lambda conn: tx(
+                    Reserving(conn, self.backend, self.store.replica_id, self.store.statements)
+                )
             )
         except IntegrityError as exc:
             existing = await self.store.find_request(lease.owner_id, lease.correlation_id)
@@ -114,7 +116,7 @@ class PoolStore:
         """Every idle pool worker, oldest first."""
 
         def _tx(conn: Connection) -> list[LeaseRecord]:
-            return [record_of(row) for row in conn.execute(_ALL_IDLE)]
+            return [record_of(row) for row in conn.execute(self._statements.all_idle)]
 
         return await self.backend.read(_tx)
 
@@ -123,7 +125,7 @@ class PoolStore:
         `gpu` first (they hold the exclusive device such a lease needs), oldest first."""
 
         def _tx(conn: Connection) -> list[str]:
-            rows = conn.execute(_IDLE_ON, {"b_provider": provider}).all()
+            rows = conn.execute(self._statements.idle_on, {"b_provider": provider}).all()
             return [lease_id for lease_id, got in sorted(rows, key=lambda r: r[1] != gpu)]
 
         return await self.backend.read(_tx)
@@ -132,23 +134,31 @@ class PoolStore:
         """Pool workers (warming, idle) per provider, kind, GPU class and state."""
 
         def _tx(conn: Connection) -> list[PoolCount]:
-            return [PoolCount(*row) for row in conn.execute(_COUNTS)]
+            return [PoolCount(*row) for row in conn.execute(self._statements.counts)]
 
         return await self.backend.read(_tx)
 
 
-# States written into the SQL, as in leases.py: statements built once bind only values.
-_IN_POOL = state_in(_POOLED)
-_THIS_POOL = (leases.c.kind == bindparam("b_kind"), leases.c.gpu == bindparam("b_gpu"))
-_IS_IDLE = state_in((LeaseState.idle.value,))
-_ALL_IDLE = select(leases).where(_IS_IDLE).order_by(leases.c.updated_at)
-_IDLE_ON = (
-    select(leases.c.lease_id, leases.c.gpu)
-    .where(_IS_IDLE, leases.c.provider == bindparam("b_provider"))
-    .order_by(leases.c.updated_at)
-)
-_COUNTS = (
-    select(leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.state, func.count())
-    .where(_IN_POOL)
-    .group_by(leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.state)
-)
+@dataclass(frozen=True, slots=True)
+class _PoolStatements:
+    all_idle: Any
+    idle_on: Any
+    counts: Any
+
+
+@functools.cache
+def _pool_statements(
+    pooled: tuple[LeaseState, ...], idle: tuple[LeaseState, ...]
+) -> _PoolStatements:
+    """The pool's statements for the core's sets of states (StateSets.pooled, .idle),
+    built once, the states written into the SQL as in statements.py."""
+    is_idle = state_in(idle)
+    return _PoolStatements(
+        all_idle=select(leases).where(is_idle).order_by(leases.c.updated_at),
+        idle_on=select(leases.c.lease_id, leases.c.gpu)
+        .where(is_idle, leases.c.provider == bindparam("b_provider"))
+        .order_by(leases.c.updated_at),
+        counts=select(leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.state, func.count())
+        .where(state_in(pooled))
+        .group_by(leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.state),
+    )

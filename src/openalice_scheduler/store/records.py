@@ -7,25 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from openalice_scheduler.capacity import AtCapacity, Placement
 from openalice_scheduler.models import Lease, LeaseState
 from openalice_scheduler.store.schema import leases
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EPOCH_NAIVE = datetime(1970, 1, 1)
-
-
-def to_us(moment: datetime) -> int:
-    """Integer microseconds since the epoch (UTC): how the store keeps every time."""
-    delta = moment.astimezone(UTC) - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def format_us(us: int) -> str:
-    """RFC 3339 in UTC with microseconds: `2026-11-29T17:34:49.948395Z`."""
-    return (_EPOCH_NAIVE + timedelta(microseconds=us)).isoformat(timespec="microseconds") + "Z"
+from openalice_scheduler.times import format_us
 
 
 @dataclass(slots=True)
@@ -127,6 +114,33 @@ class Move:
     target: LeaseState
 
 
+@dataclass(frozen=True, slots=True)
+class StateSets:
+    """The sets of states the store's reads and counts select leases by, as the core
+    defines them (lifecycle/states.py: its one instance, STATE_SETS); the store names no
+    state of its own. Given when the store is opened, so its statements are built once."""
+
+    # A worker exists or is being made: it counts against its provider's cap and holds
+    # its device; reconciliation and the guards watch it.
+    holds_capacity: tuple[LeaseState, ...]
+    # Answers an idempotent replay of its request (owner_id, correlation_id).
+    answered: tuple[LeaseState, ...]
+    # Counts against its owner's quota.
+    held: tuple[LeaseState, ...]
+    # Its owner pays for it now.
+    paid: tuple[LeaseState, ...]
+    # A warm pool's workers; those of them ready to be claimed.
+    pooled: tuple[LeaseState, ...]
+    idle: tuple[LeaseState, ...]
+    # Over: what the purge deletes once past retention.
+    ended: tuple[LeaseState, ...]
+    # What the sweeper waits for (LeaseStore.next_due): an expiry (`expires_at`), a
+    # release attempt (`next_attempt_at`), the end of a preemption's grace (`preempt_at`).
+    expiring: tuple[LeaseState, ...]
+    retrying: tuple[LeaseState, ...]
+    in_grace: tuple[LeaseState, ...]
+
+
 @dataclass(slots=True)
 class NewLease:
     """A lease about to be reserved: what the request fixed."""
@@ -174,22 +188,6 @@ class Budget:
     per_day: float = 0.0
     hour_from: str = "MAX_COST_PER_HOUR_PER_OWNER"
     day_from: str = "MAX_SPEND_PER_DAY_PER_OWNER"
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a placed lease goes: the resource it holds, on which host."""
-
-    resource: str
-    host: str
-    # What a worker costs there, USD per hour (None: the provider's price).
-    price: float | None = None
-
-
-class AtCapacity(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class OverQuota(AtCapacity):

@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, update
 from sqlalchemy.engine import Connection
 
 from openalice_scheduler.models import LeaseState
@@ -19,11 +19,8 @@ from openalice_scheduler.store.records import LeaseRecord, Move, NewLease, recor
 from openalice_scheduler.store.schema import leases
 from openalice_scheduler.store.spending import live_price, spent_since
 from openalice_scheduler.store.statements import (
-    COUNT_LIVE,
-    HELD_BY_OWNER,
     INSERT,
-    TAKEN,
-    TWIN,
+    LeaseStatements,
     state_in,
     transition_tx,
 )
@@ -43,10 +40,14 @@ class Grant:
 class Reserving:
     """One reserving transaction's reads and writes, on `conn`."""
 
-    def __init__(self, conn: Connection, backend: Backend, replica_id: str) -> None:
+    def __init__(
+        self, conn: Connection, backend: Backend, replica_id: str, statements: LeaseStatements
+    ) -> None:
         self.conn = conn
         self.backend = backend
         self.replica_id = replica_id
+        # Built for the core's sets of states (LeaseStore.statements).
+        self.statements = statements
 
     def lock(self, key: str) -> None:
         """Serialise, until this transaction ends, with every replica's that takes `key`."""
@@ -59,28 +60,30 @@ class Reserving:
         if not (lease.owner_id and lease.correlation_id):
             return None
         mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id, "b_corr": lease.correlation_id}
-        twin: str | None = self.conn.execute(TWIN, mine).scalar()
+        twin: str | None = self.conn.execute(self.statements.twin, mine).scalar()
         return twin
 
     def held(self, lease: NewLease) -> int:
         """The live leases of the lease's owner, this one left out."""
         mine = {"b_id": lease.lease_id, "b_owner": lease.owner_id}
-        return int(self.conn.execute(HELD_BY_OWNER, mine).scalar_one())
+        return int(self.conn.execute(self.statements.held_by_owner, mine).scalar_one())
 
     def live_on(self, lease: NewLease, provider: str) -> int:
         """The live workers of `provider` (pool workers too), this lease left out."""
         mine = {"b_id": lease.lease_id, "b_provider": provider}
-        return int(self.conn.execute(COUNT_LIVE, mine).scalar_one())
+        return int(self.conn.execute(self.statements.count_live, mine).scalar_one())
 
     def taken_on(self, lease: NewLease, provider: str) -> set[str]:
         """The resources the other live leases of `provider` hold."""
         mine = {"b_id": lease.lease_id, "b_provider": provider}
-        return set(self.conn.execute(TAKEN, mine).scalars())
+        return set(self.conn.execute(self.statements.taken, mine).scalars())
 
     def owner_price(self, lease: NewLease) -> float:
         """USD per hour of what the lease's owner pays for now, this lease left out."""
         assert lease.owner_id is not None
-        return live_price(self.conn, lease.owner_id, lease.lease_id)
+        return live_price(
+            self.conn, lease.owner_id, lease.lease_id, priced=self.statements.owner_price
+        )
 
     def owner_spent(self, lease: NewLease, since: int, now: int) -> float:
         """USD the owner's leases cost from `since` until `now`."""
@@ -115,14 +118,18 @@ class Reserving:
 
     def pooled(self, kind: str, gpu: str) -> int:
         """Pool workers (warming or idle) of `kind` and `gpu`."""
-        return int(self.conn.execute(_COUNT_POOL, {"b_kind": kind, "b_gpu": gpu}).scalar_one())
+        return int(
+            self.conn.execute(
+                self.statements.count_pool, {"b_kind": kind, "b_gpu": gpu}
+            ).scalar_one()
+        )
 
     def oldest_idle(self, kind: str, gpu: str) -> tuple[str, str, float | None] | None:
         """The idle pool worker of `kind` and `gpu` idle longest (lease id, provider,
         price),
         locked: concurrent claims on PostgreSQL each lock a different one (SKIP LOCKED)
         instead of queueing on one (SQLite has one writer and no such clause)."""
-        row = self.conn.execute(_OLDEST_IDLE, {"b_kind": kind, "b_gpu": gpu}).first()
+        row = self.conn.execute(self.statements.oldest_idle, {"b_kind": kind, "b_gpu": gpu}).first()
         return None if row is None else (row[0], row[1], row[2])
 
     # --- writes ----------------------------------------------------------------------
@@ -203,18 +210,6 @@ class Reserving:
         return record_of(row) if row is not None else None
 
 
-_POOLED = (LeaseState.warming.value, LeaseState.idle.value)
-_THIS_POOL = (leases.c.kind == bindparam("b_kind"), leases.c.gpu == bindparam("b_gpu"))
-_IS_IDLE = state_in((LeaseState.idle.value,))
-_COUNT_POOL = select(func.count()).select_from(leases).where(state_in(_POOLED), *_THIS_POOL)
-# A pool worker serves only requests without a region: it was made for none.
-_OLDEST_IDLE = (
-    select(leases.c.lease_id, leases.c.provider, leases.c.price_per_hour)
-    .where(_IS_IDLE, *_THIS_POOL, leases.c.region.is_(None))
-    .order_by(leases.c.updated_at)
-    .limit(1)
-    .with_for_update(skip_locked=True)
-)
 _CLAIMED = (
     "priority_class",
     "owner_id",

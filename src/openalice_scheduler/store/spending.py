@@ -7,11 +7,15 @@ period: usage over yesterday is what yesterday cost, whatever began before or en
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.engine import Connection
 
-from openalice_scheduler.store.statements import HOUR_US, OWNER_PRICE, OWNER_SPENDING
+from openalice_scheduler.store.statements import OWNER_SPENDING
 
-DAY_US = 24 * HOUR_US
+# DAY_US: lifecycle/admission.py still takes it from here.
+from openalice_scheduler.times import DAY_US as DAY_US
+from openalice_scheduler.times import HOUR_US
 
 
 def held_us(granted_at: int | None, released_at: int | None, since: int, until: int) -> int:
@@ -27,10 +31,10 @@ def cost_of(price: float | None, held: int) -> float:
     return (price or 0.0) * held / HOUR_US
 
 
-def live_price(conn: Connection, owner: str, lease_id: str = "") -> float:
-    """USD per hour of what `owner` pays for now (leases held, or being destroyed),
-    leaving out `lease_id`."""
-    return float(conn.execute(OWNER_PRICE, {"b_id": lease_id, "b_owner": owner}).scalar_one())
+def live_price(conn: Connection, owner: str, lease_id: str = "", *, priced: Any) -> float:
+    """USD per hour of what `owner` pays for now, leaving out `lease_id`. `priced`: the
+    store's statement for it (LeaseStatements.owner_price)."""
+    return float(conn.execute(priced, {"b_id": lease_id, "b_owner": owner}).scalar_one())
 
 
 def spent_since(conn: Connection, owner: str, since: int, now: int) -> float:

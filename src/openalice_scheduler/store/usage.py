@@ -6,17 +6,20 @@ report, not a state change, and the purge only removes rows no rule looks at any
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.engine import Connection
 
-from openalice_scheduler.models import GroupBy, LeaseState
+from openalice_scheduler.models import GroupBy, LeaseState, UsageFigures
 from openalice_scheduler.store.backend import Backend
 from openalice_scheduler.store.schema import leases
 from openalice_scheduler.store.spending import cost_of, held_us
-from openalice_scheduler.store.statements import HOUR_US, state_in
+from openalice_scheduler.store.statements import state_in
+from openalice_scheduler.times import HOUR_US
 
 # The column each grouping reads.
 _GROUP_COLUMN = {
@@ -25,7 +28,6 @@ _GROUP_COLUMN = {
     "kind": leases.c.kind,
     "gpu": leases.c.gpu,
 }
-_ENDED = [LeaseState.released.value, LeaseState.failed.value]
 # Rows one purge transaction deletes at most: a big backlog never holds the table long.
 PURGE_BATCH = 500
 
@@ -44,6 +46,13 @@ class Tally:
         self.live += live
         self.lease_hours += held / HOUR_US
         self.cost += cost_of(price, held)
+
+    def figures(self) -> UsageFigures:
+        """The figures as computed, not rounded: whoever shows them rounds once (a cost
+        of 0.000150461 rounded here to 0.00015 showed as 0.0001, not 0.0002)."""
+        return UsageFigures(
+            leases=self.leases, live=self.live, lease_hours=self.lease_hours, cost=self.cost
+        )
 
 
 @dataclass
@@ -79,13 +88,16 @@ def tally(
     return found
 
 
-async def purge_ended(backend: Backend, *, before: int, batch: int = PURGE_BATCH) -> int:
-    """Delete released and failed leases whose `released_at` is before `before`, a batch
-    per transaction; how many went. Any number of replicas may run it at once: a row
-    deleted twice is deleted once."""
+async def purge_ended(
+    backend: Backend, ended: Sequence[LeaseState], *, before: int, batch: int = PURGE_BATCH
+) -> int:
+    """Delete the leases in `ended` (StateSets.ended) whose `released_at` is before
+    `before`, a batch per transaction; how many went. Any number of replicas may run it
+    at once: a row deleted twice is deleted once."""
+    purge = _purge(tuple(ended))
     purged = 0
     while True:
-        gone = await backend.write(_purge_batch, before, batch)
+        gone = await backend.write(_purge_batch, purge, before, batch)
         purged += gone
         if gone < batch:
             return purged
@@ -109,18 +121,17 @@ def _held_rows(
     return [(key, price, granted, released) for key, price, granted, released in rows]
 
 
-_OLD_ENDED = (
-    select(leases.c.lease_id)
-    .where(
-        state_in(_ENDED),
-        leases.c.released_at < bindparam("b_before"),
+@functools.cache
+def _purge(ended: tuple[LeaseState, ...]) -> Any:
+    old_ended = (
+        select(leases.c.lease_id)
+        .where(state_in(ended), leases.c.released_at < bindparam("b_before"))
+        .limit(bindparam("b_batch"))
     )
-    .limit(bindparam("b_batch"))
-)
-_PURGE = delete(leases).where(leases.c.lease_id.in_(_OLD_ENDED.scalar_subquery()))
+    return delete(leases).where(leases.c.lease_id.in_(old_ended.scalar_subquery()))
 
 
-def _purge_batch(conn: Connection, before: int, batch: int) -> int:
+def _purge_batch(conn: Connection, purge: Any, before: int, batch: int) -> int:
     # The state is checked again by the DELETE's own subquery, in its transaction: a row
     # is only ever removed once ended.
-    return int(conn.execute(_PURGE, {"b_before": before, "b_batch": batch}).rowcount or 0)
+    return int(conn.execute(purge, {"b_before": before, "b_batch": batch}).rowcount or 0)

@@ -18,6 +18,7 @@ from typing import Any
 
 from docker.tls import TLSConfig
 
+from openalice_scheduler.capacity import Placement
 from openalice_scheduler.config import Settings
 from openalice_scheduler.errors import ProviderError, ProviderUnavailable
 from openalice_scheduler.models import GpuClass
@@ -36,7 +37,6 @@ from openalice_scheduler.providers.docker.engine import DockerEngine
 from openalice_scheduler.providers.docker.events import deaths
 from openalice_scheduler.providers.docker.hosts import HostConfig
 from openalice_scheduler.providers.docker.placement import Placer, parse_key
-from openalice_scheduler.store.records import Placement
 
 log = logging.getLogger(__name__)
 # How long an acquire waits for an engine's answer when its last one is old (a dead

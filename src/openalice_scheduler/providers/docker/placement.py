@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+from openalice_scheduler.capacity import AtCapacity, Placement
 from openalice_scheduler.providers.docker.hosts import HostConfig
-from openalice_scheduler.store.records import AtCapacity, Placement
 
 
 def gpu_key(host: str, device: str) -> str:
