@@ -197,6 +197,30 @@ def test_a_lost_worker_ends_the_stream_with_its_cause(make_scheduler: Make) -> N
     ), ended
 
 
+def test_a_stream_ends_when_its_caller_hangs_up(make_scheduler: Make) -> None:
+    sched = pool(make_scheduler)
+    lease = sched.lease(owner_id="anim", ttl_seconds=600)
+    url = f"{sched.url}/v1/lease/{lease['lease_id']}/events"
+    headers = {"X-Internal-Secret": SECRET, "X-Lease-Owner": "anim"}
+
+    def finished() -> float:
+        return sched.metric(
+            "scheduler_http_request_duration_seconds_count",
+            route="/v1/lease/{lease_id}/events",
+            method="GET",
+            status="200",
+        )
+
+    with httpx.Client(timeout=30) as caller, caller.stream("GET", url, headers=headers) as answer:
+        lines = answer.iter_lines()
+        assert next(lines) == "event: active"
+        assert finished() == 0  # still streaming
+    # The caller hung up with the lease still active: the stream's request is over (its
+    # task gone), counted when it ended.
+    wait_for(lambda: finished() == 1, 60, what="the stream to end with its caller")
+    assert lookup(sched, lease["lease_id"])["state"] == "active"
+
+
 def test_a_drain_ends_the_streams_and_is_not_held_up_by_them(make_scheduler: Make) -> None:
     sched = pool(make_scheduler, SHUTDOWN_GRACE_SECONDS="120")
     lease = sched.lease(owner_id="anim", ttl_seconds=600)

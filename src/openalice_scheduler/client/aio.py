@@ -206,15 +206,19 @@ class AsyncSchedulerClient:
         renewer = asyncio.create_task(
             self._keep_renewed(held, ttl_seconds, block), name=f"renew-lease-{lease.lease_id[:8]}"
         )
-        listener = asyncio.create_task(
-            self._listen(held, block) if listen else asyncio.sleep(0),
-            name=f"lease-events-{lease.lease_id[:8]}",
+        listener = (
+            asyncio.create_task(
+                self._listen(held, block), name=f"lease-events-{lease.lease_id[:8]}"
+            )
+            if listen
+            else None
         )
         try:
             yield held
         except BaseException as exc:
             block.running = False
-            await _cancel(listener)
+            if listener is not None:
+                await _cancel(listener)
             await _cancel(renewer)
             with _logged(held, "release"):
                 await self._release_held(held)
@@ -223,7 +227,8 @@ class AsyncSchedulerClient:
             raise
         block.running = False
         block.took_back_its_cancel()  # the block swallowed it: the task's count is ours
-        await _cancel(listener)
+        if listener is not None:
+            await _cancel(listener)
         await _cancel(renewer)
         await self._release_held(held)
 

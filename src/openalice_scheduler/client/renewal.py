@@ -268,4 +268,4 @@ async def _cancel(task: asyncio.Task[None]) -> None:
     # wait(), not `await task`: a cancellation of the caller itself must still come through.
     await asyncio.wait([task])
     if not task.cancelled() and task.exception() is not None:
-        log.error("lease renewal task crashed", exc_info=task.exception())
+        log.error("lease task %s crashed", task.get_name(), exc_info=task.exception())
