@@ -403,8 +403,8 @@ def test_a_renewal_refused_as_preempting_still_releases_at_the_blocks_end(
             on_lost=lambda _lease_id, reason: lost.append(reason),
         ) as held:
             live = live_caller(sched)
-            wait_for(lambda: held.lost, 30, what="a renewal refused")
-            assert held.preempting and lost == ["preempted"]
+            wait_for(lambda: lost, 30, what="a renewal refused")
+            assert held.lost and held.preempting and lost == ["preempted"]
         answered = served(live, 30)
     assert answered["owner_id"] == "live-control"
     [notice] = notices

@@ -155,6 +155,11 @@ def _renewed(held: HeldLease) -> None:
 def _renewal_failed(held: HeldLease, exc: SchedulerError) -> bool:
     """Record a failed renewal; whether to keep trying (only errors that may pass do)."""
     held.error = exc
+    if isinstance(exc, Preempting):
+        # Before `lost`: whoever sees it lost also sees it preempting (and releases it).
+        preempt_at = exc.details.get("preempt_at")
+        held.preempt_at = preempt_at if isinstance(preempt_at, str) else None
+        held.preempting = True
     if isinstance(exc, LeaseNotFound | Preempting | WorkerLost):
         held.lost = True
         log.warning(
@@ -209,7 +214,7 @@ def _preempted(held: HeldLease, lease: Lease, preempt_at: str | None = None) -> 
     """The lease is being preempted (`lease`, as last seen): `on_preempt`, once."""
     if not held._first("preempted"):
         return
-    held.preempt_at = lease.preempt_at or preempt_at
+    held.preempt_at = lease.preempt_at or preempt_at or held.preempt_at
     held.preempting = True
     log.warning(
         "lease %s is being preempted; its worker goes at %s", held.lease_id, held.preempt_at
