@@ -520,8 +520,15 @@ def test_a_held_lease_that_is_preempted_stops_renewing_and_hears_why(
                 answer.append(exc)
 
         caller = threading.Thread(target=acquire, daemon=True)
+        # Not listening to the lease's events: the renewal hears of the preemption (the
+        # listener's `on_preempt` is tests/test_lease_events.py's).
         with client.lease(
-            "renderer", ttl_seconds=6, owner_id="me", priority_class="anim", on_lost=on_lost
+            "renderer",
+            ttl_seconds=6,
+            owner_id="me",
+            priority_class="anim",
+            on_lost=on_lost,
+            listen=False,
         ) as held:
             assert held.lease.priority_class == "anim"
             caller.start()

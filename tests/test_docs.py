@@ -26,6 +26,7 @@ OPERATION_IDS = {
     "/v1/lease": {"post": "acquire_lease"},
     "/v1/lease/{lease_id}": {"get": "get_lease", "delete": "release_lease"},
     "/v1/lease/{lease_id}/renew": {"post": "renew_lease"},
+    "/v1/lease/{lease_id}/events": {"get": "lease_events"},
     "/v1/lease/{lease_id}/self": {"get": "lease_self"},
     "/v1/leases": {"get": "list_leases"},
     "/v1/providers": {"get": "list_providers"},

@@ -8,7 +8,17 @@ from collections.abc import Sequence
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from openalice_scheduler.api import guard, lease_self, leases, middleware, openapi, ops, ui, usage
+from openalice_scheduler.api import (
+    events,
+    guard,
+    lease_self,
+    leases,
+    middleware,
+    openapi,
+    ops,
+    ui,
+    usage,
+)
 from openalice_scheduler.api.access import AccessLog
 from openalice_scheduler.api.errors import install_error_handlers
 from openalice_scheduler.config import Settings
@@ -65,6 +75,7 @@ def create_app(
     app.state.scrape = Scrape(metrics)
     app.state.settings = settings
     app.include_router(leases.router, responses={**openapi.COMMON, **openapi.GATED})
+    app.include_router(events.router, responses={**openapi.COMMON, **openapi.GATED})
     app.include_router(guard.router, responses={**openapi.COMMON, **openapi.GATED})
     app.include_router(usage.router, responses={**openapi.COMMON, **openapi.GATED})
     app.include_router(lease_self.router, responses=openapi.COMMON)
@@ -74,6 +85,7 @@ def create_app(
         app,
         routers=[
             leases.router,
+            events.router,
             guard.router,
             usage.router,
             lease_self.router,
@@ -97,6 +109,7 @@ def create_app(
         routes=[
             *app.routes,
             *leases.router.routes,
+            *events.router.routes,
             *guard.router.routes,
             *usage.router.routes,
             *lease_self.router.routes,

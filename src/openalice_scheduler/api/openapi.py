@@ -45,9 +45,9 @@ _DESCRIPTIONS = {
     "each; `release_failed` (release): the lease stays releasing and is retried",
     503: "`no_provider_available` (acquire): no provider can serve the request now, after "
     "`wait_seconds` (`reasons` per provider); `store_unavailable`: the state store "
-    "cannot be reached (`cause`); `shutting_down` (acquire): the scheduler is draining "
-    "after SIGTERM, also for callers waiting in line; retry after `Retry-After`, "
-    "another replica answers",
+    "cannot be reached (`cause`); `shutting_down` (acquire, a lease's events): the "
+    "scheduler is draining after SIGTERM, also for callers waiting in line; retry after "
+    "`Retry-After`, another replica answers",
 }
 
 

@@ -1,7 +1,8 @@
 """The asyncio scheduler client, `AsyncSchedulerClient`: the methods of `SchedulerClient`,
 awaited, on an `httpx.AsyncClient`, and `lease()` as an async context manager that renews
-from a task. Requests are built by `core.py` and answers decoded by `decoding.py`, the
-same as for the blocking client in `sync.py`."""
+from a task and listens to the lease's events from another. Requests are built by
+`core.py` and answers decoded by `decoding.py`, the same as for the blocking client in
+`sync.py`."""
 
 from __future__ import annotations
 
@@ -22,13 +23,24 @@ from openalice_scheduler.client.core import (
     _lease_request,
 )
 from openalice_scheduler.client.decoding import _decode
+from openalice_scheduler.client.listening import (
+    RECONNECT_FIRST_S,
+    EventReader,
+    gives_up,
+    heard,
+    next_backoff,
+    stream_timeout,
+)
 from openalice_scheduler.client.renewal import (
     HeldLease,
     LeaseLost,
     OnLost,
+    OnPreempt,
     _cancel,
+    _keeps_renewing,
     _logged,
     _lost,
+    _needs_release,
     _release_done,
     _renew_every,
     _renewal_failed,
@@ -166,10 +178,14 @@ class AsyncSchedulerClient:
         wait_seconds: int = 0,
         priority_class: str | None = None,
         on_lost: OnLost | None = None,
+        on_preempt: OnPreempt | None = None,
+        listen: bool = True,
         cancel_on_lost: bool = False,
     ) -> AsyncIterator[HeldLease]:
-        """See `SchedulerClient.lease`; the renewals run in a task, and `on_lost` is
-        called in the event loop. With `cancel_on_lost`, a lease found gone also cancels
+        """See `SchedulerClient.lease`; the renewals run in a task, and with `listen` (the
+        default) the lease's events are followed from another
+        (docs/concepts/lease-events.md#in-the-clients): `on_preempt` and `on_lost` are called
+        in the event loop. With `cancel_on_lost`, a lease found gone also cancels
         the task running the block: the block sees `CancelledError` at its next await
         (its `finally` clauses run), and the `async with` then raises `LeaseLost` in its
         place, the way `asyncio.timeout()` raises TimeoutError. A cancellation from
@@ -185,15 +201,24 @@ class AsyncSchedulerClient:
             wait_seconds=wait_seconds,
             priority_class=priority_class,
         )
-        held = HeldLease(lease, on_lost)
+        held = HeldLease(lease, on_lost, on_preempt)
         block = _Block(cancel_on_lost)
         renewer = asyncio.create_task(
             self._keep_renewed(held, ttl_seconds, block), name=f"renew-lease-{lease.lease_id[:8]}"
+        )
+        listener = (
+            asyncio.create_task(
+                self._listen(held, block), name=f"lease-events-{lease.lease_id[:8]}"
+            )
+            if listen
+            else None
         )
         try:
             yield held
         except BaseException as exc:
             block.running = False
+            if listener is not None:
+                await _cancel(listener)
             await _cancel(renewer)
             with _logged(held, "release"):
                 await self._release_held(held)
@@ -202,6 +227,8 @@ class AsyncSchedulerClient:
             raise
         block.running = False
         block.took_back_its_cancel()  # the block swallowed it: the task's count is ours
+        if listener is not None:
+            await _cancel(listener)
         await _cancel(renewer)
         await self._release_held(held)
 
@@ -235,6 +262,8 @@ class AsyncSchedulerClient:
         delay = _renew_every(ttl)
         while True:
             await asyncio.sleep(delay)
+            if not _keeps_renewing(held):
+                return
             try:
                 held.lease = await self.renew(held.lease_id, ttl_seconds=ttl)
             except SchedulerError as exc:
@@ -248,6 +277,34 @@ class AsyncSchedulerClient:
                 _renewed(held)
                 delay = _renew_every(ttl)
 
+    async def _listen(self, held: HeldLease, block: _Block) -> None:
+        call = self._core.events_call(held.lease_id, stream_timeout(self._core.timeout))
+        backoff = RECONNECT_FIRST_S
+        while True:
+            try:
+                async with self._http.stream(
+                    call.method, call.path, headers=call.headers, timeout=call.timeout
+                ) as response:
+                    if not response.is_success:
+                        await response.aread()
+                        _decode(response, call)  # raises the answer's error
+                    reader = EventReader()
+                    async for line in response.aiter_lines():
+                        event = reader.line(line)
+                        if event is None:
+                            continue
+                        backoff = RECONNECT_FIRST_S
+                        if heard(held, *event):
+                            block.cancel()
+                            return
+            except SchedulerError as exc:
+                if gives_up(held, exc):
+                    return
+            except httpx.HTTPError:
+                pass  # dropped, timed out, refused: opened again after the backoff
+            await asyncio.sleep(backoff)
+            backoff = next_backoff(backoff)
+
     async def _looked_up(self, lease_id: str) -> Lease | None:
         try:
             return await self.get(lease_id)
@@ -255,7 +312,7 @@ class AsyncSchedulerClient:
             return None
 
     async def _release_held(self, held: HeldLease) -> None:
-        if held.lost:
+        if not _needs_release(held):
             return
         with _release_done():
             await self.release(held.lease_id)

@@ -149,6 +149,17 @@ class _Core:
             headers=self.owner_header(lease_id, owner),
         )
 
+    def events_call(self, lease_id: str, timeout: httpx.Timeout) -> _Call[None]:
+        """The lease's event stream (read as it comes, not decoded whole)."""
+        return _Call(
+            "GET",
+            f"{_lease_path(lease_id)}/events",
+            None,
+            lease_id,
+            headers={"Accept": "text/event-stream", **self.owner_header(lease_id, None)},
+            timeout=timeout,
+        )
+
     def release_call(self, lease: str | Lease, owner: str | None) -> _Call[None]:
         lease_id = _lease_id(lease)
         # Releasing a Docker worker stops a container: allow it longer than a lookup.

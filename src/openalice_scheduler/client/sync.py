@@ -1,12 +1,13 @@
 """The blocking scheduler client, `SchedulerClient`: one method per API operation on an
-`httpx.Client`, and `lease()`, which holds a worker for a block and renews it from a
-daemon thread. Requests are built by `core.py` and answers decoded by `decoding.py`, the
-same as for the asyncio twin in `aio.py`."""
+`httpx.Client`, and `lease()`, which holds a worker for a block, renews it from a daemon
+thread and listens to its events from another. Requests are built by `core.py` and
+answers decoded by `decoding.py`, the same as for the asyncio twin in `aio.py`."""
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator, Mapping
 from typing import TypeVar
@@ -22,11 +23,22 @@ from openalice_scheduler.client.core import (
     _lease_request,
 )
 from openalice_scheduler.client.decoding import _decode
+from openalice_scheduler.client.listening import (
+    RECONNECT_FIRST_S,
+    EventReader,
+    gives_up,
+    heard,
+    next_backoff,
+    stream_timeout,
+)
 from openalice_scheduler.client.renewal import (
     HeldLease,
     OnLost,
+    OnPreempt,
+    _keeps_renewing,
     _logged,
     _lost,
+    _needs_release,
     _release_done,
     _renew_every,
     _renewal_failed,
@@ -46,6 +58,7 @@ from openalice_scheduler.models import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class SchedulerClient:
@@ -176,12 +189,21 @@ class SchedulerClient:
         wait_seconds: int = 0,
         priority_class: str | None = None,
         on_lost: OnLost | None = None,
+        on_preempt: OnPreempt | None = None,
+        listen: bool = True,
     ) -> Iterator[HeldLease]:
         """Hold a worker for the block: acquire, renew every third of the TTL from a daemon
         thread, release on exit (also when the block raises; then a failing release is
-        logged, not raised, so the block's own exception comes through). When a renewal
-        finds the lease gone, `held.lost` turns true and `on_lost(lease_id, reason)` is
-        called from the renewal thread (see `HeldLease`); the block is not interrupted."""
+        logged, not raised, so the block's own exception comes through). When the lease
+        is found gone, `held.lost` turns true and `on_lost(lease_id, reason)` is called
+        (see `HeldLease`); the block is not interrupted.
+
+        With `listen` (the default), another daemon thread follows the lease's event
+        stream (docs/concepts/lease-events.md#in-the-clients), opened again with backoff if
+        it drops: a preemption is heard at once, `held.preempting` turns true and
+        `on_preempt(notice)` is called from that thread; leave the block then, and its
+        release frees the room for the preemptor at once. `listen=False`: only the
+        renewals hear of changes, at most a third of the TTL late."""
         lease = self.acquire(
             kind,
             gpu=gpu,
@@ -193,7 +215,7 @@ class SchedulerClient:
             wait_seconds=wait_seconds,
             priority_class=priority_class,
         )
-        held = HeldLease(lease, on_lost)
+        held = HeldLease(lease, on_lost, on_preempt)
         stop = threading.Event()
         renewer = threading.Thread(
             target=self._keep_renewed,
@@ -202,6 +224,15 @@ class SchedulerClient:
             daemon=True,
         )
         renewer.start()
+        if listen:
+            # Never joined: it ends with the lease's `released` (the release below), or
+            # at its next keep-alive once `stop` is set.
+            threading.Thread(
+                target=self._listen,
+                args=(held, stop),
+                name=f"lease-events-{lease.lease_id[:8]}",
+                daemon=True,
+            ).start()
         try:
             yield held
         except BaseException:
@@ -242,7 +273,7 @@ class SchedulerClient:
 
     def _keep_renewed(self, held: HeldLease, ttl: int, stop: threading.Event) -> None:
         delay = _renew_every(ttl)
-        while not stop.wait(delay):
+        while not stop.wait(delay) and _keeps_renewing(held):
             try:
                 held.lease = self.renew(held.lease_id, ttl_seconds=ttl)
             except SchedulerError as exc:
@@ -255,6 +286,38 @@ class SchedulerClient:
                 _renewed(held)
                 delay = _renew_every(ttl)
 
+    def _listen(self, held: HeldLease, stop: threading.Event) -> None:
+        call = self._core.events_call(held.lease_id, stream_timeout(self._core.timeout))
+        backoff = RECONNECT_FIRST_S
+        while not stop.is_set():
+            try:
+                with self._http.stream(
+                    call.method, call.path, headers=call.headers, timeout=call.timeout
+                ) as response:
+                    if not response.is_success:
+                        response.read()
+                        _decode(response, call)  # raises the answer's error
+                    reader = EventReader()
+                    for line in response.iter_lines():
+                        event = reader.line(line)
+                        if event is None:
+                            continue
+                        backoff = RECONNECT_FIRST_S
+                        # Once the block is over, what comes is the block's own release.
+                        if stop.is_set() or heard(held, *event):
+                            return
+            except SchedulerError as exc:
+                if gives_up(held, exc):
+                    return
+            except httpx.HTTPError:
+                pass  # dropped, timed out, refused: opened again after the backoff
+            except Exception:
+                if not stop.is_set():  # not the client closed under it after the block
+                    log.exception("lease %s: listening to its events failed", held.lease_id)
+                return
+            stop.wait(backoff)
+            backoff = next_backoff(backoff)
+
     def _looked_up(self, lease_id: str) -> Lease | None:
         try:
             return self.get(lease_id)
@@ -262,7 +325,7 @@ class SchedulerClient:
             return None
 
     def _release_held(self, held: HeldLease) -> None:
-        if held.lost:
+        if not _needs_release(held):
             return
         with _release_done():
             self.release(held.lease_id)

@@ -20,6 +20,7 @@ from openalice_scheduler.ids import is_lease_id
 from openalice_scheduler.lifecycle import states
 from openalice_scheduler.lifecycle.admission import check_owner
 from openalice_scheduler.lifecycle.core import Core
+from openalice_scheduler.lifecycle.watching import Watching
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import LeaseState, ReleaseReason
 from openalice_scheduler.providers import Provider
@@ -37,8 +38,9 @@ RETRY_BACKOFF_CAP_S = 30.0
 class Ending:
     """Release, expiry and destruction of leases."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Core, watching: Watching) -> None:
         self.core = core
+        self.watching = watching  # told of each lease this moves
         self._releases = asyncio.Semaphore(MAX_PARALLEL_RELEASES)
         self._telling: set[asyncio.Task[None]] = set()  # preemption notices under way
 
@@ -85,6 +87,7 @@ class Ending:
         )
         if claimed is None:
             raise LeaseNotFound(f"lease {lease_id} is already released")
+        self.watching.changed(lease_id)
         if claimed.state == LeaseState.released:  # nothing to destroy
             self._released(claimed)
             return None
@@ -164,6 +167,7 @@ class Ending:
         done = await self.core.store.finish_release(
             record.lease_id, states.FINISH, now=self.core.now_us()
         )
+        self.watching.changed(record.lease_id)
         if done is None:
             self.core.capacity_freed()
         else:
@@ -186,6 +190,7 @@ class Ending:
         assert victim.preempt_at is not None
         self.core.metrics.preemptions.labels(victim.priority_class).inc()
         self.core.on_due(victim.preempt_at)
+        self.watching.changed(victim.lease_id)
         log.info(
             "lease %s (class %s) preempted for a caller of class %s; its worker goes at %s",
             lease_ref(victim),
@@ -230,6 +235,7 @@ class Ending:
         )
         if failed is None:
             return False
+        self.watching.changed(record.lease_id)
         self.core.metrics.released.labels(provider.name, ReleaseReason.failed.value).inc()
         self.core.capacity_freed()
         log.warning(

@@ -22,6 +22,7 @@ from openalice_scheduler.errors import SchedulerError
 from openalice_scheduler.lifecycle import states
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.making import destroy_quietly
+from openalice_scheduler.lifecycle.watching import Watching
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import LeaseState, LostCause, ReleaseReason
 from openalice_scheduler.providers import Provider, WorkerDeath, WorkerEnded
@@ -38,8 +39,9 @@ VANISHED = WorkerDeath(LostCause.unknown, None, "the worker is no longer on its 
 
 
 class Losing:
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Core, watching: Watching) -> None:
         self.core = core
+        self.watching = watching  # told of each lease this ends
         # Called when an idle pool worker was lost: the pool makes its replacement.
         self.pool_lost: Callable[[], None] = lambda: None
         self._later: set[asyncio.Task[None]] = set()  # deaths judged after a hand-out
@@ -95,6 +97,7 @@ class Losing:
         )
         if ended is None:
             return False  # ended (or moved) meanwhile, by whoever came first
+        self.watching.changed(record.lease_id)
         core.capacity_freed()
         core.metrics.released.labels(provider.name, reason.value).inc()
         core.metrics.spent(ended)

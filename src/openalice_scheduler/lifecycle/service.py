@@ -7,13 +7,13 @@ Its parts, each with one job: acquiring.py (the one acquire path, the warm pool 
 ending.py (every way a lease ends), losing.py (a worker that stopped after its
 hand-out), pooling.py (the warm pool), reconciling.py (what a provider's listing means
 for its leases), admission.py (who may take capacity), line.py (the callers waiting for
-capacity), guards.py (what guards are told)."""
+capacity), guards.py (what guards are told), watching.py (who follows a lease's changes)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -23,6 +23,7 @@ from openalice_scheduler.errors import (
     LeaseNotFound,
     PastProviderDeadline,
     Preempting,
+    ShuttingDown,
     WorkerLost,
 )
 from openalice_scheduler.handoff import HandOff
@@ -42,6 +43,7 @@ from openalice_scheduler.lifecycle.policy import Policy
 from openalice_scheduler.lifecycle.pooling import Key, Pool
 from openalice_scheduler.lifecycle.reconciling import Reconciling
 from openalice_scheduler.lifecycle.views import provider_view
+from openalice_scheduler.lifecycle.watching import LeaseEvent, Watching
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.metrics import Metrics
 from openalice_scheduler.models import (
@@ -108,11 +110,13 @@ class LeaseService:
             notices=notices,
             line_aging=line_aging,
         )
-        self.ending = Ending(self.core)
+        # Who follows a lease's changes: the parts below tell it of each move they make.
+        self.watching = Watching()
+        self.ending = Ending(self.core, self.watching)
         self.acquiring = Acquiring(self.core, self.ending)
         # The admission loop's passes (run on one replica by loops/admission.py).
         self.admitting = Admitting(self.core, self.ending)
-        self.losing = Losing(self.core)
+        self.losing = Losing(self.core, self.watching)
         self.reconciling = Reconciling(self.core, self.ending, self.losing)
         self.pool: Pool | None = None  # WARM_POOL's idle workers (open_pool)
         self.guards: GuardDesk | None = None  # what guards poll (open_guards)
@@ -211,8 +215,10 @@ class LeaseService:
 
     def drain(self) -> None:
         """Shutting down (drain.py): every acquire from now on, and each one waiting in
-        line, is answered 503 shutting_down; provisions under way finish."""
+        line, is answered 503 shutting_down; provisions under way finish; every stream of
+        a lease's events ends (its client comes back to a replica that is ready)."""
         self.core.line.close()
+        self.watching.close()
 
     # --- what callers ask ------------------------------------------------------------
 
@@ -263,6 +269,7 @@ class LeaseService:
             # other ends (a release, the sweeper).
             _refuse_lost(await self.get(lease_id), owner)
             raise LeaseNotFound(f"lease {lease_id} ended while renewing")
+        self.watching.changed(lease_id)
         log.info("lease %s renewed until %s", lease_ref(renewed), renewed.wire()["expires_at"])
         if renewed.probe_url and self.pool is not None:  # a warm lease: its worker learns
             await self.pool.hand_on(renewed)
@@ -337,6 +344,21 @@ class LeaseService:
         return await counting.purge_ended(
             self.store.backend, self.store.states.ended, before=self.now_us() - days * DAY_US
         )
+
+    # --- who follows a lease -----------------------------------------------------------
+
+    async def events(
+        self, lease_id: str, owner: str | None, *, quiet: float
+    ) -> AsyncIterator[LeaseEvent | None]:
+        """The changes of a lease the caller holds, as they happen (watching.py,
+        docs/concepts/lease-events.md#the-stream); None after `quiet` seconds without one.
+        Checked before it begins (404 unknown, 403 another owner's, 503 draining), so
+        that a refusal is an answer of its own, not a broken stream."""
+        record = await self.get(lease_id)
+        check_owner(record, owner)
+        if self.watching.closed:
+            raise ShuttingDown()
+        return self.watching.follow(record, lambda: self.store.get(lease_id), quiet=quiet)
 
 
 def _refuse_lost(record: LeaseRecord, owner: str | None) -> None:
