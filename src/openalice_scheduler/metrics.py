@@ -191,6 +191,22 @@ class Metrics:
             ["victim_class"],
             registry=r,
         )
+        self.admission_leader = Gauge(
+            "scheduler_admission_leader",
+            "1 on the replica whose admission loop decides who gets a room, else 0.",
+            registry=r,
+        )
+        self.admission_pass_seconds = Histogram(
+            "scheduler_admission_pass_seconds",
+            "Time of one pass of the admission loop over the whole line.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.admission_decisions = Counter(
+            "scheduler_admission_decisions",
+            "Callers in line the admission loop granted a room or refused.",
+            registry=r,
+        )
         self.capacity_refusals = Counter(
             "scheduler_capacity_refusals",
             "Acquires refused because every provider that could serve them was at its cap.",

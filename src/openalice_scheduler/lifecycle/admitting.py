@@ -86,6 +86,10 @@ class Picture:
         else:
             self.records.pop(record.lease_id, None)
 
+    def forget(self, record: LeaseRecord) -> None:
+        self.records.pop(record.lease_id, None)
+        self._on[record.provider].discard(record.lease_id)
+
     def on(self, provider: str) -> list[LeaseRecord]:
         return [self.records[i] for i in self._on.get(provider, ())]
 
@@ -469,7 +473,7 @@ class Admitting:
             ),
         )
         if victim is None:
-            picture.records.pop(room.lease_id, None)  # ended meanwhile: a room, next pass
+            picture.forget(room)  # ended meanwhile: a room, for the next pass
             core.wake_line()
             return False
         self.ending.preempted(victim, by_class)

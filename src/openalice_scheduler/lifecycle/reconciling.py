@@ -87,11 +87,14 @@ class Reconciling:
         # A provision may go on while its worker is probed.
         stale_before = core.now_us() - int((core.provision_timeout + core.probe.longest) * 1e6)
         failed = 0
+        # Granted by the admission loop, its caller not yet told: in flight as well.
+        granted = await store.waiters.granted()
         for record in live.values():
             # `warming`: a pool worker's provision, resolved alike.
             if (
                 record.state not in (LeaseState.provisioning, LeaseState.warming)
                 or record.lease_id in core.in_flight
+                or record.lease_id in granted
             ):
                 continue
             # A provision whose replica stopped (crashed, killed) will never finish.

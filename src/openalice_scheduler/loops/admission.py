@@ -9,6 +9,8 @@ once, so another replica takes over within 5 s of the leader's death."""
 
 from __future__ import annotations
 
+import time
+
 from openalice_scheduler.lifecycle import LeaseService
 from openalice_scheduler.loops.base import LoopService
 
@@ -40,12 +42,18 @@ class AdmissionLoop(LoopService):
             now=now,
             holder_gone_before=now - int(self.line_timeout * 1e6),
         )
+        service.metrics.admission_leader.set(1 if self.leader else 0)
         if not self.leader:
             return 0
-        return await service.admit()
+        started = time.perf_counter()
+        decided = await service.admit()
+        service.metrics.admission_pass_seconds.observe(time.perf_counter() - started)
+        service.metrics.admission_decisions.inc(decided)
+        return decided
 
     async def release(self) -> None:
         """Give the lock up (drain, stop): another replica leads at once."""
         if self.leader:
             await self.service.store.replicas.unlock(ADMISSION_LOCK)
             self.leader = False
+            self.service.metrics.admission_leader.set(0)

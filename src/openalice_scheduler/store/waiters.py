@@ -169,6 +169,15 @@ class Waiters:
 
         return await self.backend.read(_tx)
 
+    async def granted(self) -> set[str]:
+        """The leases granted to callers who have not taken their decision yet."""
+
+        def _tx(conn: Connection) -> set[str]:
+            rows = conn.execute(select(waiters.c.granted).where(waiters.c.granted.is_not(None)))
+            return set(rows.scalars())
+
+        return await self.backend.read(_tx)
+
     async def refuse(self, waiter_id: str, refusal: str, *, now: int) -> bool:
         """The loop's refusal of an undecided caller (guarded)."""
         return await self.backend.write(lambda conn: decide(conn, waiter_id, None, refusal, now))
