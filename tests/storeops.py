@@ -44,9 +44,11 @@ async def reserve_active(
 async def reserve_warm(
     store: LeaseStore, lease: NewLease, provider: str, terms: Terms, target: int
 ) -> LeaseRecord | None:
-    """A pool worker's reservation (`warming`); None when its pool is full."""
+    """A pool worker's reservation (`warming`); None when its pool is full. Nobody
+    waits in line here (the line's rule has tests of its own)."""
+    first = admission.FirstInLine(alive_since=terms.now, now=terms.now)
     return await store.reserve(
-        lease, admission.reserve_warm(lease, provider, terms, target, states.WARM)
+        lease, admission.reserve_warm(lease, provider, terms, target, states.WARM, first)
     )
 
 

@@ -428,8 +428,10 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
                 on_lost=lambda *args: lost.append(args),
                 cancel_on_lost=True,
             ) as held:
-                await other.release(held.lease_id, owner="me")
                 try:
+                    # The lease's event stream may cancel the block while the release is
+                    # still being answered: the release is inside the block's wait.
+                    await other.release(held.lease_id, owner="me")
                     # Until the block is cancelled; a minute without it fails the test.
                     await asyncio.wait_for(asyncio.Event().wait(), 60)
                 except asyncio.CancelledError:

@@ -243,6 +243,8 @@ class Waiting:
             what += f" region={request.region}"
         if attempt.failures:
             self.core.metrics.acquire_failures.labels("provision_failed").inc()
+        elif attempt.at_capacity:
+            self.core.metrics.refused_at_capacity(request.kind.value, request.gpu.value)
         return no_lease(what, attempt.reasons, attempt.failures, attempt.at_capacity)
 
     def _waited_out(
