@@ -20,8 +20,10 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from tests.harness import HTTP, REPO, SECRET, SHARED_ENGINE, Scheduler, scheduler
+from tests.harness import HTTP, REPO, SECRET, SHARED_ENGINE, Scheduler, scheduler, wait_for
 from tests.pages import page_references
+from tests.test_lease_features import acquire_in_thread
+from tests.test_replicas import Replicas, replicas  # noqa: F401 - a fixture
 
 # One renderer endpoint: a second renderer acquire waits in line until the first ends.
 STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://r1.test:8080"}
@@ -350,3 +352,94 @@ def test_a_preempted_lease_shows_its_class_and_deadline_and_the_line_its_classes
         page.close()
     finally:
         sched.cleanup()
+
+
+def test_the_line_across_replicas_is_listed_in_admission_order_until_served(
+    browser: Browser,
+    replicas: Replicas,  # noqa: F811 - the fixture
+) -> None:
+    """GET /v1/line on the page: each caller with its position, class, owner, correlation
+    id, shape and replica, never its env. Two replicas on one PostgreSQL: the page on one
+    lists the callers waiting on both, a later caller of a higher class first, and each
+    caller leaves the list when it is served."""
+    here, there = replicas(
+        **STATIC,
+        PRIORITY_CLASSES="live=100,default=50,anim=10",
+        OWNER_PRIORITY_CLASSES="live-control=live,anim=anim",
+    )
+    holder = here.lease(kind="renderer", owner_id="holder", ttl_seconds=600)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    sign_in(page, here)
+    expect(page.locator("#waiting")).to_have_text("Nobody is waiting.")
+
+    # An anim caller waits on the other replica, then a live one on this one: the live
+    # one is first in line.
+    anim = acquire_in_thread(
+        there,
+        owner_id="anim",
+        priority_class="anim",
+        correlation_id=OWNER,
+        env={"RENDER_TOKEN": "do-not-show-me"},
+        wait_seconds=120,
+    )
+    wait_for(lambda: here.http.get("/v1/line").json(), 30, what="the anim caller in line")
+    live = acquire_in_thread(
+        here,
+        owner_id="live-control",
+        priority_class="live",
+        correlation_id="shot-7",
+        wait_seconds=120,
+    )
+    line = wait_for(
+        lambda: (found := here.http.get("/v1/line").json()) and len(found) == 2 and found,
+        30,
+        what="both callers in line",
+    )
+    rows = page.locator("#line tbody tr")
+    expect(rows).to_have_count(2, timeout=SHOWN_WITHIN_MS)
+    first, second = rows.nth(0), rows.nth(1)
+    expect(first.locator(".position")).to_have_text("1")
+    expect(first.locator(".class")).to_have_text("live")
+    expect(first.locator(".owner")).to_have_text("live-control")
+    expect(first.locator(".correlation")).to_have_text("shot-7")
+    expect(second.locator(".position")).to_have_text("2")
+    expect(second.locator(".class")).to_have_text("anim")
+    expect(second.locator(".owner")).to_have_text("anim")
+    expect(second.locator(".correlation")).to_have_text(OWNER)  # as text, not markup
+    assert second.locator(".correlation b, .correlation img").count() == 0
+    expect(second).to_contain_text("renderer · none")
+    # Each on its own replica; the time in line counting up.
+    assert line[0]["replica"] != line[1]["replica"], line
+    expect(first.locator(".replica")).to_have_attribute("title", f"replica {line[0]['replica']}")
+    expect(second.locator(".replica")).to_have_attribute("title", f"replica {line[1]['replica']}")
+    waited = second.locator(".time")
+    expect(waited).not_to_have_text(waited.text_content() or "", timeout=5000)
+    assert re.fullmatch(r"(\d+m )?\d+s", waited.text_content() or "")
+    expect(page.locator('#waiting [data-waiting="renderer · none"]')).to_have_text(
+        re.compile(r"2 callers$")
+    )
+    assert "do-not-show-me" not in page.content()
+    shot = here.log_path.parent / "ui-line.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"dashboard screenshot (the line; docs/ui-line.png): {shot}")
+    # On a phone: each caller a card, nothing wider than the screen.
+    page.set_viewport_size({"width": 390, "height": 844})
+    expect(second.locator(".correlation")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    # The room frees: the live caller is served and leaves the list; the anim caller
+    # moves up, and leaves in turn.
+    assert here.release(holder["lease_id"], owner="holder").status_code == 204
+    served = live.response(60)
+    assert served.status_code == 200, served.text
+    expect(rows).to_have_count(1, timeout=SHOWN_WITHIN_MS)
+    expect(rows.nth(0).locator(".class")).to_have_text("anim")
+    expect(rows.nth(0).locator(".position")).to_have_text("1")
+    lease = served.json()["lease"]
+    assert here.release(lease["lease_id"], owner="live-control").status_code == 204
+    last = anim.response(60)
+    assert last.status_code == 200, last.text
+    expect(page.locator("#waiting")).to_have_text("Nobody is waiting.", timeout=SHOWN_WITHIN_MS)
+    assert here.release(last.json()["lease"]["lease_id"], owner="anim").status_code == 204
+    page.close()

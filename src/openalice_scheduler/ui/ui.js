@@ -15,6 +15,9 @@ const GUARD_SILENT_S = 300;
 let secret = null;
 let timer = null;
 let live = [];
+// The waiting line as last read, and when (this browser's clock).
+let line = [];
+let lineReadAt = 0;
 // Server clock minus this browser's (from the Date header), so that a skewed laptop
 // still counts a lease's time left by the scheduler's clock.
 let skewMs = 0;
@@ -89,16 +92,18 @@ async function refresh() {
   try {
     const releasedQuery = "state=released&state=failed&order=newest&limit=" +
       (RECENT_RELEASES * 2);
-    const [providers, leases, released] = await Promise.all([
+    const [providers, leases, released, waiting] = await Promise.all([
       api("v1/providers"), api("v1/leases"), api("v1/leases?" + releasedQuery),
+      api("v1/line"),
     ]);
     if (mine !== generation) return false;
     live = leases;
     renderCapacity(providers);
     renderLive();
     renderReleased(released);
+    renderWaiting(waiting);
     renderHealth(providers);
-    await Promise.all([refreshWaiting(), refreshSpend()]);
+    await refreshSpend();
     if (mine !== generation) return false;
     // Kept only once the scheduler took it: a wrong secret is never stored.
     sessionStorage.setItem(SECRET_KEY, secret);
@@ -197,59 +202,57 @@ function useRow(label, inUse, capacity, shared, idle) {
   return row;
 }
 
-// --- the waiting line (this replica's, from its ungated /metrics) --------------------
+// --- the waiting line (GET /v1/line: the whole line across replicas) -----------------
 
-async function refreshWaiting() {
+// Each waiter's time in line counts on from when the line was read.
+function renderWaiting(waiting) {
+  line = waiting;
+  lineReadAt = Date.now();
   const box = byId("waiting");
-  let text;
-  try {
-    const response = await timed("metrics", {});
-    if (!response.ok) throw new Error("HTTP " + response.status);
-    text = await response.text();
-  } catch (error) {
-    box.replaceChildren(el("p", { class: "note" }, "Waiting line unavailable: " +
-      error.message));
-    return;
-  }
-  const waiting = samples(text, "scheduler_waiting_callers").filter((s) => s.value > 0);
   if (waiting.length === 0) {
     box.replaceChildren(el("p", { class: "note" }, "Nobody is waiting."));
     return;
   }
   const callers = (n) => n + (n === 1 ? " caller" : " callers");
-  const rows = waiting.map((s) => {
-    const row = el("div", { class: "row" },
-      el("span", {}, s.labels.kind + " · " + s.labels.gpu), el("span"),
-      el("span", { class: "figure" }, callers(s.value)));
-    row.dataset.waiting = s.labels.kind + " · " + s.labels.gpu;
-    return row;
-  });
-  // The same callers by priority class, first served first.
-  const classes = samples(text, "scheduler_waiting_callers_per_class").filter((s) => s.value > 0);
-  for (const s of classes) {
-    const row = el("div", { class: "row" },
-      el("span", {}, "class " + s.labels.priority_class), el("span"),
-      el("span", { class: "figure" }, callers(s.value)));
-    row.dataset.waitingClass = s.labels.priority_class;
+  // How many per kind × GPU class, and per priority class, in the line's order.
+  const counts = (key) => {
+    const found = new Map();
+    for (const w of waiting) found.set(key(w), (found.get(key(w)) || 0) + 1);
+    return found;
+  };
+  const rows = [];
+  for (const [shape, n] of counts((w) => w.kind + " · " + w.gpu)) {
+    const row = el("div", { class: "row" }, el("span", {}, shape), el("span"),
+      el("span", { class: "figure" }, callers(n)));
+    row.dataset.waiting = shape;
     rows.push(row);
   }
-  box.replaceChildren(...rows);
-}
-
-// The samples of one metric in Prometheus' text format: labels and value.
-function samples(text, name) {
-  const found = [];
-  for (const line of text.split("\n")) {
-    if (!line.startsWith(name + "{") && !line.startsWith(name + " ")) continue;
-    const match = /^[^{ ]+(?:\{(.*)\})? (\S+)/.exec(line);
-    if (!match) continue;
-    const labels = {};
-    for (const pair of (match[1] || "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) {
-      labels[pair[1]] = pair[2];
-    }
-    found.push({ labels, value: Number(match[2]) });
+  for (const [name, n] of counts((w) => w.priority_class)) {
+    const row = el("div", { class: "row" }, el("span", {}, "class " + name), el("span"),
+      el("span", { class: "figure" }, callers(n)));
+    row.dataset.waitingClass = name;
+    rows.push(row);
   }
-  return found;
+  // Each caller, first served first (never its env: the line does not carry it).
+  const table = el("table", { id: "line" },
+    el("thead", {}, el("tr", {}, ...["#", "Class", "Owner", "Correlation id", "Kind",
+      "Waited", "Replica"].map((name) => el("th", {}, name)))),
+    el("tbody", {}, ...waiting.map((w) => {
+      const replica = cell("Replica", "replica", w.replica.slice(0, 8));
+      replica.title = "replica " + w.replica;
+      const row = el("tr", {},
+        cell("Position", "position", String(w.position)),
+        cell("Class", "class", w.priority_class),
+        cell("Owner", "owner", w.owner_id === null ? "—" : w.owner_id),
+        cell("Correlation id", "correlation",
+          w.correlation_id === null ? "—" : w.correlation_id),
+        cell("Kind", "", w.kind + " · " + w.gpu + (w.region ? " · " + w.region : "")),
+        cell("Waited", "time", duration(w.waited_seconds)),
+        replica);
+      row.dataset.position = w.position;
+      return row;
+    })));
+  box.replaceChildren(...rows, el("div", { class: "scroll" }, table));
 }
 
 // --- live leases ----------------------------------------------------------------------
@@ -284,8 +287,13 @@ function renderLive() {
   tick();
 }
 
-// Every second: time left and cost so far, by the scheduler's clock.
+// Every second: time left and cost so far, by the scheduler's clock, and time in line.
 function tick() {
+  const waitingRows = byId("waiting").querySelectorAll("#line tbody tr");
+  const since = Math.max(0, Date.now() - lineReadAt) / 1000;
+  for (let i = 0; i < waitingRows.length && i < line.length; i++) {
+    waitingRows[i].querySelector(".time").textContent = duration(line[i].waited_seconds + since);
+  }
   const now = Date.now() + skewMs;
   const rows = byId("live").tBodies[0].rows;
   for (let i = 0; i < rows.length && i < live.length; i++) {
