@@ -237,16 +237,17 @@ def test_waiting_callers_are_not_woken_into_a_breach(
         20,
         what="two callers in line",
     )
-    assert sched.release(holders[0]["lease_id"], owner="other").status_code == 204
-    wait_for(lambda: len(answers) == 1, 30, what="the first waiter served")
-    assert answers[0].status_code == 200, answers[0].text
     started = time.monotonic()
-    assert sched.release(holders[1]["lease_id"], owner="other").status_code == 204
+    assert sched.release(holders[0]["lease_id"], owner="other").status_code == 204
     for waiter in waiters:
         waiter.join(60)
-    # The second waiter is answered at the release, not at the end of its wait.
+    # One room freed: the first waiter is granted it, and the second, whom no room could
+    # serve within its caps once the first holds a lease, is refused in the same pass of
+    # the admission loop: not at the end of its wait, nor at the next release.
     assert time.monotonic() - started < 30
-    assert answers[1].status_code == 429, answers[1].text
-    assert answers[1].json()["error"] == "budget_exceeded"
+    by_status = sorted(answers, key=lambda a: a.status_code)
+    assert [a.status_code for a in by_status] == [200, 429], [a.text for a in answers]
+    assert by_status[1].json()["error"] == "budget_exceeded"
+    assert sched.release(holders[1]["lease_id"], owner="other").status_code == 204
     anim = [lease for lease in sched.leases() if lease["owner_id"] == "anim"]
     assert len(anim) == 1

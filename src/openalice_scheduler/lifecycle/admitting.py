@@ -311,6 +311,15 @@ class Admitting:
             if terms.budget is not None:
                 admission.admit_price(picture, new, grant.price, terms.budget, terms.now)
         except AtCapacity as exc:
+            if terms.budget is not None:
+                try:  # were there room, would its caps allow it? If not, room is moot.
+                    admission.admit_price(
+                        picture, new, terms.price_per_hour, terms.budget, terms.now
+                    )
+                except OverBudget as over:
+                    verdict.reasons[name] = over.message
+                    verdict.over_budget.append(over)
+                    return False
             verdict.reasons[name], verdict.at_capacity = exc.message, True
             return False
         except OverBudget as exc:
