@@ -25,7 +25,6 @@ from openalice_scheduler.errors import (
     ProvisionFailed,
     QuotaExceeded,
     ShuttingDown,
-    no_lease,
 )
 from openalice_scheduler.ids import new_lease_id
 from openalice_scheduler.lifecycle import states
@@ -36,7 +35,7 @@ from openalice_scheduler.lifecycle.pooling import Pool
 from openalice_scheduler.lifecycle.supplies import Cold
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import LeaseRequest, LeaseState
-from openalice_scheduler.store import LeaseRecord, OverBudget
+from openalice_scheduler.store import LeaseRecord, OverBudget, OverQuota
 from openalice_scheduler.store.waiters import KEEP_ARRIVAL_US, Decision, WaitingRow
 
 log = logging.getLogger("openalice_scheduler.waiting")
@@ -53,6 +52,10 @@ class Acquirer(Protocol):
     def attempt(self, request: LeaseRequest, priority_class: str) -> Attempt: ...
     def acquired(self, record: LeaseRecord) -> LeaseRecord: ...
     async def over_budget(self, request: LeaseRequest, attempt: Attempt) -> BudgetExceeded: ...
+    def no_lease(
+        self, request: LeaseRequest, attempt: Attempt
+    ) -> ProvisionFailed | NoProviderAvailable: ...
+    def over_quota(self, exc: OverQuota) -> QuotaExceeded: ...
 
 
 class Waiting:
@@ -76,7 +79,7 @@ class Waiting:
             raise ShuttingDown()
         providers = tuple(p for p in attempt.eligible if p not in attempt.failures)
         if not providers:
-            raise self._no_lease(request, attempt)
+            raise self.acquirer.no_lease(request, attempt)
         cls = core.priorities.classes[priority_class]
         patient = request.wait_seconds > 0
         span = request.wait_seconds if patient else VERDICT_S
@@ -165,7 +168,7 @@ class Waiting:
         providers = tuple(p for p in row.providers if p not in attempt.failures)
         if not providers:
             await core.store.waiters.take_back(waiter.waiter_id)
-            raise self._no_lease(request, attempt)
+            raise self.acquirer.no_lease(request, attempt)
         core.in_flight.discard(row.lease_id)
         waiter.row = row = _with(row, lease_id=new_lease_id(), providers=providers)
         core.in_flight.add(row.lease_id)
@@ -211,8 +214,7 @@ class Waiting:
     ) -> Exception:
         kind = refusal.get("kind")
         if kind == "quota":
-            self.core.metrics.acquire_failures.labels("quota").inc()
-            return QuotaExceeded(str(refusal["message"]), limit=self.core.max_leases_per_owner)
+            return self.acquirer.over_quota(OverQuota(str(refusal["message"])))
         if kind == "budget":
             attempt.reasons.update(refusal.get("reasons") or {})
             attempt.over_budget.append(
@@ -233,19 +235,7 @@ class Waiting:
             )
         attempt.reasons.update(refusal.get("reasons") or {})
         attempt.at_capacity = True
-        return self._no_lease(request, attempt)
-
-    def _no_lease(
-        self, request: LeaseRequest, attempt: Attempt
-    ) -> ProvisionFailed | NoProviderAvailable:
-        what = f"kind={request.kind.value} gpu={request.gpu.value}"
-        if request.region:
-            what += f" region={request.region}"
-        if attempt.failures:
-            self.core.metrics.acquire_failures.labels("provision_failed").inc()
-        elif attempt.at_capacity:
-            self.core.metrics.refused_at_capacity(request.kind.value, request.gpu.value)
-        return no_lease(what, attempt.reasons, attempt.failures, attempt.at_capacity)
+        return self.acquirer.no_lease(request, attempt)
 
     def _waited_out(
         self, request: LeaseRequest, attempt: Attempt, waited: float, position: int | None
