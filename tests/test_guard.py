@@ -224,6 +224,11 @@ def leases_learned(
         renewed = sched.http.post(
             f"/v1/lease/{short['lease_id']}/renew", json={"ttl_seconds": short_ttl}
         )
+        if renewed.status_code == 404:
+            # It ended before the poll came (a machine so loaded that a poll took its
+            # whole TTL): another short lease, learned again.
+            short = sched.lease(ttl_seconds=short_ttl, **body)
+            continue
         assert renewed.status_code == 200, renewed.text
         short = renewed.json()
 
