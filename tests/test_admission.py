@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -97,6 +97,20 @@ def preemptions(group: list[Scheduler]) -> float:
 def release(sched: Scheduler, lease: dict[str, Any]) -> None:
     response = sched.release(lease["lease_id"], owner=lease.get("owner_id"))
     assert response.status_code == 204, response.text
+
+
+def race(*calls: Callable[[], httpx.Response]) -> list[Call]:
+    """Each call in a thread of its own, all let go at the same moment."""
+    gate = threading.Barrier(len(calls))
+
+    def at_gate(call: Callable[[], httpx.Response]) -> Callable[[], httpx.Response]:
+        def run() -> httpx.Response:
+            gate.wait(30)
+            return call()
+
+        return run
+
+    return [Call(at_gate(call)) for call in calls]
 
 
 class Caller:
@@ -209,17 +223,10 @@ def test_3_a_release_racing_the_choice_of_a_victim_displaces_no_other(cluster: C
     for round in range(3):
         older = first.lease(owner_id="anim", correlation_id=f"o{round}", ttl_seconds=600)
         newer = last.lease(owner_id="anim", correlation_id=f"n{round}", ttl_seconds=600)
-        gate = threading.Barrier(2)
-
-        def ask() -> httpx.Response:
-            gate.wait(30)
-            return first.acquire(owner_id="live-control", wait_seconds=60, ttl_seconds=600)
-
-        def let_go() -> httpx.Response:
-            gate.wait(30)
-            return last.release(newer["lease_id"], owner="anim")
-
-        live, released = Call(ask), Call(let_go)
+        live, released = race(
+            lambda: first.acquire(owner_id="live-control", wait_seconds=60, ttl_seconds=600),
+            lambda lease_id=newer["lease_id"]: last.release(lease_id, owner="anim"),
+        )
         assert released.response(60).status_code == 204
         response = live.response(60)
         assert response.status_code == 200, response.text
