@@ -307,6 +307,8 @@ class Admitting:
             if terms.budget is not None:
                 admission.admit_price(picture, new, grant.price, terms.budget, terms.now)
         except AtCapacity as exc:
+            if not self._affordable(picture, new, terms, verdict, name):
+                return False  # no room it frees would do: its caps refuse the price
             verdict.reasons[name], verdict.at_capacity = exc.message, True
             return False
         except OverBudget as exc:
@@ -340,6 +342,22 @@ class Admitting:
             lease_ref(record),
             name,
         )
+        return True
+
+    @staticmethod
+    def _affordable(
+        picture: Picture, new: NewLease, terms: Terms, verdict: Verdict, name: str
+    ) -> bool:
+        """Whether `new`'s caps allow the price of a room on provider `name` once one
+        is free (a fleet's price is its place's: allowed here); its reason noted if not."""
+        if terms.budget is None or terms.place is not None:
+            return True
+        try:
+            admission.admit_price(picture, new, terms.price_per_hour, terms.budget, terms.now)
+        except OverBudget as exc:
+            verdict.reasons[name] = exc.message
+            verdict.over_budget.append(exc)
+            return False
         return True
 
     async def _refuse(self, row: WaitingRow, refusal: dict[str, object], now: int) -> int:
