@@ -28,21 +28,23 @@ is refused with each provider's reason."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections import defaultdict
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from openalice_scheduler.errors import LeaseNotFound
 from openalice_scheduler.lifecycle import admission, states
 from openalice_scheduler.lifecycle.admission import ForWaiter, Left, reservation_terms
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.line import order
+from openalice_scheduler.lifecycle.picture import Picture
 from openalice_scheduler.lifecycle.pooling import Pool
 from openalice_scheduler.logs import lease_ref
-from openalice_scheduler.models import GpuClass, LeaseState, WorkerKind
+from openalice_scheduler.models import GpuClass, LeaseState, ReleaseReason, WorkerKind
 from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec
 from openalice_scheduler.store import (
     AtCapacity,
@@ -62,81 +64,6 @@ S = LeaseState
 # Rooms being freed: their workers are going (or told to go); pool workers' rooms.
 FREEING = frozenset({S.preempting.value, S.releasing.value})
 POOLED = frozenset(s.value for s in states.POOLED)
-
-
-class Picture:
-    """The cluster as one pass of the loop sees it: every live lease, indexed the way
-    the admission rules ask (the same questions `Reserving` answers in a transaction),
-    and brought up to date by the pass's own grants."""
-
-    def __init__(self, live: list[LeaseRecord], spent: dict[str, float]) -> None:
-        self.records: dict[str, LeaseRecord] = {}
-        self._on: dict[str, set[str]] = defaultdict(set)  # provider: lease ids
-        self._spent = spent
-        for record in live:
-            self.add(record)
-
-    def add(self, record: LeaseRecord) -> None:
-        old = self.records.get(record.lease_id)
-        if old is not None:
-            self._on[old.provider].discard(record.lease_id)
-        if record.state in states.HOLDS_CAPACITY:
-            self.records[record.lease_id] = record
-            self._on[record.provider].add(record.lease_id)
-        else:
-            self.records.pop(record.lease_id, None)
-
-    def on(self, provider: str) -> list[LeaseRecord]:
-        return [self.records[i] for i in self._on.get(provider, ())]
-
-    # --- what the admission rules ask (admission.Facts) --------------------------------
-
-    def lock(self, key: str) -> None:
-        """Nothing to lock: the transaction that grants takes the locks."""
-
-    def twin(self, lease: NewLease) -> str | None:
-        if not (lease.owner_id and lease.correlation_id):
-            return None
-        return next(
-            (
-                r.lease_id
-                for r in self.records.values()
-                if r.owner_id == lease.owner_id
-                and r.correlation_id == lease.correlation_id
-                and r.state in states.ANSWERED
-                and r.lease_id != lease.lease_id
-            ),
-            None,
-        )
-
-    def held(self, lease: NewLease) -> int:
-        return sum(
-            1
-            for r in self.records.values()
-            if r.owner_id == lease.owner_id
-            and r.state in states.HELD
-            and r.lease_id != lease.lease_id
-        )
-
-    def live_on(self, lease: NewLease, provider: str) -> int:
-        return len(self._on.get(provider, set()) - {lease.lease_id})
-
-    def taken_on(self, lease: NewLease, provider: str) -> set[str]:
-        return {
-            r.resource for r in self.on(provider) if r.resource and r.lease_id != lease.lease_id
-        }
-
-    def owner_price(self, lease: NewLease) -> float:
-        return sum(
-            r.price_per_hour or 0.0
-            for r in self.records.values()
-            if r.owner_id == lease.owner_id
-            and r.state in states.PAID
-            and r.lease_id != lease.lease_id
-        )
-
-    def owner_spent(self, lease: NewLease, since: int, now: int) -> float:
-        return self._spent.get(lease.owner_id or "", 0.0)
 
 
 @dataclass
@@ -161,6 +88,7 @@ class Admitting:
         """One pass over the whole line: the callers granted (or refused) a room."""
         core = self.core
         now = core.now_us()
+        await self._unclaimed(now)
         rows = await core.store.waiters.line(alive_since=core.line_alive_since(now), now=now)
         self.passes += 1
         if not rows:
@@ -177,6 +105,25 @@ class Admitting:
             self.admitted += decided
             await core.announce_decided()
         return decided
+
+    async def _unclaimed(self, now: int) -> None:
+        """Rooms granted to callers whose replica died before they took them, given
+        back: a lease already active (a static endpoint's) ends, as nobody holds it; a
+        provision left half-made is the reconciler's, as any dead replica's."""
+        store = self.core.store
+        alive_since = self.core.line_alive_since(now)
+        for decision in await store.waiters.unclaimed(alive_since=alive_since):
+            if await store.waiters.take_back(decision.waiter_id) is None:
+                continue  # its caller took it meanwhile: its replica lives
+            record = await store.get(decision.granted) if decision.granted else None
+            if record is None or record.state != S.active.value:
+                continue
+            log.info(
+                "lease %s was granted to a caller whose replica died: released",
+                lease_ref(record),
+            )
+            with contextlib.suppress(LeaseNotFound):
+                await self.ending.end(record.lease_id, None, ReleaseReason.orphan)
 
     async def _spent(self, owners: set[str | None], now: int) -> dict[str, float]:
         """The last day's spend of each owner in line with a cap on it."""
