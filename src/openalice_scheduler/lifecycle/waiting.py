@@ -268,6 +268,7 @@ class Waiting:
         pushed = line.make_room(row)
         if pushed is None:
             return
+        position = await self.position(pushed.waiter_id)  # read while it is in line
         decision = await self.core.store.waiters.take_back(pushed.waiter_id)
         if decision is not None:
             line.dispatch([decision])  # granted meanwhile: it is served, not pushed out
@@ -276,7 +277,6 @@ class Waiting:
                 f"(MAX_WAITING_CALLERS = {line.most}); try again later",
                 limit=line.most,
             )
-        position = await self.position(pushed.waiter_id)
         line.push_out(
             pushed,
             LineFull(
