@@ -380,6 +380,8 @@ class Admitting:
                     if await self._free(room, row, cls.name if cls else "", picture, now):
                         spoken.add(room.lease_id)
                         return
+                    if room.state == S.active.value:
+                        return  # it ended meanwhile: its room is free, for the next pass
 
     def _rooms(
         self,
