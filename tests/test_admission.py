@@ -173,7 +173,7 @@ def test_2_the_room_of_a_preemptor_that_left_goes_at_once_to_the_next_who_fits(
     if leaves == "hangs-up":
         live: Caller | Call = Caller(first, owner_id="live-control", wait_seconds=120)
     else:
-        live = acquire_in_thread(first, owner_id="live-control", wait_seconds=4)
+        live = acquire_in_thread(first, owner_id="live-control", wait_seconds=8)
     wait_for(
         lambda: state_of(first, victim["lease_id"]) == "preempting", 30, what="a victim chosen"
     )
