@@ -4,7 +4,10 @@ issue's eight cases is a scenario here, over real HTTP against real scheduler pr
 (a static pool where only the bookkeeping matters, real Docker where the warm pool
 does), asserting what a caller or an operator would notice; those where replicas matter
 run again on two replicas of one PostgreSQL (`cluster`). Then what callers see of the
-line: GET /v1/line, the 503's position, a full line, a class as a right.
+line: GET /v1/line, the 503's position, a full line, a class as a right. Case 5 (notice,
+and a holder that finishes within its grace freeing the room at once) is
+tests/test_lease_events.py's and tests/test_priorities.py's; the leader's death and a
+line of 1,000 are tests/test_admission_replicas.py's.
 
 The classes are the example's of docs/concepts/priorities.md: `live` preempts, `anim`
 may be preempted, `default` neither. Every acquire naming a class sends the owner whose
@@ -12,6 +15,7 @@ class it is (`live-control`, `anim`): a class is a right, not a wish."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -20,7 +24,16 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.trace import NoOpTracer
 
+from openalice_scheduler.lifecycle import LeaseService
+from openalice_scheduler.lifecycle.admission import Priorities
+from openalice_scheduler.lifecycle.policy import OrderedFirstAvailable
+from openalice_scheduler.metrics import Metrics
+from openalice_scheduler.models import LeaseRequest, LeaseState, WorkerKind
+from openalice_scheduler.priorities import parse_priority_classes
+from openalice_scheduler.providers.static import StaticProvider
+from openalice_scheduler.store import LeaseRecord, LeaseStore
 from tests.harness import SECRET, Scheduler, wait_for
 from tests.test_lease_features import Call, acquire_in_thread, lookup
 from tests.test_replicas import Replicas, replicas  # noqa: F401 - a fixture
@@ -239,6 +252,65 @@ def test_3_a_release_racing_the_choice_of_a_victim_displaces_no_other(cluster: C
         release(first, lease)
         release(first, older)
     assert preemptions([first, *rest]) <= 3
+
+
+async def test_3_a_victim_released_between_a_passs_look_and_its_preemption_is_the_seat(
+    store: LeaseStore,
+) -> None:
+    """The race made certain, in process: the pass sees two anim leases, the newer is
+    released before its preemption is written; the older must not be preempted instead
+    (the seat is free: the next pass grants it)."""
+    service = LeaseService(
+        store,
+        [StaticProvider(TWO)],
+        OrderedFirstAvailable(),
+        Metrics(),
+        NoOpTracer(),
+        priorities=Priorities(
+            parse_priority_classes(CLASSES["PRIORITY_CLASSES"]),
+            owners={"live-control": "live", "anim": "anim"},
+        ),
+        preemption_grace=600,
+    )
+    anim = LeaseRequest(kind=WorkerKind.renderer, owner_id="anim", ttl_seconds=600)
+    older = await service.acquire(anim)
+    newer = await service.acquire(anim)
+    moved = asyncio.Event()
+    service.on_line(moved.set)  # the line may have moved: a caller joined, say
+    live = asyncio.create_task(
+        service.acquire(
+            LeaseRequest(
+                kind=WorkerKind.renderer, owner_id="live-control", wait_seconds=60, ttl_seconds=600
+            )
+        )
+    )
+    behind = asyncio.create_task(
+        service.acquire(LeaseRequest(kind=WorkerKind.renderer, owner_id="other", wait_seconds=60))
+    )
+    while True:  # no loop runs here: the passes are ours
+        moved.clear()
+        if len(await service.waiting_line()) == 2:
+            break
+        await asyncio.wait_for(moved.wait(), 30)
+    looked = store.live
+
+    async def look_then_release() -> list[LeaseRecord]:
+        seen = await looked()
+        await service.release(newer.lease_id, "anim")
+        return seen
+
+    store.live = look_then_release  # type: ignore[method-assign]
+    try:
+        await service.admit()
+    finally:
+        store.live = looked  # type: ignore[method-assign]
+    assert (await service.get(older.lease_id)).state == LeaseState.active
+    await service.admit()
+    lease = await asyncio.wait_for(live, 30)
+    assert lease.endpoint == newer.endpoint
+    assert (await service.get(older.lease_id)).state == LeaseState.active
+    assert not behind.done()
+    behind.cancel()
 
 
 # --- 4. the warm pool's refill does not skip the line ------------------------------------

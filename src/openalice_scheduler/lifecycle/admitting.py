@@ -381,7 +381,10 @@ class Admitting:
                         spoken.add(room.lease_id)
                         return
                     if room.state == S.active.value:
-                        return  # it ended meanwhile: its room is free, for the next pass
+                        # It ended meanwhile: its room is this caller's, at the next pass
+                        # (the picture still counts it held, so nobody behind takes it).
+                        spoken.add(room.lease_id)
+                        return
 
     def _rooms(
         self,
@@ -435,8 +438,7 @@ class Admitting:
                 room.lease_id, states.PREEMPT, preempt_at=now + grace, by=row.waiter_id, now=now
             ),
         )
-        if victim is None:
-            picture.records.pop(room.lease_id, None)  # ended meanwhile: a room, next pass
+        if victim is None:  # it ended meanwhile: its room is free, for the next pass
             core.wake_line()
             return False
         self.ending.preempted(victim, by_class)
