@@ -16,7 +16,6 @@ real service over HTTP, real Docker workers and the RunPod emulator's priced cat
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -237,17 +236,15 @@ def test_waiting_callers_are_not_woken_into_a_breach(
         20,
         what="two callers in line",
     )
-    started = time.monotonic()
     assert sched.release(holders[0]["lease_id"], owner="other").status_code == 204
+    # One is served; the other is then refused at once, long before its wait ends: no
+    # room the cluster could free would fit its cap any more, so it waits for none
+    # (docs/concepts/priorities.md#the-admission-loop).
     for waiter in waiters:
-        waiter.join(60)
-    # One room freed: the first waiter is granted it, and the second, whom no room could
-    # serve within its caps once the first holds a lease, is refused in the same pass of
-    # the admission loop: not at the end of its wait, nor at the next release.
-    assert time.monotonic() - started < 30
-    by_status = sorted(answers, key=lambda a: a.status_code)
-    assert [a.status_code for a in by_status] == [200, 429], [a.text for a in answers]
-    assert by_status[1].json()["error"] == "budget_exceeded"
-    assert sched.release(holders[1]["lease_id"], owner="other").status_code == 204
+        waiter.join(30)
+    assert sorted(a.status_code for a in answers) == [200, 429], [a.text for a in answers]
+    refused = next(a for a in answers if a.status_code == 429)
+    assert refused.json()["error"] == "budget_exceeded"
+    assert holders[1]["lease_id"] in {lease["lease_id"] for lease in sched.leases()}
     anim = [lease for lease in sched.leases() if lease["owner_id"] == "anim"]
     assert len(anim) == 1

@@ -28,21 +28,23 @@ is refused with each provider's reason."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections import defaultdict
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from openalice_scheduler.errors import LeaseNotFound
 from openalice_scheduler.lifecycle import admission, states
 from openalice_scheduler.lifecycle.admission import ForWaiter, Left, reservation_terms
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.line import order
+from openalice_scheduler.lifecycle.picture import Picture
 from openalice_scheduler.lifecycle.pooling import Pool
 from openalice_scheduler.logs import lease_ref
-from openalice_scheduler.models import GpuClass, LeaseState, WorkerKind
+from openalice_scheduler.models import GpuClass, LeaseState, ReleaseReason, WorkerKind
 from openalice_scheduler.providers import InstantProvider, Provider, WorkerSpec
 from openalice_scheduler.store import (
     AtCapacity,
@@ -62,85 +64,6 @@ S = LeaseState
 # Rooms being freed: their workers are going (or told to go); pool workers' rooms.
 FREEING = frozenset({S.preempting.value, S.releasing.value})
 POOLED = frozenset(s.value for s in states.POOLED)
-
-
-class Picture:
-    """The cluster as one pass of the loop sees it: every live lease, indexed the way
-    the admission rules ask (the same questions `Reserving` answers in a transaction),
-    and brought up to date by the pass's own grants."""
-
-    def __init__(self, live: list[LeaseRecord], spent: dict[str, float]) -> None:
-        self.records: dict[str, LeaseRecord] = {}
-        self._on: dict[str, set[str]] = defaultdict(set)  # provider: lease ids
-        self._spent = spent
-        for record in live:
-            self.add(record)
-
-    def add(self, record: LeaseRecord) -> None:
-        old = self.records.get(record.lease_id)
-        if old is not None:
-            self._on[old.provider].discard(record.lease_id)
-        if record.state in states.HOLDS_CAPACITY:
-            self.records[record.lease_id] = record
-            self._on[record.provider].add(record.lease_id)
-        else:
-            self.records.pop(record.lease_id, None)
-
-    def forget(self, record: LeaseRecord) -> None:
-        self.records.pop(record.lease_id, None)
-        self._on[record.provider].discard(record.lease_id)
-
-    def on(self, provider: str) -> list[LeaseRecord]:
-        return [self.records[i] for i in self._on.get(provider, ())]
-
-    # --- what the admission rules ask (admission.Facts) --------------------------------
-
-    def lock(self, key: str) -> None:
-        """Nothing to lock: the transaction that grants takes the locks."""
-
-    def twin(self, lease: NewLease) -> str | None:
-        if not (lease.owner_id and lease.correlation_id):
-            return None
-        return next(
-            (
-                r.lease_id
-                for r in self.records.values()
-                if r.owner_id == lease.owner_id
-                and r.correlation_id == lease.correlation_id
-                and r.state in states.ANSWERED
-                and r.lease_id != lease.lease_id
-            ),
-            None,
-        )
-
-    def held(self, lease: NewLease) -> int:
-        return sum(
-            1
-            for r in self.records.values()
-            if r.owner_id == lease.owner_id
-            and r.state in states.HELD
-            and r.lease_id != lease.lease_id
-        )
-
-    def live_on(self, lease: NewLease, provider: str) -> int:
-        return len(self._on.get(provider, set()) - {lease.lease_id})
-
-    def taken_on(self, lease: NewLease, provider: str) -> set[str]:
-        return {
-            r.resource for r in self.on(provider) if r.resource and r.lease_id != lease.lease_id
-        }
-
-    def owner_price(self, lease: NewLease) -> float:
-        return sum(
-            r.price_per_hour or 0.0
-            for r in self.records.values()
-            if r.owner_id == lease.owner_id
-            and r.state in states.PAID
-            and r.lease_id != lease.lease_id
-        )
-
-    def owner_spent(self, lease: NewLease, since: int, now: int) -> float:
-        return self._spent.get(lease.owner_id or "", 0.0)
 
 
 @dataclass
@@ -165,6 +88,7 @@ class Admitting:
         """One pass over the whole line: the callers granted (or refused) a room."""
         core = self.core
         now = core.now_us()
+        await self._unclaimed(now)
         rows = await core.store.waiters.line(alive_since=core.line_alive_since(now), now=now)
         self.passes += 1
         if not rows:
@@ -181,6 +105,25 @@ class Admitting:
             self.admitted += decided
             await core.announce_decided()
         return decided
+
+    async def _unclaimed(self, now: int) -> None:
+        """Rooms granted to callers whose replica died before they took them, given
+        back: a lease already active (a static endpoint's) ends, as nobody holds it; a
+        provision left half-made is the reconciler's, as any dead replica's."""
+        store = self.core.store
+        alive_since = self.core.line_alive_since(now)
+        for decision in await store.waiters.unclaimed(alive_since=alive_since):
+            if await store.waiters.take_back(decision.waiter_id) is None:
+                continue  # its caller took it meanwhile: its replica lives
+            record = await store.get(decision.granted) if decision.granted else None
+            if record is None or record.state != S.active.value:
+                continue
+            log.info(
+                "lease %s was granted to a caller whose replica died: released",
+                lease_ref(record),
+            )
+            with contextlib.suppress(LeaseNotFound):
+                await self.ending.end(record.lease_id, None, ReleaseReason.orphan)
 
     async def _spent(self, owners: set[str | None], now: int) -> dict[str, float]:
         """The last day's spend of each owner in line with a cap on it."""
@@ -311,15 +254,8 @@ class Admitting:
             if terms.budget is not None:
                 admission.admit_price(picture, new, grant.price, terms.budget, terms.now)
         except AtCapacity as exc:
-            if terms.budget is not None:
-                try:  # were there room, would its caps allow it? If not, room is moot.
-                    admission.admit_price(
-                        picture, new, terms.price_per_hour, terms.budget, terms.now
-                    )
-                except OverBudget as over:
-                    verdict.reasons[name] = over.message
-                    verdict.over_budget.append(over)
-                    return False
+            if not self._affordable(picture, new, terms, verdict, name):
+                return False  # no room it frees would do: its caps refuse the price
             verdict.reasons[name], verdict.at_capacity = exc.message, True
             return False
         except OverBudget as exc:
@@ -353,6 +289,22 @@ class Admitting:
             lease_ref(record),
             name,
         )
+        return True
+
+    @staticmethod
+    def _affordable(
+        picture: Picture, new: NewLease, terms: Terms, verdict: Verdict, name: str
+    ) -> bool:
+        """Whether `new`'s caps allow the price of a room on provider `name` once one
+        is free (a fleet's price is its place's: allowed here); its reason noted if not."""
+        if terms.budget is None or terms.place is not None:
+            return True
+        try:
+            admission.admit_price(picture, new, terms.price_per_hour, terms.budget, terms.now)
+        except OverBudget as exc:
+            verdict.reasons[name] = exc.message
+            verdict.over_budget.append(exc)
+            return False
         return True
 
     async def _refuse(self, row: WaitingRow, refusal: dict[str, object], now: int) -> int:
@@ -428,6 +380,11 @@ class Admitting:
                     if await self._free(room, row, cls.name if cls else "", picture, now):
                         spoken.add(room.lease_id)
                         return
+                    if room.state == S.active.value:
+                        # It ended meanwhile: its room is this caller's, at the next pass
+                        # (the picture still counts it held, so nobody behind takes it).
+                        spoken.add(room.lease_id)
+                        return
 
     def _rooms(
         self,
@@ -481,8 +438,7 @@ class Admitting:
                 room.lease_id, states.PREEMPT, preempt_at=now + grace, by=row.waiter_id, now=now
             ),
         )
-        if victim is None:
-            picture.forget(room)  # ended meanwhile: a room, for the next pass
+        if victim is None:  # it ended meanwhile: its room is free, for the next pass
             core.wake_line()
             return False
         self.ending.preempted(victim, by_class)

@@ -128,7 +128,10 @@ class Waiting:
                 if decision is None and not (left or late):
                     continue
                 if decision is None:
-                    position = await self.position(row.waiter_id) if late else None
+                    # Where it stood as its wait ran out (its row is out of line after).
+                    position = (
+                        await self.position(row.waiter_id, at=row.until - 1) if late else None
+                    )
                     keep = core.now_us() + KEEP_ARRIVAL_US if late and not left else None
                     decision = await core.store.waiters.take_back(row.waiter_id, keep_until=keep)
                     if decision is None:
@@ -257,6 +260,7 @@ class Waiting:
         pushed = line.make_room(row)
         if pushed is None:
             return
+        position = await self.position(pushed.waiter_id)  # read while it is in line
         decision = await self.core.store.waiters.take_back(pushed.waiter_id)
         if decision is not None:
             line.dispatch([decision])  # granted meanwhile: it is served, not pushed out
@@ -265,7 +269,6 @@ class Waiting:
                 f"(MAX_WAITING_CALLERS = {line.most}); try again later",
                 limit=line.most,
             )
-        position = await self.position(pushed.waiter_id)
         line.push_out(
             pushed,
             LineFull(
@@ -276,15 +279,16 @@ class Waiting:
             ),
         )
 
-    async def position(self, waiter_id: str) -> int | None:
-        """Where `waiter_id` stands in the line now (1: next), None when not in it."""
-        rows = await self.line_now()
+    async def position(self, waiter_id: str, at: int | None = None) -> int | None:
+        """Where `waiter_id` stands in the line now (or at `at`, µs, if earlier; 1:
+        next), None when not in it."""
+        rows = await self.line_now(at)
         return next((i + 1 for i, r in enumerate(rows) if r.waiter_id == waiter_id), None)
 
-    async def line_now(self) -> list[WaitingRow]:
-        """The whole line, in admission order."""
+    async def line_now(self, at: int | None = None) -> list[WaitingRow]:
+        """The whole line, in admission order (as of `at`, if earlier than now)."""
         core = self.core
-        now = core.now_us()
+        now = core.now_us() if at is None else min(at, core.now_us())
         rows = await core.store.waiters.line(alive_since=core.line_alive_since(now), now=now)
         return order(rows, core.priorities.rank(), now, int(core.line_aging * 1e6))
 

@@ -178,6 +178,16 @@ class Waiters:
 
         return await self.backend.read(_tx)
 
+    async def unclaimed(self, *, alive_since: int) -> list[Decision]:
+        """Rooms granted before `alive_since` to callers of other replicas not heard from
+        since, and never taken back: their callers went with their replica."""
+
+        def _tx(conn: Connection) -> list[Decision]:
+            found = {"b_alive": alive_since, "b_me": self.replica_id}
+            return [Decision(r[0], r[1], r[2]) for r in conn.execute(_UNCLAIMED, found)]
+
+        return await self.backend.read(_tx)
+
     async def refuse(self, waiter_id: str, refusal: str, *, now: int) -> bool:
         """The loop's refusal of an undecided caller (guarded)."""
         return await self.backend.write(lambda conn: decide(conn, waiter_id, None, refusal, now))
@@ -287,4 +297,14 @@ _LINE = select(*_ROW).outerjoin(replicas, _ALIVE).where(*_WAITING)
 _ANYONE = select(exists(select(waiters.c.waiter_id).outerjoin(replicas, _ALIVE).where(*_WAITING)))
 _DECIDED = select(waiters.c.waiter_id, waiters.c.granted, waiters.c.refusal).where(
     waiters.c.replica_id == bindparam("b_replica"), waiters.c.decided_at.is_not(None)
+)
+_UNCLAIMED = (
+    select(waiters.c.waiter_id, waiters.c.granted, waiters.c.refusal)
+    .outerjoin(replicas, _ALIVE)
+    .where(
+        waiters.c.granted.is_not(None),
+        waiters.c.decided_at < bindparam("b_alive"),
+        waiters.c.replica_id != bindparam("b_me"),
+        replicas.c.heartbeat_at.is_(None) | (replicas.c.heartbeat_at < bindparam("b_alive")),
+    )
 )
