@@ -310,6 +310,9 @@ def _env(rooms: int, most: int) -> dict[str, str]:
         "STATIC_WORKERS": f"renderer={_endpoints(rooms)}",
         "MAX_WAITING_CALLERS": str(max(1000, most)),
         "MAX_WAITING_PER_OWNER": str(max(500, most)),
+        # The endpoints are names that do not resolve: never probed (a probe that fails
+        # three times takes an endpoint out of rotation and ends its lease `lost`).
+        "STATIC_PROBE_INTERVAL_SECONDS": "0",
         "LOG_LEVEL": "WARNING",
         **CLASSES,
     }
