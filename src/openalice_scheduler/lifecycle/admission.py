@@ -40,7 +40,7 @@ from openalice_scheduler.store.spending import DAY_US
 class Facts(Protocol):
     """What the admission rules ask of the cluster: a reserving transaction
     (store.Reserving) answers under its locks, the admission loop's picture
-    (admitting.Picture) from memory."""
+    (picture.Picture) from memory."""
 
     def lock(self, key: str) -> None: ...
     def twin(self, lease: NewLease) -> str | None: ...
