@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -62,6 +63,9 @@ S = LeaseState
 # Rooms being freed: their workers are going (or told to go); pool workers' rooms.
 FREEING = frozenset({S.preempting.value, S.releasing.value})
 POOLED = frozenset(s.value for s in states.POOLED)
+# Within a pass, other replicas are told of its decisions at most this often (one
+# NOTIFY each); this replica's callers are told of each at once.
+TELL_EVERY_S = 0.02
 
 
 @dataclass
@@ -81,6 +85,7 @@ class Admitting:
         self.pool: Pool | None = None
         self.passes = 0
         self.admitted = 0  # callers granted a room, since start
+        self._told = 0.0  # when other replicas were last told of a decision
 
     async def admit(self) -> int:
         """One pass over the whole line: the callers granted (or refused) a room."""
@@ -97,11 +102,22 @@ class Admitting:
         decided = 0
         ranks = core.priorities.rank()
         for row in order(rows, ranks, now, int(core.line_aging * 1e6)):
-            decided += await self._turn(row, picture, spoken, terms, now)
+            if await self._turn(row, picture, spoken, terms, now):
+                decided += 1
+                await self._tell()
         if decided:
             self.admitted += decided
             await core.announce_decided()
         return decided
+
+    async def _tell(self) -> None:
+        """A decision reaches its caller while the pass goes on over the rest of the
+        line (a long line takes a while): this replica's callers read it at once, other
+        replicas are told at most every TELL_EVERY_S, and all at the pass's end."""
+        self.core.wake_line()
+        if time.monotonic() - self._told >= TELL_EVERY_S:
+            self._told = time.monotonic()
+            await self.core.store.announce_capacity()
 
     async def _spent(self, owners: set[str | None], now: int) -> dict[str, float]:
         """The last day's spend of each owner in line with a cap on it."""
