@@ -160,7 +160,7 @@ class Admitting:
                 term = await self._terms(provider, row, now, terms) if provider else None
                 if provider is None or term is None:
                     continue
-                term = replace(term, budget=budget, now=now)
+                term = _priced(term, budget, now)
                 if await self._on_provider(row, new, provider, term, picture, verdict):
                     return 1
         except OverQuota as exc:
@@ -243,11 +243,16 @@ class Admitting:
     ) -> bool:
         """Whether `row` was granted a room on `provider` (its reason noted if not)."""
         name = provider.name
+        shape = (name, row.kind, row.gpu, row.region)
+        if shape in picture.full:  # no room for this shape, the picture unchanged since
+            verdict.reasons[name], verdict.at_capacity = picture.full[shape], True
+            return False
         try:
             grant = admission.admit_provider(picture, new, name, terms)
             if terms.budget is not None:
                 admission.admit_price(picture, new, grant.price, terms.budget, terms.now)
         except AtCapacity as exc:
+            picture.full[shape] = exc.message
             verdict.reasons[name], verdict.at_capacity = exc.message, True
             return False
         except OverBudget as exc:
@@ -346,7 +351,7 @@ class Admitting:
                 term = await self._terms(provider, row, now, terms) if provider else None
                 if provider is None or term is None:
                     continue
-                term = replace(term, budget=budget, now=now)
+                term = _priced(term, budget, now)
                 for room in self._rooms(picture, name, step, lower, spoken):
                     if not self._would_fit(picture, new, name, term, room):
                         continue
@@ -365,7 +370,7 @@ class Admitting:
         lower: set[str],
         spoken: set[str],
     ) -> list[LeaseRecord]:
-        rooms = [r for r in picture.on(provider) if r.state in step and r.lease_id not in spoken]
+        rooms = [r for r in picture.in_states(provider, step) if r.lease_id not in spoken]
         if S.active.value in step:
             classes = self.core.priorities.classes
             rooms = [r for r in rooms if r.priority_class in lower]
@@ -410,9 +415,17 @@ class Admitting:
             ),
         )
         if victim is None:
-            picture.records.pop(room.lease_id, None)  # ended meanwhile: a room, next pass
+            picture.drop(room.lease_id)  # ended meanwhile: a room, next pass
             core.wake_line()
             return False
         self.ending.preempted(victim, by_class)
         picture.add(victim)
         return True
+
+
+def _priced(terms: Terms, budget: Budget | None, now: int) -> Terms:
+    """`terms` with the caller's budget: the same object when nothing differs (most
+    callers have no cap: a copy per caller per provider was a fifth of a long pass)."""
+    if terms.budget is budget and terms.now == now:
+        return terms
+    return replace(terms, budget=budget, now=now)
