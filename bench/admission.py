@@ -214,12 +214,16 @@ async def answer(answers: Answers, timeout: float) -> tuple[float, Caller]:
 async def join(
     services: list[Service], n: int, start: int, answers: Answers
 ) -> tuple[list[Caller], list[asyncio.Task[None]]]:
+    """`n` more callers in line, 200 at a time, each batch in line before the next
+    connects (thousands of connections at once overflow the listen backlog of a server
+    sharing 2 busy cores: resets)."""
+    already = await asyncio.to_thread(waiting, services) if n > 1 else 0
     callers = [Caller(services[(start + i) % len(services)], start + i) for i in range(n)]
     tasks = []
     for k, caller in enumerate(callers):
         tasks.append(asyncio.create_task(caller.acquire(answers)))
-        if k % 100 == 99:
-            await asyncio.sleep(0.05)  # let the line take them in, 100 at a time
+        if k % 200 == 199 and k + 1 < n:
+            await until_waiting(services, already + k + 1)
     return callers, tasks
 
 
@@ -344,7 +348,7 @@ def _ms(values: list[float]) -> str:
 
 def run(store: str, make: Any, args: argparse.Namespace) -> None:
     lines = [int(x) for x in args.lines.split(",") if x]
-    print(f"== {store}", flush=True)
+    print(f"== {store} (load average {os.getloadavg()[0]:.1f})", flush=True)
     with make(args.rooms, args.waiters) as services:
         idle = idle_health(services[0])
         print(f"  GET /health, idle service (the floor):    {_ms(idle)}", flush=True)
@@ -374,6 +378,7 @@ def run(store: str, make: Any, args: argparse.Namespace) -> None:
             f"max {r['max'] * 1e3:7.2f} ms (n={r['samples']});  /health {_ms(r['health'])}",
             flush=True,
         )
+    print(f"  (load average at the end {os.getloadavg()[0]:.1f})", flush=True)
 
 
 def main() -> None:
