@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -64,6 +65,9 @@ S = LeaseState
 # Rooms being freed: their workers are going (or told to go); pool workers' rooms.
 FREEING = frozenset({S.preempting.value, S.releasing.value})
 POOLED = frozenset(s.value for s in states.POOLED)
+# Within a pass, other replicas are told of its decisions at most this often (one
+# NOTIFY each); this replica's callers are told of each at once.
+TELL_EVERY_S = 0.02
 
 
 @dataclass
@@ -83,6 +87,7 @@ class Admitting:
         self.pool: Pool | None = None
         self.passes = 0
         self.admitted = 0  # callers granted a room, since start
+        self._told = 0.0  # when other replicas were last told of a decision
 
     async def admit(self) -> int:
         """One pass over the whole line: the callers granted (or refused) a room."""
@@ -100,7 +105,9 @@ class Admitting:
         decided = 0
         ranks = core.priorities.rank()
         for row in order(rows, ranks, now, int(core.line_aging * 1e6)):
-            decided += await self._turn(row, picture, spoken, terms, now)
+            if await self._turn(row, picture, spoken, terms, now):
+                decided += 1
+                await self._tell()
         if decided:
             self.admitted += decided
             await core.announce_decided()
@@ -124,6 +131,15 @@ class Admitting:
             )
             with contextlib.suppress(LeaseNotFound):
                 await self.ending.end(record.lease_id, None, ReleaseReason.orphan)
+
+    async def _tell(self) -> None:
+        """A decision reaches its caller while the pass goes on over the rest of the
+        line (a long line takes a while): this replica's callers read it at once, other
+        replicas are told at most every TELL_EVERY_S, and all at the pass's end."""
+        self.core.wake_line()
+        if time.monotonic() - self._told >= TELL_EVERY_S:
+            self._told = time.monotonic()
+            await self.core.store.announce_capacity()
 
     async def _spent(self, owners: set[str | None], now: int) -> dict[str, float]:
         """The last day's spend of each owner in line with a cap on it."""
@@ -166,7 +182,7 @@ class Admitting:
                 term = await self._terms(provider, row, now, terms) if provider else None
                 if provider is None or term is None:
                     continue
-                term = replace(term, budget=budget, now=now)
+                term = _priced(term, budget, now)
                 if await self._on_provider(row, new, provider, term, picture, verdict):
                     return 1
         except OverQuota as exc:
@@ -249,11 +265,18 @@ class Admitting:
     ) -> bool:
         """Whether `row` was granted a room on `provider` (its reason noted if not)."""
         name = provider.name
+        shape = (name, row.kind, row.gpu, row.region)
+        if shape in picture.full:  # no room for this shape, the picture unchanged since
+            if not self._affordable(picture, new, terms, verdict, name):
+                return False
+            verdict.reasons[name], verdict.at_capacity = picture.full[shape], True
+            return False
         try:
             grant = admission.admit_provider(picture, new, name, terms)
             if terms.budget is not None:
                 admission.admit_price(picture, new, grant.price, terms.budget, terms.now)
         except AtCapacity as exc:
+            picture.full[shape] = exc.message
             if not self._affordable(picture, new, terms, verdict, name):
                 return False  # no room it frees would do: its caps refuse the price
             verdict.reasons[name], verdict.at_capacity = exc.message, True
@@ -370,7 +393,7 @@ class Admitting:
                 term = await self._terms(provider, row, now, terms) if provider else None
                 if provider is None or term is None:
                     continue
-                term = replace(term, budget=budget, now=now)
+                term = _priced(term, budget, now)
                 for room in self._rooms(picture, name, step, lower, spoken):
                     if not self._would_fit(picture, new, name, term, room):
                         continue
@@ -394,7 +417,7 @@ class Admitting:
         lower: set[str],
         spoken: set[str],
     ) -> list[LeaseRecord]:
-        rooms = [r for r in picture.on(provider) if r.state in step and r.lease_id not in spoken]
+        rooms = [r for r in picture.in_states(provider, step) if r.lease_id not in spoken]
         if S.active.value in step:
             classes = self.core.priorities.classes
             rooms = [r for r in rooms if r.priority_class in lower]
@@ -438,9 +461,18 @@ class Admitting:
                 room.lease_id, states.PREEMPT, preempt_at=now + grace, by=row.waiter_id, now=now
             ),
         )
-        if victim is None:  # it ended meanwhile: its room is free, for the next pass
+        if victim is None:
+            picture.drop(room.lease_id)  # ended meanwhile: a room, next pass
             core.wake_line()
             return False
         self.ending.preempted(victim, by_class)
         picture.add(victim)
         return True
+
+
+def _priced(terms: Terms, budget: Budget | None, now: int) -> Terms:
+    """`terms` with the caller's budget: the same object when nothing differs (most
+    callers have no cap: a copy per caller per provider was a fifth of a long pass)."""
+    if terms.budget is budget and terms.now == now:
+        return terms
+    return replace(terms, budget=budget, now=now)
