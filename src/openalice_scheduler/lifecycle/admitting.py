@@ -461,8 +461,7 @@ class Admitting:
                 room.lease_id, states.PREEMPT, preempt_at=now + grace, by=row.waiter_id, now=now
             ),
         )
-        if victim is None:
-            picture.drop(room.lease_id)  # ended meanwhile: a room, next pass
+        if victim is None:  # it ended meanwhile: its room is free, for the next pass
             core.wake_line()
             return False
         self.ending.preempted(victim, by_class)
