@@ -28,6 +28,7 @@ is refused with each provider's reason."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -68,6 +69,8 @@ POOLED = frozenset(s.value for s in states.POOLED)
 # Within a pass, other replicas are told of its decisions at most this often (one
 # NOTIFY each); this replica's callers are told of each at once.
 TELL_EVERY_S = 0.02
+# A pass gives the event loop back at least every this many turns.
+YIELD_EVERY = 100
 
 
 @dataclass
@@ -104,10 +107,14 @@ class Admitting:
         terms: dict[tuple[str, str, str, str | None], Terms | None] = {}
         decided = 0
         ranks = core.priorities.rank()
-        for row in order(rows, ranks, now, int(core.line_aging * 1e6)):
+        for turn, row in enumerate(order(rows, ranks, now, int(core.line_aging * 1e6))):
             if await self._turn(row, picture, spoken, terms, now):
                 decided += 1
                 await self._tell()
+            elif turn % YIELD_EVERY == YIELD_EVERY - 1:
+                # A turn that writes nothing never gives the event loop back: a pass over
+                # a long line would hold every other request (GET /health) until its end.
+                await asyncio.sleep(0)
         if decided:
             self.admitted += decided
             await core.announce_decided()
