@@ -6,6 +6,7 @@ transports."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -55,14 +56,6 @@ def contact(sched: Scheduler, guard: GuardProcess, provider: str) -> float | Non
 
 def lease_state(sched: Scheduler, lease: dict[str, Any]) -> dict[str, Any]:
     return dict(sched.http.get(f"/v1/lease/{lease['lease_id']}").json())
-
-
-def polled_since(
-    sched: Scheduler, guard: GuardProcess, provider: str, since: float
-) -> float | None:
-    """The guard's last contact once it is at or after `since`, else None."""
-    seen = contact(sched, guard, provider)
-    return seen if seen is not None and seen >= since else None
 
 
 # Whether the worker of a lease id runs, as its provider says.
@@ -196,11 +189,28 @@ def back_and_coherent(
     assert SECRET not in guard.log()
 
 
+def guard_knows(guard: GuardProcess, *leases: dict[str, Any]) -> float | None:
+    """The guard's own last contact once its memory (the state file it writes after each
+    pass) holds every one of `leases` until its current end, else None. The guard's own
+    word, not the scheduler's: the scheduler records a poll it answered, but on a loaded
+    machine the guard may have given up on that answer (its poll timeout is the poll
+    interval, 0.5 s here) and learned nothing."""
+    try:
+        memory = json.loads(guard.state_file.read_text())
+    except FileNotFoundError:  # written whole and renamed over: never half a file
+        return None
+    for lease in leases:
+        until = memory["until"].get(lease["lease_id"])
+        if until is None or abs(until - at(lease["expires_at"])) > 1:
+            return None
+    return float(memory["last_contact"])
+
+
 def leases_learned(
     sched: Scheduler, guard: GuardProcess, provider: str, short_ttl: int = 5, **body: Any
 ) -> tuple[dict[str, Any], dict[str, Any], float]:
-    """A `short_ttl` (5 s) and a 600 s lease, once the guard has polled since both
-    exist; and that poll's time, the guard's last contact as the scheduler shows it.
+    """A `short_ttl` (5 s) and a 600 s lease, once the guard has learned both (and the
+    short one's end as it now is); and the guard's last contact then.
     The short one has at least half its TTL left then: the caller's next step (killing
     the scheduler, say) must come before its end, or the scheduler, still alive, ends it
     itself (a loaded machine once took a cold start and a poll past it). So it is made
@@ -213,11 +223,10 @@ def leases_learned(
     long = sched.lease(ttl_seconds=600, **body)
     short = sched.lease(ttl_seconds=short_ttl, **body)
     while True:
-        made = time.time()
         last = wait_for(
-            lambda made=made: polled_since(sched, guard, provider, made),
+            lambda short=short: guard_knows(guard, short, long),
             timeout=30,
-            what="a poll of the guard after both leases",
+            what="the guard learning of both leases (its state file)",
         )
         if at(short["expires_at"]) - time.time() >= short_ttl / 2:
             return short, long, last
@@ -225,8 +234,8 @@ def leases_learned(
             f"/v1/lease/{short['lease_id']}/renew", json={"ttl_seconds": short_ttl}
         )
         if renewed.status_code == 404:
-            # It ended before the poll came (a machine so loaded that a poll took its
-            # whole TTL): another short lease, learned again.
+            # It ended before the guard learned of it (a machine so loaded that a poll
+            # took its whole TTL): another short lease, learned again.
             short = sched.lease(ttl_seconds=short_ttl, **body)
             continue
         assert renewed.status_code == 200, renewed.text
