@@ -124,7 +124,7 @@ def what_if(shape: PoolShape, demand: Demand, now: float, cold_s: float) -> int:
     own target without the buffer gives the acquires expected in one cold start (its
     windows, jump and scale-down rules unchanged); the pool keeps enough for the 99th
     percentile of a Poisson count of that mean, plus the buffer."""
-    last = demand.last_acquire()
+    last = demand.last_acquire(now)
     expected = target(PoolShape(shape.min, shape.max, 0, shape.scaledown_s), demand, now, cold_s)
     if shape.min == shape.max or last is None or now - last > shape.scaledown_s:
         return expected  # fixed, or no demand in the window: as the service
@@ -278,7 +278,7 @@ def simulate(trace: Trace, shape: PoolShape, cold_s: float, policy: Policy = tar
             else:
                 result.misses += 1
                 result.waits.append(cold_s)
-                previous = demand.last_acquire()
+                previous = demand.last_acquire(acquire.at)
                 if previous is None or acquire.at - previous > FOLLOW.scaledown_s:
                     result.after_lull += 1
             result.outcomes.append((acquire.at, hit))
@@ -290,7 +290,7 @@ def simulate(trace: Trace, shape: PoolShape, cold_s: float, policy: Policy = tar
         second += 1.0
         # Nothing to do until the next acquire: a fixed pool's target never moves, and
         # a pool at its min without demand in the window stays there.
-        last = demand.last_acquire()
+        last = demand.last_acquire(second)
         quiet = last is None or second - last > shape.scaledown_s
         if shape.min == shape.max or (quiet and idle + len(warming) == shape.min):
             upcoming = live[i].at if i < len(live) else trace.end

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from opentelemetry.trace import NoOpTracer
 
-from openalice_scheduler.config import Settings
+from openalice_scheduler.config import PoolEntry, Settings
 from openalice_scheduler.errors import (
     LeaseNotFound,
     NoProviderAvailable,
@@ -289,8 +289,9 @@ async def test_a_failed_release_is_retried_after_1_2_4_s_on_the_moved_clock(
 
 def open_pool(service: LeaseService, target: int, max_idle_seconds: float) -> Pool:
     """The service's warm pool of `target` idle renderers (no GPU)."""
+    kind, gpu = WorkerKind.renderer.value, GpuClass.none.value
     return service.open_pool(
-        {(WorkerKind.renderer.value, GpuClass.none.value): target},
+        {(kind, gpu): PoolEntry(kind, gpu, min=target, max=target)},
         HandOff("/lease", 5),
         max_idle_seconds=max_idle_seconds,
         idle_gauge=Metrics().pool_idle,

@@ -411,9 +411,13 @@ def test_an_image_without_the_hand_off_is_not_used_warm(make_scheduler: Make) ->
 @pytest.mark.parametrize(
     "value, problem",
     [
-        ("renderer=2", "'renderer=2' is not kind/gpu=count"),
+        ("renderer=2", "'renderer=2' is not kind/gpu[@class…]=N"),
         ("render/none=1", "unknown kind 'render'"),
         ("renderer/none=1,renderer/none=2", "renderer/none is given twice"),
+        ("renderer/entry=min:0,buffer:1", "has no max"),
+        ("renderer/none=min:3,max:1", "min 3 is above max 1"),
+        ("renderer/none=min:0,max:2,spare:1", "'spare:1' in"),
+        ("renderer/entry@vip=1", "the pool renderer/entry serves 'vip', which is not a class"),
     ],
 )
 def test_a_bad_warm_pool_stops_start_up(make_scheduler: Make, value: str, problem: str) -> None:

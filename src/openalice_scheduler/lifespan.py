@@ -110,10 +110,12 @@ def lifespan(
             pool = WarmPool(
                 service,
                 service.open_pool(
-                    settings.warm_pool_targets,
+                    settings.warm_pools,
                     handoff,
                     max_idle_seconds=settings.warm_pool_max_idle_seconds,
                     idle_gauge=metrics.pool_idle,
+                    scaledown_seconds=settings.warm_pool_scaledown_seconds,
+                    max_cost_per_hour=settings.warm_pool_max_cost_per_hour,
                 ),
             )
             guards = service.open_guards(
@@ -143,6 +145,10 @@ def lifespan(
             heartbeat.start()
             pool.start()  # after reconciliation: what a crash left is resolved first
             admission = AdmissionLoop(service, LINE_TIMEOUT_S)
+            # One replica sizes the warm pools for the cluster: the admission loop's
+            # leader (the pools' demand is the cluster's, in the store).
+            pool.pool.sizes = lambda: admission.leader
+            admission.on_lead = pool.wake
             admission.start()
             # Deaths as the backends stream them; each stream's (re)opening wakes the
             # reconciler, whose listing finds what the stream missed.

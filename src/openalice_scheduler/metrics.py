@@ -124,6 +124,25 @@ class Metrics:
             ["kind", "gpu"],
             registry=r,
         )
+        self.pool_target = Gauge(
+            "scheduler_pool_target",
+            "Idle and warming workers a warm pool keeps now (its demand, buffer, bounds and "
+            "money caps), as the replica that sizes the pools computed it.",
+            ["kind", "gpu"],
+            registry=r,
+        )
+        self.pool_hits = Counter(
+            "scheduler_pool_hits",
+            "Acquires a warm pool served with a ready worker.",
+            ["kind", "gpu"],
+            registry=r,
+        )
+        self.pool_misses = Counter(
+            "scheduler_pool_misses",
+            "Acquires a warm pool would serve that found none ready and went cold.",
+            ["kind", "gpu"],
+            registry=r,
+        )
         self.releasing = Gauge(
             "scheduler_leases_releasing", "Releases still being retried.", registry=r
         )

@@ -9,7 +9,7 @@ Settings are built once, in the CLI or by the caller of `create_app`, and passed
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from openalice_scheduler.config.docker import DockerSettings
@@ -20,7 +20,7 @@ from openalice_scheduler.config.loops import LoopSettings
 from openalice_scheduler.config.modal import ModalSettings
 from openalice_scheduler.config.money import MoneySettings
 from openalice_scheduler.config.observability import KNOWN_LOG_LEVELS, ObservabilitySettings
-from openalice_scheduler.config.pool import PoolSettings, parse_warm_pool
+from openalice_scheduler.config.pool import PoolEntry, PoolSettings, parse_warm_pool
 from openalice_scheduler.config.priorities import PrioritySettings
 from openalice_scheduler.config.readiness import ReadinessSettings
 from openalice_scheduler.config.runpod import RunPodSettings
@@ -75,6 +75,19 @@ class Settings(
         parse_prices(value)
         return value
 
+    @model_validator(mode="after")
+    def _pool_classes(self) -> Settings:
+        """A pool serves classes that exist (PRIORITY_CLASSES)."""
+        known = self.priority_table
+        for (kind, gpu), entry in self.warm_pools.items():
+            for name in sorted(entry.classes or ()):
+                if name not in known:
+                    raise ValueError(
+                        f"WARM_POOL: the pool {kind}/{gpu} serves {name!r}, which is not a "
+                        f"class of PRIORITY_CLASSES ({', '.join(sorted(known))})"
+                    )
+        return self
+
     def secrets(self) -> list[str]:
         """Values that must never be printed, for the log redaction filter."""
         found = [self.internal_secret.get_secret_value()]
@@ -89,6 +102,7 @@ __all__ = [
     "AREAS",
     "KNOWN_LOG_LEVELS",
     "MIN_SECRET_LENGTH",
+    "PoolEntry",
     "Settings",
     "parse_warm_pool",
 ]

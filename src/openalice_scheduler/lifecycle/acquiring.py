@@ -138,6 +138,7 @@ class Acquiring:
             created_at=to_us(now),
             expires_at=to_us(spec.expires_at),
             priority_class=priority_class,
+            requested_at=to_us(now),
         )
         return Attempt(request, spec, new, core.budgets.of(request.owner_id), priority_class)
 
@@ -145,7 +146,7 @@ class Acquiring:
         """The warm pool first, when it keeps workers for the request; then each provider,
         in the policy's order."""
         supplies: list[Supply] = []
-        if self.pool is not None and self.pool.serves(attempt.request):
+        if self.pool is not None and self.pool.serves(attempt.request, attempt.priority_class):
             supplies.append(self.pool)
         spec = attempt.spec
         order = await self.core.policy.order(self.core.providers, spec)

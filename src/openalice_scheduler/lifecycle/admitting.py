@@ -177,6 +177,7 @@ class Admitting:
             created_at=now,
             expires_at=now + row.ttl_seconds * 1_000_000,
             priority_class=row.priority_class,
+            requested_at=row.arrived_at,
         )
         budget = core.budgets.of(row.owner_id)
         verdict = Verdict()

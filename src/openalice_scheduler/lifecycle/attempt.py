@@ -33,6 +33,8 @@ class Attempt:
     # The providers that could serve it at all (its kind, GPU class, region), in the
     # policy's order.
     eligible: list[str] = field(default_factory=list)
+    # A worker was made for it cold (a warm pool's miss is counted once).
+    cold: bool = False
 
 
 class Supply(Protocol):

@@ -1,6 +1,7 @@
-"""How many idle workers a warm pool that follows demand keeps (issue 37; the pool's loop
-does not apply it yet: WARM_POOL's targets are fixed until it does): a pure function of
-the demand seen and the time, passed in, so that it runs the same in the service, in
+"""How many idle workers a warm pool that follows demand keeps
+(docs/concepts/pools.md#pools-that-follow-demand): a pure function of the acquires seen and
+the time, passed in, so that it runs the same in the service (whose pool loop reads the
+acquires from the store: every replica, and a restarted one, sees the same demand), in
 tests on a moved clock and in a day-long simulation.
 
 The rule follows Knative's autoscaler: demand is the pool's acquires per second over a
@@ -11,14 +12,16 @@ for the acquires expected while one worker starts cold (rate × cold start), plu
 - a jump (the panic window's rate at least twice the stable one, from three acquires
   on) raises the target at once, from the panic rate;
 - a lull lowers it only after the scale-down window: the target is the highest one
-  computed over the last `scaledown_s`, so a short gap between bursts keeps the pool;
+  computed over the last `scaledown_s` (at each acquire within it, where the rates peak:
+  nothing is remembered but the acquires), so a short gap between bursts keeps the pool;
 - with `min` 0 and no acquire within the scale-down window the target is 0 (buffer
   included): the pool empties, and the next acquire goes cold and fills it again."""
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 STABLE_S = 60.0
@@ -44,50 +47,63 @@ class PoolShape:
         """`WARM_POOL=kind/gpu=N`: N idle workers, whatever the demand."""
         return cls(min=n, max=n)
 
+    @property
+    def follows(self) -> bool:
+        """Whether the demand moves the target (min < max)."""
+        return self.min < self.max
+
+    def history_s(self) -> float:
+        """How far back `target` looks at acquires."""
+        return max(self.scaledown_s, 0.0) + STABLE_S
+
 
 @dataclass
 class Demand:
-    """The acquires one pool saw (their times, seconds on the caller's monotonic clock),
-    and the targets it computed (for the scale-down window)."""
+    """The acquires one pool saw: their times in seconds, ascending (the service reads
+    them from the store; the simulation adds them as they come)."""
 
-    acquires: deque[float] = field(default_factory=deque)
-    targets: deque[tuple[float, int]] = field(default_factory=deque)
+    acquires: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, times: Iterable[float]) -> Demand:
+        return cls(sorted(times))
 
     def saw(self, at: float) -> None:
-        self.acquires.append(at)
+        bisect.insort(self.acquires, at)
 
-    def rate(self, now: float, window: float) -> float:
-        """Acquires per second over the last `window` seconds."""
-        return sum(1 for t in self.acquires if now - window <= t <= now) / window
+    def count(self, start: float, end: float) -> int:
+        """Acquires within (start, end]: a window's length, never one acquire more."""
+        return bisect.bisect_right(self.acquires, end) - bisect.bisect_right(self.acquires, start)
 
-    def last_acquire(self) -> float | None:
-        return self.acquires[-1] if self.acquires else None
+    def last_acquire(self, now: float) -> float | None:
+        """The last acquire at or before `now`."""
+        i = bisect.bisect_right(self.acquires, now)
+        return self.acquires[i - 1] if i else None
 
     def forget_before(self, at: float) -> None:
-        while self.acquires and self.acquires[0] < at:
-            self.acquires.popleft()
-        while self.targets and self.targets[0][0] < at:
-            self.targets.popleft()
+        del self.acquires[: bisect.bisect_left(self.acquires, at)]
+
+
+def expected(demand: Demand, at: float, cold_start_s: float) -> int:
+    """The acquires expected while one worker starts cold, from the rates at `at`: the
+    stable window's, or the panic window's in a jump."""
+    stable = demand.count(at - STABLE_S, at) / STABLE_S
+    panic_count = demand.count(at - PANIC_S, at)
+    panic = panic_count / PANIC_S
+    jump = panic >= PANIC_RATIO * stable and panic_count >= PANIC_MIN
+    return math.ceil((panic if jump else stable) * cold_start_s - 1e-9)
 
 
 def target(shape: PoolShape, demand: Demand, now: float, cold_start_s: float) -> int:
-    """The idle workers the pool should keep at `now`, and the decision remembered in
-    `demand` (for the scale-down window)."""
-    keep = max(shape.scaledown_s, STABLE_S)
-    demand.forget_before(now - keep)
-    last = demand.last_acquire()
-    if shape.min == shape.max:
-        wanted = shape.min
-    elif last is None or now - last > shape.scaledown_s:
-        wanted = shape.min  # no demand for a whole window: down to min (0: empty)
-    else:
-        stable = demand.rate(now, STABLE_S)
-        panic = demand.rate(now, PANIC_S)
-        jump = panic >= PANIC_RATIO * stable and panic * PANIC_S >= PANIC_MIN
-        rate = panic if jump else stable
-        expected = math.ceil(rate * cold_start_s - 1e-9)
-        computed = min(shape.max, max(shape.min, expected + shape.buffer))
-        demand.targets.append((now, computed))
-        recent = [t for at, t in demand.targets if now - at <= shape.scaledown_s]
-        wanted = max(recent)
-    return min(shape.max, max(shape.min, wanted))
+    """The idle workers the pool should keep at `now`."""
+    if not shape.follows:
+        return shape.min
+    last = demand.last_acquire(now)
+    if last is None or now - last > shape.scaledown_s:
+        return shape.min  # no demand for a whole window: down to min (0: empty)
+    # The highest need over the scale-down window: at `now`, or just after an acquire
+    # within it (a window's count only grows at an acquire).
+    start = bisect.bisect_left(demand.acquires, now - shape.scaledown_s)
+    end = bisect.bisect_right(demand.acquires, now)
+    need = max(expected(demand, at, cold_start_s) for at in [now, *demand.acquires[start:end]])
+    return min(shape.max, max(shape.min, need + shape.buffer))

@@ -1,13 +1,16 @@
 """Warm pools (docs/concepts/pools.md#warm-pools): WARM_POOL idle, ready workers per kind and GPU
 class, kept in the store as lease rows with no owner (store/pool.py). The pool is one of the
 supplies an acquire tries (acquiring.py), the first: a faster way to get a provider's worker,
-through the same path as a cold one.
+through the same path as a cold one. A pool may serve only some priority classes.
 
 Kept filled by a loop (loops/warm.py) that calls `refill`: it recycles idle workers past
-WARM_POOL_MAX_IDLE_SECONDS (or beyond their target), then makes the missing ones on the
-policy's provider order (making.py) and records each idle. An acquire takes the oldest
-idle worker of its kind and GPU class, hands it the lease (handoff.py), and the lease is
-active; a worker that fails its hand-off is destroyed and the acquire goes on cold."""
+WARM_POOL_MAX_IDLE_SECONDS or that stopped answering; on the replica that sizes the pools
+(the admission loop's leader: one sizing for the cluster), it sets each pool's target
+(pool_sizing.py: its demand, bounds and money caps), recycles idle workers beyond it and
+makes the missing ones on the policy's provider order (making.py), recording each idle.
+An acquire takes the oldest idle worker of its kind and GPU class, hands it the lease
+(handoff.py), and the lease is active; a worker that fails its hand-off is destroyed and
+the acquire goes on cold."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from openalice_scheduler.lifecycle.attempt import Attempt
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.making import destroy_quietly, make_worker
+from openalice_scheduler.lifecycle.pool_sizing import Plan, Sizing
 from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
 from openalice_scheduler.providers import BoundedProvider, InstantProvider, Provider, WorkerSpec
@@ -56,11 +60,12 @@ class Pool:
         self,
         core: Core,
         ending: Ending,
-        targets: dict[Key, int],
+        plans: dict[Key, Plan],
         handoff: HandOff,
         *,
         max_idle_seconds: float,
         idle_gauge: Gauge,
+        max_cost_per_hour: float | None = None,
     ) -> None:
         self.core = core
         self.ending = ending
@@ -72,7 +77,12 @@ class Pool:
             (p.max_lifetime_seconds for p in core.providers if isinstance(p, BoundedProvider)),
             default=math.inf,
         )
-        self.targets = {key: n for key, n in targets.items() if n > 0}
+        self.plans = {key: plan for key, plan in plans.items() if plan.shape.max > 0}
+        self.sizing = Sizing(core, self.store, self.plans, max_cost_per_hour=max_cost_per_hour)
+        # Each pool's workers to keep, as last sized (`refill` on the sizing replica).
+        self.targets: dict[Key, int] = {}
+        # Whether this replica sizes the pools (the admission loop's leader).
+        self.sizes: Callable[[], bool] = lambda: True
         self.handoff = handoff
         self.max_idle_us = int(max_idle_seconds * 1e6)
         self.idle_gauge = idle_gauge
@@ -83,16 +93,28 @@ class Pool:
         self._retry_at: dict[Key, float] = {}
         self._backoff: dict[Key, float] = {}
         self._checked_at = 0.0
-        for kind, gpu in self.targets:
+        for kind, gpu in self.plans:
             idle_gauge.labels(kind, gpu).set(0)
-        if self.targets:
+            core.metrics.pool_target.labels(kind, gpu).set(0)
+            core.metrics.pool_hits.labels(kind, gpu)
+            core.metrics.pool_misses.labels(kind, gpu)
+        if self.plans:
             handoff.open()
 
     # --- kept filled -----------------------------------------------------------------
 
     async def refill(self) -> dict[str, int]:
-        """Recycle what is stale or surplus, then fill each target."""
-        recycled = await self._recycle_stale()
+        """Recycle what is stale; on the sizing replica, size each pool, recycle what is
+        beyond its target and fill it."""
+        sizing = self.sizes()
+        if sizing:
+            self.targets = await self.sizing.targets()
+            for (kind, gpu), n in self.targets.items():
+                self.core.metrics.pool_target.labels(kind, gpu).set(n)
+        recycled = await self._recycle_stale(surplus=sizing)
+        if not sizing:
+            await self._show_idle()
+            return {"recycled": recycled, "warmed": 0}
         have: dict[Key, int] = {}
         for count in await self.store.counts():
             key = (count.kind, count.gpu)
@@ -108,7 +130,9 @@ class Pool:
         await self._show_idle()
         return {"recycled": recycled, "warmed": made}
 
-    async def _recycle_stale(self) -> int:
+    async def _recycle_stale(self, *, surplus: bool) -> int:
+        """Recycle idle workers past their time, beyond their pool's target (`surplus`:
+        only the replica that sized the pools knows it) or that stopped answering."""
         now = self.core.now_us()
         kept: dict[Key, int] = {}
         recycled = 0
@@ -117,7 +141,7 @@ class Pool:
             key = (record.kind, record.gpu)
             target = 0 if record.kind in self.disabled else self.targets.get(key, 0)
             kept[key] = kept.get(key, 0) + 1
-            if record.expires_at <= now or kept[key] > target:
+            if record.expires_at <= now or (surplus and kept[key] > target):
                 recycled += await self._recycle(record.lease_id)
             else:
                 alive.append(record)
@@ -176,12 +200,14 @@ class Pool:
                     continue  # static endpoints are always there: nothing to keep warm
                 if not (await provider.available(spec)).ok:
                     continue
+                price = await provider.price(spec)
+                self.sizing.priced(key, price)
                 terms = reservation_terms(
                     provider,
                     spec,
                     now=self.core.now_us(),
                     owner_quota=0,
-                    price=await provider.price(spec),
+                    price=price,
                 )
                 try:
                     reserved = await self.core.store.reserve(
@@ -221,6 +247,7 @@ class Pool:
             fence=reserved.fence,
             **core.access.spec_fields(spec.lease_id),
         )
+        started = core.clock.monotonic()
         try:
             worker = await make_worker(core, provider, spec)
         except ProviderError as exc:
@@ -249,6 +276,7 @@ class Pool:
             await destroy_quietly(provider, spec.lease_id, worker.provider_token)
             return 0
         self._backoff.pop(key, None)
+        self.sizing.started(key, core.clock.monotonic() - started)
         log.info("pool worker %s (%s/%s) idle on %s", lease_ref(ready), *key, provider.name)
         await core.announce_freed()  # a caller in line may take it
         return 1
@@ -259,7 +287,7 @@ class Pool:
         self._retry_at[key] = self.core.clock.monotonic() + wait
 
     async def _show_idle(self) -> None:
-        idle: dict[Key, int] = dict.fromkeys(self.targets, 0)
+        idle: dict[Key, int] = dict.fromkeys(self.plans, 0)
         for count in await self.store.counts():
             if count.state == "idle":
                 key = (count.kind, count.gpu)
@@ -269,17 +297,24 @@ class Pool:
 
     # --- a supply of the acquire path --------------------------------------------------
 
-    def serves(self, request: LeaseRequest) -> bool:
-        """Whether the pool keeps workers for `request`: its kind and GPU class have a
-        target, their hand-off works, it asks for no region (the pool's have none), and
-        its TTL is within what a pool worker may serve (`max_ttl_s`)."""
+    def serves(self, request: LeaseRequest, priority_class: str) -> bool:
+        """Whether the pool keeps workers for `request` of a caller of `priority_class`:
+        its kind and GPU class have a pool for that class, their hand-off works, it asks
+        for no region (the pool's have none), and its TTL is within what a pool worker may
+        serve (`max_ttl_s`)."""
         kind, gpu = request.kind.value, request.gpu.value
+        plan = self.plans.get((kind, gpu))
         return (
-            request.region is None
+            plan is not None
+            and plan.serves_class(priority_class)
+            and request.region is None
             and kind not in self.disabled
-            and (kind, gpu) in self.targets
             and request.ttl_seconds <= self.max_ttl_s
         )
+
+    def missed(self, request: LeaseRequest) -> None:
+        """An acquire the pool serves went cold."""
+        self.core.metrics.pool_misses.labels(request.kind.value, request.gpu.value).inc()
 
     async def obtain(self, attempt: Attempt) -> LeaseRecord | None:
         """An idle worker for the attempt's request, handed off and active; None when the
@@ -303,6 +338,7 @@ class Pool:
                 created_at=now,
                 expires_at=now + request.ttl_seconds * 1_000_000,
                 priority_class=attempt.priority_class,
+                requested_at=now,
             )
             claimed = await self.store.claim(
                 lease,
@@ -351,6 +387,7 @@ class Pool:
                     now=core.now_us(),
                 )
                 if record is not None:
+                    core.metrics.pool_hits.labels(kind, gpu).inc()
                     return record
                 why = "resolved by reconciliation while handing off"
             elif outcome.unsupported:

@@ -19,6 +19,7 @@ from typing import Any
 from opentelemetry.trace import Tracer
 from prometheus_client import Gauge
 
+from openalice_scheduler.config import PoolEntry
 from openalice_scheduler.errors import (
     LeaseNotFound,
     PastProviderDeadline,
@@ -40,6 +41,7 @@ from openalice_scheduler.lifecycle.guards import GuardDesk
 from openalice_scheduler.lifecycle.line import Line
 from openalice_scheduler.lifecycle.losing import Losing
 from openalice_scheduler.lifecycle.policy import Policy
+from openalice_scheduler.lifecycle.pool_sizing import Plan
 from openalice_scheduler.lifecycle.pooling import Key, Pool
 from openalice_scheduler.lifecycle.reconciling import Reconciling
 from openalice_scheduler.lifecycle.views import provider_view
@@ -155,21 +157,25 @@ class LeaseService:
 
     def open_pool(
         self,
-        targets: dict[Key, int],
+        pools: Mapping[Key, PoolEntry],
         handoff: HandOff,
         *,
         max_idle_seconds: float,
         idle_gauge: Gauge,
+        scaledown_seconds: float = 300.0,
+        max_cost_per_hour: float | None = None,
     ) -> Pool:
-        """The warm pool (docs/concepts/pools.md#warm-pools), kept filled by its loop
-        (loops/warm.py); with no targets it only recycles what an earlier run left."""
+        """The warm pools (docs/concepts/pools.md#warm-pools), WARM_POOL's entries, kept
+        filled by their loop (loops/warm.py); with none it only recycles what an earlier
+        run left."""
         self.pool = Pool(
             self.core,
             self.ending,
-            targets,
+            {key: Plan.of(entry, scaledown_seconds) for key, entry in pools.items()},
             handoff,
             max_idle_seconds=max_idle_seconds,
             idle_gauge=idle_gauge,
+            max_cost_per_hour=max_cost_per_hour,
         )
         self.acquiring.pool = self.admitting.pool = self.pool
         # An idle worker that dies is replaced at once (the pool loop wakes).

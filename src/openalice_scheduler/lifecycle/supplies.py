@@ -68,6 +68,11 @@ class Cold:
         """The worker of the reserved lease made and ready, the lease `active`; None
         when the provider failed (noted in the attempt)."""
         core, provider = self.core, self.provider
+        pool = self.pool
+        request = attempt.request
+        if not attempt.cold and pool is not None and pool.serves(request, attempt.priority_class):
+            pool.missed(request)  # its caller waits a cold start
+        attempt.cold = True
         spec = replace(
             attempt.spec,
             lease_id=reserved.lease_id,

@@ -100,7 +100,7 @@ class Waiting:
             lease_id=new_lease_id(),
             ttl_seconds=request.ttl_seconds,
             patient=patient,
-            pooled=pool is not None and pool.serves(request),
+            pooled=pool is not None and pool.serves(request, priority_class),
         )
         await self._make_room(row)
         waiter = Waiter(row)

@@ -10,6 +10,7 @@ once, so another replica takes over within 5 s of the leader's death."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from openalice_scheduler.lifecycle import LeaseService
 from openalice_scheduler.loops.base import LoopService
@@ -27,6 +28,8 @@ class AdmissionLoop(LoopService):
         self.service = service
         self.line_timeout = line_timeout
         self.leader = False
+        # Called when this replica becomes the leader (the warm pools are sized there).
+        self.on_lead: Callable[[], None] = lambda: None
         self._tried_at = -TICK_S
         service.on_line(self.wake)
 
@@ -36,12 +39,15 @@ class AdmissionLoop(LoopService):
         if not self.leader and service.clock.monotonic() - self._tried_at < TICK_S:
             return 0  # another replica leads: asked again once a second, not per wake
         self._tried_at = service.clock.monotonic()
+        was = self.leader
         self.leader = await service.store.replicas.try_lock(
             ADMISSION_LOCK,
             ttl_us=int(LOCK_S * 1e6),
             now=now,
             holder_gone_before=now - int(self.line_timeout * 1e6),
         )
+        if self.leader and not was:
+            self.on_lead()
         service.metrics.admission_leader.set(1 if self.leader else 0)
         if not self.leader:
             return 0

@@ -20,7 +20,7 @@ class WarmPool(LoopService):
     def __init__(
         self, service: LeaseService, pool: Pool, interval: float = REFILL_INTERVAL_S
     ) -> None:
-        super().__init__(interval if pool.targets else UNSET_INTERVAL_S)
+        super().__init__(interval if pool.plans else UNSET_INTERVAL_S)
         self.service = service
         self.pool = pool
         pool.on_taken = self.wake

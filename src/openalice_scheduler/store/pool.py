@@ -130,6 +130,17 @@ class PoolStore:
 
         return await self.backend.read(_tx)
 
+    async def acquires(self, since: int) -> list[Acquire]:
+        """Every request that became a lease at or after `since` (µs), whatever became of
+        it since: warm, cold, failed or ended."""
+
+        def _tx(conn: Connection) -> list[Acquire]:
+            return [
+                Acquire(*row) for row in conn.execute(self._statements.acquires, {"b_since": since})
+            ]
+
+        return await self.backend.read(_tx)
+
     async def counts(self) -> list[PoolCount]:
         """Pool workers (warming, idle) per provider, kind, GPU class and state."""
 
@@ -140,10 +151,22 @@ class PoolStore:
 
 
 @dataclass(frozen=True, slots=True)
+class Acquire:
+    """A lease's request as a pool's demand: its kind, GPU class, caller's class and when
+    it was asked for (µs)."""
+
+    kind: str
+    gpu: str
+    priority_class: str
+    requested_at: int
+
+
+@dataclass(frozen=True, slots=True)
 class _PoolStatements:
     all_idle: Any
     idle_on: Any
     counts: Any
+    acquires: Any
 
 
 @functools.cache
@@ -161,4 +184,7 @@ def _pool_statements(
         counts=select(leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.state, func.count())
         .where(state_in(pooled))
         .group_by(leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.state),
+        acquires=select(leases.c.kind, leases.c.gpu, leases.c.priority_class, leases.c.requested_at)
+        .where(leases.c.requested_at >= bindparam("b_since"))
+        .order_by(leases.c.requested_at),
     )

@@ -62,6 +62,8 @@ class LeaseRecord:
     # Why its worker stopped after its hand-out, and its exit code (models.LostCause).
     lost_cause: str | None = None
     exit_code: int | None = None
+    # When a caller's request made it a lease; None: a pool worker never leased.
+    requested_at: int | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""
@@ -155,6 +157,8 @@ class NewLease:
     created_at: int
     expires_at: int
     priority_class: str = "default"
+    # When the caller asked (µs); None: not a caller's request (a pool worker's row).
+    requested_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,6 +180,7 @@ class Reserving:
                 "expires_at": lease.expires_at,
                 "release_attempts": 0,
                 "priority_class": lease.priority_class,
+                "requested_at": lease.requested_at,
                 "fence": self.backend.next_fence(self.conn),
                 **values,
             },
@@ -202,6 +203,7 @@ class Reserving:
                 "v_expires_at": lease.expires_at,
                 "v_updated_at": lease.created_at,
                 "v_replica_id": self.replica_id,
+                "v_requested_at": lease.requested_at,
                 # A fence larger than any before: what the worker served until now (its
                 # idle fence, an earlier lease) is older than the lease it now serves.
                 "v_fence": self.backend.next_fence(self.conn),
@@ -219,6 +221,7 @@ _CLAIMED = (
     "expires_at",
     "updated_at",
     "replica_id",
+    "requested_at",
     "fence",
 )
 

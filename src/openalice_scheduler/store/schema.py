@@ -80,11 +80,16 @@ leases = Table(
     # backend told it (models.LostCause), and its exit code when the backend gives one.
     Column("lost_cause", String(16)),
     Column("exit_code", Integer),
+    # When a caller's request made the row a lease (a cold reservation, a pool worker's
+    # claim); null for a pool worker never leased (migration 0014): a pool's demand.
+    Column("requested_at", BigInteger),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),
     Index("ix_leases_owner_state", "owner_id", "state"),
     Index("ix_leases_released_at", "released_at"),
+    # A warm pool's demand: the requests of the last minutes (migration 0014).
+    Index("ix_leases_requested_at", "requested_at"),
     Index(
         "ux_leases_idempotency",
         "owner_id",

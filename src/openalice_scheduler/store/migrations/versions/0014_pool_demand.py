@@ -1,0 +1,32 @@
+"""Warm pools that follow demand (issue 37): `requested_at`, when a caller's request made
+the row a lease (a cold reservation, or the claim of a pool worker); null for a pool
+worker never leased. A pool's demand is the rows requested over the last minutes, read on
+every refill pass by this index.
+
+Rows from before: those with an owner were requests (a pool worker has none until it is
+claimed); an owner-less request of theirs is not counted, which only ages out of the
+last minutes' demand.
+
+Revision ID: 0014
+Revises: 0013
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0014"
+down_revision = "0013"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.add_column("leases", sa.Column("requested_at", sa.BigInteger(), nullable=True))
+    op.execute("UPDATE leases SET requested_at = created_at WHERE owner_id IS NOT NULL")
+    op.create_index("ix_leases_requested_at", "leases", ["requested_at"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_leases_requested_at", table_name="leases")
+    with op.batch_alter_table("leases") as batch:
+        batch.drop_column("requested_at")
