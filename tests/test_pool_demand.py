@@ -179,3 +179,35 @@ def test_two_replicas_follow_one_demand_without_filling_past_the_target(
     assert 0 in (pool_figure(a, "scheduler_pool_target"), pool_figure(b, "scheduler_pool_target"))
     for s, lease in leases:
         assert s.release(lease["lease_id"], owner="a").status_code == 204
+
+
+def test_the_price_of_readiness_is_in_usage_under_pool_and_on_metrics(make_scheduler: Make) -> None:
+    """A pool worker's time in the pool is the owner `pool`'s in GET /v1/usage (until its
+    claim; then its lease's owner pays) and counted in idle worker-seconds and dollars."""
+    sched = make_scheduler(
+        WARM_POOL="renderer/none=1", LOCAL_DOCKER_PRICE_PER_HOUR="3.6", **POOL_ENV
+    )
+    wait_idle(sched, 1)
+    wait_for(
+        lambda: (
+            pool_figure(sched, "scheduler_pool_idle_cost_dollars_total") > 0
+            and pool_figure(sched, "scheduler_pool_idle_worker_seconds_total") > 0
+        ),
+        30,
+        what="the pool's idle cost counted",
+    )
+
+    def by_owner() -> dict[str | None, dict[str, Any]]:
+        report = sched.http.get("/v1/usage", params={"group_by": "owner"}).json()
+        return {group["key"]: group for group in report["groups"]}
+
+    pool = by_owner()["pool"]
+    assert pool["live"] == 1 and pool["cost"] > 0 and pool["lease_hours"] > 0
+    lease = sched.lease(kind="renderer", owner_id="a", ttl_seconds=300)
+    wait_idle(sched, 1)  # refilled: a second pool worker
+    groups = by_owner()
+    # The claimed worker left the pool: the pool's live workers are the new one alone,
+    # and its owner pays for its lease.
+    assert groups["pool"]["leases"] == 2 and groups["pool"]["live"] == 1
+    assert groups["a"]["leases"] == 1 and groups["a"]["live"] == 1
+    assert sched.release(lease["lease_id"], owner="a").status_code == 204

@@ -143,6 +143,20 @@ class Metrics:
             ["kind", "gpu"],
             registry=r,
         )
+        self.pool_idle_seconds = Counter(
+            "scheduler_pool_idle_worker_seconds",
+            "Seconds warm-pool workers spent idle, summed over workers (counted by the "
+            "replica that sizes the pools).",
+            ["kind", "gpu"],
+            registry=r,
+        )
+        self.pool_idle_cost = Counter(
+            "scheduler_pool_idle_cost_dollars",
+            "What warm-pool workers cost while idle or warming, USD at their pool's price "
+            "(counted by the replica that sizes the pools).",
+            ["kind", "gpu"],
+            registry=r,
+        )
         self.releasing = Gauge(
             "scheduler_leases_releasing", "Releases still being retried.", registry=r
         )

@@ -442,7 +442,8 @@ class UsageFigures(BaseModel):
 
 class UsageGroup(UsageFigures):
     key: str | None = Field(
-        description="The owner, provider, kind or GPU class; null for leases without an owner"
+        description="The owner, provider, kind or GPU class; null for leases without an owner; "
+        "`pool`: the warm pools' workers while they waited in a pool"
     )
 
 

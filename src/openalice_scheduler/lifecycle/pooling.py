@@ -37,7 +37,7 @@ from openalice_scheduler.logs import lease_ref
 from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
 from openalice_scheduler.providers import BoundedProvider, InstantProvider, Provider, WorkerSpec
 from openalice_scheduler.store import AtCapacity, Behind, LeaseRecord, NewLease, OverBudget
-from openalice_scheduler.store.pool import PoolStore
+from openalice_scheduler.store.pool import PoolCount, PoolStore
 from openalice_scheduler.times import to_us
 from openalice_scheduler.tracing import span_attributes
 
@@ -93,11 +93,14 @@ class Pool:
         self._retry_at: dict[Key, float] = {}
         self._backoff: dict[Key, float] = {}
         self._checked_at = 0.0
+        self._counted_at: float | None = None
         for kind, gpu in self.plans:
             idle_gauge.labels(kind, gpu).set(0)
             core.metrics.pool_target.labels(kind, gpu).set(0)
             core.metrics.pool_hits.labels(kind, gpu)
             core.metrics.pool_misses.labels(kind, gpu)
+            core.metrics.pool_idle_seconds.labels(kind, gpu)
+            core.metrics.pool_idle_cost.labels(kind, gpu)
         if self.plans:
             handoff.open()
 
@@ -116,10 +119,12 @@ class Pool:
             await self._show_idle()
             return {"recycled": recycled, "warmed": 0}
         have: dict[Key, int] = {}
-        for count in await self.store.counts():
+        counts = await self.store.counts()
+        for count in counts:
             key = (count.kind, count.gpu)
             have[key] = have.get(key, 0) + count.count
         now = self.core.clock.monotonic()
+        self._account(counts, now)
         work = [
             self._warm_one(key, target)
             for key, target in self.targets.items()
@@ -129,6 +134,20 @@ class Pool:
         made = sum(await asyncio.gather(*work))
         await self._show_idle()
         return {"recycled": recycled, "warmed": made}
+
+    def _account(self, counts: list[PoolCount], now: float) -> None:
+        """What the pools' workers cost since the last pass (on the sizing replica only,
+        so the cluster's figures are the sum over replicas): idle worker-seconds, and
+        idle and warming workers at their pool's price."""
+        elapsed = 0.0 if self._counted_at is None else now - self._counted_at
+        self._counted_at = now
+        metrics = self.core.metrics
+        for count in counts:
+            key = (count.kind, count.gpu)
+            if count.state == "idle":
+                metrics.pool_idle_seconds.labels(*key).inc(count.count * elapsed)
+            price = self.sizing.price.get(key) or 0.0
+            metrics.pool_idle_cost.labels(*key).inc(count.count * elapsed * price / 3600)
 
     async def _recycle_stale(self, *, surplus: bool) -> int:
         """Recycle idle workers past their time, beyond their pool's target (`surplus`:
@@ -192,6 +211,7 @@ class Pool:
             ttl_seconds=math.ceil(self.max_idle_us / 1e6),
             created_at=to_us(now),
             expires_at=to_us(expires),
+            pooled_at=to_us(now),
         )
         self.core.in_flight.add(lease_id)
         try:

@@ -61,6 +61,9 @@ from openalice_scheduler.store import LeaseRecord, LeaseStore
 from openalice_scheduler.store import usage as counting
 from openalice_scheduler.times import DAY_US, format_us
 
+# Under this owner, usage shows the warm pools' workers while they wait in the pool.
+POOL_OWNER = "pool"
+
 # The service's lines, as ever (operators filter by logger name).
 log = logging.getLogger("openalice_scheduler.service")
 
@@ -299,7 +302,12 @@ class LeaseService:
         """What leases held in [since, until) cost, per group
         (docs/concepts/money.md#usage-and-retention)."""
         return await counting.usage(
-            self.store.backend, group_by, since=since, until=until, now=self.now_us()
+            self.store.backend,
+            group_by,
+            since=since,
+            until=until,
+            now=self.now_us(),
+            pool_owner=POOL_OWNER,
         )
 
     async def provider_view(self) -> list[dict[str, Any]]:

@@ -64,6 +64,8 @@ class LeaseRecord:
     exit_code: int | None = None
     # When a caller's request made it a lease; None: a pool worker never leased.
     requested_at: int | None = None
+    # When it began as a warm-pool worker; None: never one.
+    pooled_at: int | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""
@@ -159,6 +161,8 @@ class NewLease:
     priority_class: str = "default"
     # When the caller asked (µs); None: not a caller's request (a pool worker's row).
     requested_at: int | None = None
+    # When it begins as a warm-pool worker (µs); None: a caller's lease.
+    pooled_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

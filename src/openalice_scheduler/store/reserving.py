@@ -181,6 +181,7 @@ class Reserving:
                 "release_attempts": 0,
                 "priority_class": lease.priority_class,
                 "requested_at": lease.requested_at,
+                "pooled_at": lease.pooled_at,
                 "fence": self.backend.next_fence(self.conn),
                 **values,
             },

@@ -83,6 +83,9 @@ leases = Table(
     # When a caller's request made the row a lease (a cold reservation, a pool worker's
     # claim); null for a pool worker never leased (migration 0014): a pool's demand.
     Column("requested_at", BigInteger),
+    # When the row began as a warm-pool worker (null: never one); its time in the pool
+    # (until its claim, else its end) is the pool's cost in usage (migration 0014).
+    Column("pooled_at", BigInteger),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),

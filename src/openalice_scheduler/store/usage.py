@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, case, delete, select
 from sqlalchemy.engine import Connection
 
 from openalice_scheduler.models import GroupBy, LeaseState, UsageFigures
@@ -65,10 +65,20 @@ class Usage:
         return sorted(self.groups.items(), key=lambda kv: (-kv[1].cost, kv[0] is None, kv[0] or ""))
 
 
-async def usage(backend: Backend, group_by: GroupBy, *, since: int, until: int, now: int) -> Usage:
+async def usage(
+    backend: Backend,
+    group_by: GroupBy,
+    *,
+    since: int,
+    until: int,
+    now: int,
+    pool_owner: str | None = None,
+) -> Usage:
     """What leases held during [since, until) cost, per `group_by`: of each lease the
-    part of its held time inside the period; a live one's up to `now`."""
-    rows = await backend.read(_held_rows, group_by, since, until)
+    part of its held time inside the period; a live one's up to `now`. With `pool_owner`,
+    the warm pools' workers too, each from its start in the pool until its claim (or its
+    end), under that owner when grouped by owner."""
+    rows = await backend.read(_held_rows, group_by, since, until, pool_owner)
     return tally(rows, since=since, until=min(until, now))
 
 
@@ -114,11 +124,33 @@ _HELD = {
 }
 
 
+# A pool worker's time in the pool ends at its claim (the row's `created_at` becomes the
+# claim's time, and `requested_at` is set), else with the worker.
+_pool_end = case(
+    (leases.c.requested_at.is_not(None), leases.c.created_at), else_=leases.c.released_at
+)
+_POOLED = {
+    group: select(column, leases.c.price_per_hour, leases.c.pooled_at, _pool_end).where(
+        leases.c.pooled_at.is_not(None),
+        leases.c.pooled_at < bindparam("b_until"),
+        _pool_end.is_(None) | (_pool_end > bindparam("b_since")),
+    )
+    for group, column in _GROUP_COLUMN.items()
+}
+
+
 def _held_rows(
-    conn: Connection, group_by: GroupBy, since: int, until: int
+    conn: Connection, group_by: GroupBy, since: int, until: int, pool_owner: str | None
 ) -> list[tuple[str | None, float | None, int, int | None]]:
-    rows = conn.execute(_HELD[group_by], {"b_since": since, "b_until": until})
-    return [(key, price, granted, released) for key, price, granted, released in rows]
+    period = {"b_since": since, "b_until": until}
+    rows: list[tuple[str | None, float | None, int, int | None]] = [
+        (key, price, granted, released)
+        for key, price, granted, released in conn.execute(_HELD[group_by], period)
+    ]
+    if pool_owner is not None:
+        for key, price, start, end in conn.execute(_POOLED[group_by], period):
+            rows.append((pool_owner if group_by == "owner" else key, price, start, end))
+    return rows
 
 
 @functools.cache

@@ -1,7 +1,9 @@
 """Warm pools that follow demand (issue 37): `requested_at`, when a caller's request made
 the row a lease (a cold reservation, or the claim of a pool worker); null for a pool
 worker never leased. A pool's demand is the rows requested over the last minutes, read on
-every refill pass by this index.
+every refill pass by this index. And `pooled_at`, when the row began as a pool worker
+(null: never one): its time in the pool, until its claim or its end, is the pool's idle
+cost in usage.
 
 Rows from before: those with an owner were requests (a pool worker has none until it is
 claimed); an owner-less request of theirs is not counted, which only ages out of the
@@ -22,6 +24,7 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("leases", sa.Column("requested_at", sa.BigInteger(), nullable=True))
+    op.add_column("leases", sa.Column("pooled_at", sa.BigInteger(), nullable=True))
     op.execute("UPDATE leases SET requested_at = created_at WHERE owner_id IS NOT NULL")
     op.create_index("ix_leases_requested_at", "leases", ["requested_at"])
 
@@ -29,4 +32,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_leases_requested_at", table_name="leases")
     with op.batch_alter_table("leases") as batch:
+        batch.drop_column("pooled_at")
         batch.drop_column("requested_at")
