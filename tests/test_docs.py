@@ -30,6 +30,7 @@ OPERATION_IDS = {
     "/v1/lease/{lease_id}/self": {"get": "lease_self"},
     "/v1/leases": {"get": "list_leases"},
     "/v1/providers": {"get": "list_providers"},
+    "/v1/pools": {"get": "list_pools"},
     "/v1/line": {"get": "waiting_line"},
     "/v1/usage": {"get": "usage"},
     "/v1/guard": {"get": "guard_poll"},

@@ -323,6 +323,25 @@ class Waiting(BaseModel):
     replica: str = Field(description="The replica the caller waits on")
 
 
+class PoolView(BaseModel):
+    """One warm pool in `GET /v1/pools` (docs/concepts/pools.md#pools-that-follow-demand)."""
+
+    kind: WorkerKind
+    gpu: GpuClass
+    classes: list[str] | None = Field(description="The classes it serves; null: every class")
+    min: int
+    max: int
+    buffer: int
+    max_cost: float | None = Field(description="USD per hour its workers may cost; null: no cap")
+    target: int = Field(description="Workers it keeps now (its demand, bounds and money caps)")
+    idle: int
+    warming: int
+    price_per_hour: float | None = Field(description="A worker's price; null: not known yet")
+    cost_per_hour: float | None = Field(description="What its idle and warming workers cost")
+    hits_last_hour: int = Field(description="Its callers' requests served by a pool worker")
+    misses_last_hour: int = Field(description="Its callers' requests that went cold")
+
+
 class ProviderView(BaseModel):
     """One provider in `GET /v1/providers`."""
 
@@ -345,6 +364,11 @@ class ProviderView(BaseModel):
         default_factory=dict,
         description="Idle warm-pool workers (WARM_POOL) per kind and GPU class; they are "
         "counted in `in_use` too, as every cap counts them",
+    )
+    warming: dict[WorkerKind, dict[GpuClass, int]] = Field(
+        default_factory=dict,
+        description="Warm-pool workers being made and probed, per kind and GPU class "
+        "(counted in `in_use` too)",
     )
     guards: list[GuardView] = Field(
         default_factory=list,

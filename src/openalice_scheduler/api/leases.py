@@ -20,6 +20,7 @@ from openalice_scheduler.models import (
     Lease,
     LeaseRequest,
     LeaseState,
+    PoolView,
     ProviderView,
     RenewRequest,
     Token,
@@ -140,6 +141,16 @@ async def list_leases(
 )
 async def list_providers(service: ServiceDep) -> JSONResponse:
     return JSONResponse(await service.provider_view())
+
+
+@router.get(
+    "/pools",
+    response_model=list[PoolView],
+    summary="Warm pools: each one's target, workers, cost and hits and misses",
+    responses=errors(503),
+)
+async def list_pools(service: ServiceDep) -> JSONResponse:
+    return JSONResponse(await service.pool_view())
 
 
 @router.get(

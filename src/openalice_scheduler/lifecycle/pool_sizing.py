@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from openalice_scheduler.config import PoolEntry
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.pool_policy import Demand, PoolShape, target
-from openalice_scheduler.store.pool import PoolStore
+from openalice_scheduler.store.pool import Acquire, PoolStore
+from openalice_scheduler.times import HOUR_US
 
 Key = tuple[str, str]  # (kind, gpu)
 
@@ -80,15 +82,63 @@ class Sizing:
     async def targets(self) -> dict[Key, int]:
         """Each pool's workers to keep (idle and warming) now."""
         now_us = self.core.now_us()
-        demands = {key: Demand() for key in self.plans}
         follows = [plan.shape for plan in self.plans.values() if plan.shape.follows]
-        if follows:
-            since = now_us - int(max(shape.history_s() for shape in follows) * 1e6)
-            for acquire in await self.store.acquires(since):  # in order of time
-                key = (acquire.kind, acquire.gpu)
-                plan = self.plans.get(key)
-                if plan is not None and plan.serves_class(acquire.priority_class):
-                    demands[key].acquires.append(acquire.requested_at / 1e6)
+        if not follows:
+            return self._sized({}, now_us)
+        since = now_us - int(max(shape.history_s() for shape in follows) * 1e6)
+        return self._sized(self._by_pool(await self.store.acquires(since)), now_us)
+
+    async def view(self) -> list[dict[str, Any]]:
+        """Each pool as `GET /v1/pools` shows it: its declaration, its target now, its
+        workers, what they cost an hour, and its hits and misses over the last hour."""
+        now_us = self.core.now_us()
+        history = max((p.shape.history_s() for p in self.plans.values()), default=0.0)
+        since = now_us - max(HOUR_US, int(history * 1e6))
+        mine = self._by_pool(await self.store.acquires(since))
+        targets = self._sized(mine, now_us)
+        workers: dict[tuple[Key, str], int] = {}
+        for count in await self.store.counts():
+            at = ((count.kind, count.gpu), count.state)
+            workers[at] = workers.get(at, 0) + count.count
+        shown = []
+        for key, plan in self.plans.items():
+            hour = [a for a in mine.get(key, []) if a.requested_at >= now_us - HOUR_US]
+            idle, warming = workers.get((key, "idle"), 0), workers.get((key, "warming"), 0)
+            price = self.price.get(key)
+            shown.append(
+                {
+                    "kind": key[0],
+                    "gpu": key[1],
+                    "classes": None if plan.classes is None else sorted(plan.classes),
+                    "min": plan.shape.min,
+                    "max": plan.shape.max,
+                    "buffer": plan.shape.buffer,
+                    "max_cost": plan.max_cost,
+                    "target": targets[key],
+                    "idle": idle,
+                    "warming": warming,
+                    "price_per_hour": price,
+                    "cost_per_hour": None if price is None else (idle + warming) * price,
+                    "hits_last_hour": sum(1 for a in hour if a.pooled),
+                    "misses_last_hour": sum(1 for a in hour if not a.pooled),
+                }
+            )
+        return shown
+
+    def _by_pool(self, acquires: list[Acquire]) -> dict[Key, list[Acquire]]:
+        """The requests each pool serves (its kind, GPU class and classes), in order."""
+        mine: dict[Key, list[Acquire]] = {}
+        for acquire in acquires:
+            key = (acquire.kind, acquire.gpu)
+            plan = self.plans.get(key)
+            if plan is not None and plan.serves_class(acquire.priority_class):
+                mine.setdefault(key, []).append(acquire)
+        return mine
+
+    def _sized(self, mine: dict[Key, list[Acquire]], now_us: int) -> dict[Key, int]:
+        demands = {
+            key: Demand([a.requested_at / 1e6 for a in mine.get(key, [])]) for key in self.plans
+        }
         now = now_us / 1e6
         wanted = {
             key: target(

@@ -322,6 +322,10 @@ class LeaseService:
             for provider, status in zip(self.providers, statuses, strict=True)
         ]
 
+    async def pool_view(self) -> list[dict[str, Any]]:
+        """Per warm pool: its target, workers, cost, hits and misses (`GET /v1/pools`)."""
+        return [] if self.pool is None else await self.pool.sizing.view()
+
     # --- what the loops hand over ----------------------------------------------------
 
     async def recover_after_restart(self) -> None:

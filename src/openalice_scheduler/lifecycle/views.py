@@ -27,10 +27,10 @@ def provider_view(
     `pooled`: warm-pool workers by state, whose idle ones are shown apart; `guards`:
     the guards watching this provider, shown with how long each has been silent at
     `now` (µs)."""
-    idle: dict[str, dict[str, int]] = {}
+    pool: dict[str, dict[str, dict[str, int]]] = {"idle": {}, "warming": {}}
     for pool_count in pooled:
-        if pool_count.provider == provider.name and pool_count.state == "idle":
-            per_kind = idle.setdefault(pool_count.kind, {})
+        if pool_count.provider == provider.name and pool_count.state in pool:
+            per_kind = pool[pool_count.state].setdefault(pool_count.kind, {})
             per_kind[pool_count.gpu] = per_kind.get(pool_count.gpu, 0) + pool_count.count
     by_gpu: dict[str, int] = {}
     by_kind: dict[str, dict[str, int]] = {}
@@ -57,7 +57,8 @@ def provider_view(
             )
             for kind in sorted(kinds)
         },
-        "idle": idle,
+        "idle": pool["idle"],
+        "warming": pool["warming"],
         "guards": [
             {
                 "guard_id": g.guard_id,

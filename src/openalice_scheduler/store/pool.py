@@ -135,9 +135,8 @@ class PoolStore:
         it since: warm, cold, failed or ended."""
 
         def _tx(conn: Connection) -> list[Acquire]:
-            return [
-                Acquire(*row) for row in conn.execute(self._statements.acquires, {"b_since": since})
-            ]
+            rows = conn.execute(self._statements.acquires, {"b_since": since})
+            return [Acquire(k, g, c, at, bool(pooled)) for k, g, c, at, pooled in rows]
 
         return await self.backend.read(_tx)
 
@@ -159,6 +158,8 @@ class Acquire:
     gpu: str
     priority_class: str
     requested_at: int
+    # Served by a warm pool's worker.
+    pooled: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,13 @@ def _pool_statements(
         counts=select(leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.state, func.count())
         .where(state_in(pooled))
         .group_by(leases.c.provider, leases.c.kind, leases.c.gpu, leases.c.state),
-        acquires=select(leases.c.kind, leases.c.gpu, leases.c.priority_class, leases.c.requested_at)
+        acquires=select(
+            leases.c.kind,
+            leases.c.gpu,
+            leases.c.priority_class,
+            leases.c.requested_at,
+            leases.c.pooled_at.is_not(None),
+        )
         .where(leases.c.requested_at >= bindparam("b_since"))
         .order_by(leases.c.requested_at),
     )
