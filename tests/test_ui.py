@@ -24,6 +24,7 @@ from tests.harness import HTTP, REPO, SECRET, SHARED_ENGINE, Scheduler, schedule
 from tests.pages import page_references
 from tests.test_lease_features import acquire_in_thread
 from tests.test_replicas import Replicas, replicas  # noqa: F401 - a fixture
+from tests.test_warm_pool import POOL_ENV, wait_idle
 
 # One renderer endpoint: a second renderer acquire waits in line until the first ends.
 STATIC = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://r1.test:8080"}
@@ -296,6 +297,37 @@ def test_priced_leases_show_their_price_cost_and_spend_per_owner(
         shot = tmp_path / "ui-priced.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"dashboard screenshot (priced; docs/ui.png): {shot}")
+        context.close()
+    finally:
+        sched.cleanup()
+
+
+def test_warm_pools_show_their_target_workers_cost_and_hits_and_spend_shows_the_pool(
+    browser: Browser, tmp_path: Path
+) -> None:
+    sched = Scheduler(
+        tmp_path,
+        PROVIDERS="local-docker",
+        LOCAL_DOCKER_PRICE_PER_HOUR="3.6",
+        WARM_POOL="renderer/none=1",
+        **POOL_ENV,
+    )
+    try:
+        sched.start()
+        wait_idle(sched, 1)
+        sched.lease(kind="renderer", owner_id="live-control", ttl_seconds=600)  # warm
+        wait_idle(sched, 1)  # and refilled
+        context = browser.new_context()
+        page = context.new_page()
+        sign_in(page, sched)
+        cells = page.locator('#pools tr[data-pool="renderer/none"] td')
+        expected = ["renderer · none", "any", "fixed 1", "1", "1", "0", "$3.60/h", "1", "0"]
+        for i, text in enumerate(expected):
+            expect(cells.nth(i)).to_have_text(text, timeout=SHOWN_WITHIN_MS)
+        # The price of readiness beside the owners' spend.
+        expect(page.locator("#spend tbody tr").filter(has_text="pool")).to_have_count(
+            1, timeout=SHOWN_WITHIN_MS
+        )
         context.close()
     finally:
         sched.cleanup()

@@ -92,9 +92,9 @@ async function refresh() {
   try {
     const releasedQuery = "state=released&state=failed&order=newest&limit=" +
       (RECENT_RELEASES * 2);
-    const [providers, leases, released, waiting] = await Promise.all([
+    const [providers, leases, released, waiting, pools] = await Promise.all([
       api("v1/providers"), api("v1/leases"), api("v1/leases?" + releasedQuery),
-      api("v1/line"),
+      api("v1/line"), api("v1/pools"),
     ]);
     if (mine !== generation) return false;
     live = leases;
@@ -102,6 +102,7 @@ async function refresh() {
     renderLive();
     renderReleased(released);
     renderWaiting(waiting);
+    renderPools(pools);
     renderHealth(providers);
     await refreshSpend();
     if (mine !== generation) return false;
@@ -200,6 +201,37 @@ function useRow(label, inUse, capacity, shared, idle) {
     el("span", { class: "figure" }, figure));
   row.dataset.use = label;
   return row;
+}
+
+// --- the warm pools (GET /v1/pools: each pool's target, workers, cost, hits) ----------
+
+function renderPools(pools) {
+  const box = byId("pools");
+  if (pools.length === 0) {
+    box.replaceChildren(el("p", { class: "note" }, "No warm pool (WARM_POOL is unset)."));
+    return;
+  }
+  const dollars = (v) => (v === null ? "—" : "$" + v.toFixed(2) + "/h");
+  const table = el("table", { id: "pool-table" },
+    el("thead", {}, el("tr", {}, ...["Pool", "Classes", "Bounds", "Target", "Idle",
+      "Warming", "Cost", "Hits (1 h)", "Misses (1 h)"].map((name) => el("th", {}, name)))),
+    el("tbody", {}, ...pools.map((p) => {
+      const bounds = p.min === p.max ? "fixed " + p.min
+        : p.min + "–" + p.max + " +" + p.buffer;
+      const row = el("tr", {},
+        el("td", {}, p.kind + " · " + p.gpu),
+        el("td", {}, p.classes === null ? "any" : p.classes.join(", ")),
+        el("td", {}, bounds),
+        el("td", { class: "figure" }, String(p.target)),
+        el("td", { class: "figure" }, String(p.idle)),
+        el("td", { class: "figure" }, String(p.warming)),
+        el("td", { class: "money" }, dollars(p.cost_per_hour)),
+        el("td", { class: "figure" }, String(p.hits_last_hour)),
+        el("td", { class: "figure" }, String(p.misses_last_hour)));
+      row.dataset.pool = p.kind + "/" + p.gpu;
+      return row;
+    })));
+  box.replaceChildren(el("div", { class: "scroll" }, table));
 }
 
 // --- the waiting line (GET /v1/line: the whole line across replicas) -----------------
