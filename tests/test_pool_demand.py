@@ -11,6 +11,8 @@ HTTP (the policy itself, on a moved clock: test_pool_policy.py):
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -113,9 +115,15 @@ def test_a_pool_for_live_is_not_taken_by_an_anim_caller(make_scheduler: Make) ->
     assert idle_tokens(sched) == {kept}
     # Not the pool's caller: neither a hit nor a miss.
     assert pool_figure(sched, "scheduler_pool_misses_total") == 0
-    live = sched.lease(kind="renderer", owner_id="live-control", ttl_seconds=300)
-    assert live["provider_token"] == kept
+    started = time.perf_counter()
+    answer = sched.acquire(kind="renderer", owner_id="live-control", ttl_seconds=300)
+    took_ms = (time.perf_counter() - started) * 1000
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["lease"]["provider_token"] == kept
     assert pool_figure(sched, "scheduler_pool_hits_total") == 1
+    # The answer tells how long it waited on the worker's hand-off: part of its time.
+    timing = re.fullmatch(r"worker;dur=([0-9.]+)", answer.headers["server-timing"])
+    assert timing is not None and 0 < float(timing[1]) < took_ms
 
 
 def test_the_pools_money_cap_bounds_the_workers_kept(make_scheduler: Make) -> None:

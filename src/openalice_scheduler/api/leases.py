@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Query, Request, Response, Security
 from fastapi.responses import JSONResponse
 
+from openalice_scheduler import timings
 from openalice_scheduler.api.deps import SECRET_HEADER, LeaseOwner, ServiceDep
 from openalice_scheduler.api.hangup import watch_hangup
 from openalice_scheduler.api.openapi import errors
@@ -43,12 +44,16 @@ async def acquire_lease(body: LeaseRequest, request: Request, service: ServiceDe
     gone = asyncio.Event()
     watcher = asyncio.create_task(watch_hangup(request.scope, request.receive, gone))
     try:
-        record = await service.acquire(body, gone=gone)
+        with timings.collect() as tally:
+            record = await service.acquire(body, gone=gone)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-    return JSONResponse({"lease": record.wire(), "provider": record.provider})
+    return JSONResponse(
+        {"lease": record.wire(), "provider": record.provider},
+        headers={"Server-Timing": tally.header()},
+    )
 
 
 @router.get(

@@ -23,6 +23,7 @@ from datetime import timedelta
 from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Gauge
 
+from openalice_scheduler import timings
 from openalice_scheduler.errors import ProviderError
 from openalice_scheduler.handoff import HandOff
 from openalice_scheduler.ids import new_lease_id
@@ -395,7 +396,8 @@ class Pool:
                 claimed.lease_id, claimed.provider, claimed.kind, claimed.correlation_id
             )  # never the env
             with core.tracer.start_as_current_span("handoff", attributes=attributes) as span:
-                outcome = await self.handoff.send(claimed, request.env)
+                with timings.on_worker():
+                    outcome = await self.handoff.send(claimed, request.env)
                 if not outcome.ok:
                     span.set_status(Status(StatusCode.ERROR, outcome.problem))
             if outcome.ok:

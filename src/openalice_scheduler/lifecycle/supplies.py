@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from opentelemetry.trace import Status, StatusCode
 
+from openalice_scheduler import timings
 from openalice_scheduler.errors import ProviderError, ProviderOutOfCapacity
 from openalice_scheduler.lifecycle import admission, states
 from openalice_scheduler.lifecycle.admission import reservation_terms
@@ -88,7 +89,8 @@ class Cold:
         attributes = span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with core.tracer.start_as_current_span("provision", attributes=attributes) as span:
             try:
-                worker = await make_worker(core, provider, spec)
+                with timings.on_worker():
+                    worker = await make_worker(core, provider, spec)
             except ProviderError as exc:
                 span.set_status(Status(StatusCode.ERROR, exc.message))
                 log.warning(

@@ -1,0 +1,50 @@
+"""How long a request waited on its worker (its hand-off, or its making and probing),
+told to the caller as `Server-Timing: worker;dur=<ms>`
+(docs/concepts/pools.md#reading-the-hand-off-time): what remains of the request's time
+is the scheduler's own.
+
+The acquire route opens a tally for its request (`collect`); the core adds each wait on
+a worker to it (`on_worker`), in the same task (a context variable), so no call passes it
+along."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass
+class Tally:
+    worker_s: float = 0.0
+
+    def header(self) -> str:
+        return f"worker;dur={self.worker_s * 1000:.2f}"
+
+
+_current: ContextVar[Tally | None] = ContextVar("openalice_timings", default=None)
+
+
+@contextmanager
+def collect() -> Iterator[Tally]:
+    """A tally for what runs inside the block, in this task."""
+    tally = Tally()
+    token = _current.set(tally)
+    try:
+        yield tally
+    finally:
+        _current.reset(token)
+
+
+@contextmanager
+def on_worker() -> Iterator[None]:
+    """Time spent inside the block is the worker's, in the current tally (if any)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        tally = _current.get()
+        if tally is not None:
+            tally.worker_s += time.perf_counter() - started
