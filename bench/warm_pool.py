@@ -69,9 +69,10 @@ def worker_share(response: httpx.Response) -> float:
     """Seconds the request waited on its worker, as the scheduler tells it
     (`Server-Timing: worker;dur=<ms>`)."""
     for metric in response.headers.get("server-timing", "").split(","):
-        name, _, rest = metric.strip().partition(";")
-        if name == "worker" and rest.startswith("dur="):
-            return float(rest[4:]) / 1000
+        name, *params = metric.strip().split(";")
+        for param in params if name == "worker" else []:
+            if param.startswith("dur="):
+                return float(param[4:]) / 1000
     raise RuntimeError("no Server-Timing worker duration in the acquire's answer")
 
 

@@ -1,5 +1,5 @@
 """How long a request waited on its worker (its hand-off, or its making and probing),
-told to the caller as `Server-Timing: worker;dur=<ms>`
+told to the caller as `Server-Timing: worker;desc="warm"|"cold";dur=<ms>`
 (docs/concepts/pools.md#reading-the-hand-off-time): what remains of the request's time
 is the scheduler's own.
 
@@ -19,9 +19,12 @@ from dataclasses import dataclass
 @dataclass
 class Tally:
     worker_s: float = 0.0
+    # How its worker came: "warm" (a pool's, handed off) or "cold" (made for it).
+    how: str | None = None
 
     def header(self) -> str:
-        return f"worker;dur={self.worker_s * 1000:.2f}"
+        desc = f';desc="{self.how}"' if self.how else ""
+        return f"worker{desc};dur={self.worker_s * 1000:.2f}"
 
 
 _current: ContextVar[Tally | None] = ContextVar("openalice_timings", default=None)
@@ -39,8 +42,9 @@ def collect() -> Iterator[Tally]:
 
 
 @contextmanager
-def on_worker() -> Iterator[None]:
-    """Time spent inside the block is the worker's, in the current tally (if any)."""
+def on_worker(how: str) -> Iterator[None]:
+    """Time spent inside the block is the worker's, which comes `how` ("warm", "cold"),
+    in the current tally (if any)."""
     started = time.perf_counter()
     try:
         yield
@@ -48,3 +52,4 @@ def on_worker() -> Iterator[None]:
         tally = _current.get()
         if tally is not None:
             tally.worker_s += time.perf_counter() - started
+            tally.how = how

@@ -396,7 +396,7 @@ class Pool:
                 claimed.lease_id, claimed.provider, claimed.kind, claimed.correlation_id
             )  # never the env
             with core.tracer.start_as_current_span("handoff", attributes=attributes) as span:
-                with timings.on_worker():
+                with timings.on_worker("warm"):
                     outcome = await self.handoff.send(claimed, request.env)
                 if not outcome.ok:
                     span.set_status(Status(StatusCode.ERROR, outcome.problem))

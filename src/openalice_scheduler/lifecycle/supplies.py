@@ -89,7 +89,7 @@ class Cold:
         attributes = span_attributes(spec.lease_id, provider.name, spec.kind, spec.correlation_id)
         with core.tracer.start_as_current_span("provision", attributes=attributes) as span:
             try:
-                with timings.on_worker():
+                with timings.on_worker("cold"):
                     worker = await make_worker(core, provider, spec)
             except ProviderError as exc:
                 span.set_status(Status(StatusCode.ERROR, exc.message))
