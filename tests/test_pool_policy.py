@@ -1,10 +1,10 @@
 """The warm pool's target as demand moves (issue 37, lifecycle/pool_policy.py): a pure
 function of the acquires seen and the time, run here on a moved clock (plain seconds):
-ramps, a 10x jump, lulls, scale to zero and back, and the bounds."""
+ramps, a 10x jump, lulls, scale to zero and back, the bounds, and the money caps."""
 
 from __future__ import annotations
 
-from openalice_scheduler.lifecycle.pool_policy import Demand, PoolShape, target
+from openalice_scheduler.lifecycle.pool_policy import Demand, PoolShape, afforded, target
 
 COLD_S = 90.0  # a RunPod cold start
 SHAPE = PoolShape(min=0, max=50, buffer=1, scaledown_s=300)
@@ -85,3 +85,24 @@ def test_the_bounds_hold() -> None:
     now = steady(demand, 0, 60, 0.1)
     assert target(PoolShape(min=0, max=5, buffer=2), demand, now, COLD_S) == 5
     assert target(PoolShape(min=3, max=8), Demand(), 0.0, COLD_S) == 3
+
+
+def test_money_caps_bound_each_pool_and_all_pools_in_order() -> None:
+    live, anim = ("renderer", "entry"), ("anim", "none")
+    wanted = {live: 6, anim: 4}
+    prices = {live: 0.69, anim: 0.5}
+    # A pool's own cap: 2 $/h at 0.69 keeps 2 (3 would be 2.07).
+    assert afforded(wanted, prices, {live: 2.0, anim: None}, None, [live, anim]) == {
+        live: 2,
+        anim: 4,
+    }
+    # All pools within 3 $/h: the first in order takes what it needs (4 x 0.69 = 2.76),
+    # the next what is left (0.24: none).
+    kept = afforded({live: 4, anim: 4}, prices, {}, 3.0, [live, anim])
+    assert kept == {live: 4, anim: 0}
+    # The other order: anim first (4 x 0.5 = 2), live with the 1 $/h left (1 worker).
+    assert afforded({live: 4, anim: 4}, prices, {}, 3.0, [anim, live]) == {anim: 4, live: 1}
+    # Not priced yet under a cap: one worker, whose reservation tells the price.
+    assert afforded({live: 5}, {}, {live: 10.0}, None, [live]) == {live: 1}
+    # No cap at all: what the demand wants.
+    assert afforded({live: 5}, {}, {}, None, [live]) == {live: 5}

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 STABLE_S = 60.0
 PANIC_S = 6.0
@@ -107,3 +110,30 @@ def target(shape: PoolShape, demand: Demand, now: float, cold_start_s: float) ->
     end = bisect.bisect_right(demand.acquires, now)
     need = max(expected(demand, at, cold_start_s) for at in [now, *demand.acquires[start:end]])
     return min(shape.max, max(shape.min, need + shape.buffer))
+
+
+def afforded(
+    wanted: Mapping[K, int],
+    prices: Mapping[K, float],
+    caps: Mapping[K, float | None],
+    total_cap: float | None,
+    order: Sequence[K],
+) -> dict[K, int]:
+    """`wanted` within each pool's cap (`caps`, $/h) and all pools' together
+    (`total_cap`), at each pool's price per worker (`prices`; a pool missing there is not
+    priced yet). Pools take from the total in `order`. A capped pool not priced yet keeps
+    at most one worker: its reservation tells the price."""
+    left = total_cap
+    kept: dict[K, int] = {}
+    for key in order:
+        n = wanted[key]
+        bounds = [c for c in (caps.get(key), left) if c is not None]
+        price = prices.get(key)
+        if bounds and price is None:
+            n = min(n, 1)
+        elif bounds and price:
+            n = min(n, math.floor(min(bounds) / price + 1e-9))
+        kept[key] = n
+        if left is not None:
+            left = max(0.0, left - n * (price or 0.0))
+    return kept

@@ -15,14 +15,13 @@ keeps at most one worker (whose reservation tells the price)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from openalice_scheduler.config import PoolEntry
 from openalice_scheduler.lifecycle.core import Core
-from openalice_scheduler.lifecycle.pool_policy import Demand, PoolShape, target
+from openalice_scheduler.lifecycle.pool_policy import Demand, PoolShape, afforded, target
 from openalice_scheduler.store.pool import Acquire, PoolStore
 from openalice_scheduler.times import HOUR_US
 
@@ -153,21 +152,13 @@ class Sizing:
 
     def _afforded(self, wanted: dict[Key, int]) -> dict[Key, int]:
         """`wanted` within each pool's `max_cost` and the global cap."""
-        left = self.max_cost_per_hour
-        kept: dict[Key, int] = {}
-        for key in sorted(wanted, key=self._precedence):
-            n = wanted[key]
-            plan = self.plans[key]
-            caps = [c for c in (plan.max_cost, left) if c is not None]
-            price = self.price.get(key)
-            if caps and price is None:
-                n = min(n, 1)  # its reservation tells the price
-            elif caps and price:
-                n = min(n, math.floor(min(caps) / price + 1e-9))
-            kept[key] = n
-            if left is not None:
-                left = max(0.0, left - n * (price or 0.0))
-        return kept
+        return afforded(
+            wanted,
+            self.price,
+            {key: plan.max_cost for key, plan in self.plans.items()},
+            self.max_cost_per_hour,
+            sorted(wanted, key=self._precedence),
+        )
 
     def _precedence(self, key: Key) -> tuple[int, int, Key]:
         """Pools for the highest classes first; those for any class after the others."""
