@@ -127,7 +127,7 @@ class Metrics:
         self.pool_target = Gauge(
             "scheduler_pool_target",
             "Idle and warming workers a warm pool keeps now (its demand, buffer, bounds and "
-            "money caps), as the replica that sizes the pools computed it.",
+            "money caps), on the replica that sizes the pools; 0 on the others (read with max).",
             ["kind", "gpu"],
             registry=r,
         )

@@ -111,10 +111,10 @@ class Pool:
         """Recycle what is stale; on the sizing replica, size each pool, recycle what is
         beyond its target and fill it."""
         sizing = self.sizes()
-        if sizing:
-            self.targets = await self.sizing.targets()
-            for (kind, gpu), n in self.targets.items():
-                self.core.metrics.pool_target.labels(kind, gpu).set(n)
+        # Another replica's targets are shown by it alone: here 0 (read with `max`).
+        self.targets = await self.sizing.targets() if sizing else {}
+        for kind, gpu in self.plans:
+            self.core.metrics.pool_target.labels(kind, gpu).set(self.targets.get((kind, gpu), 0))
         recycled = await self._recycle_stale(surplus=sizing)
         if not sizing:
             await self._show_idle()
