@@ -45,7 +45,6 @@ from openalice_scheduler.tracing import span_attributes
 # The pool's lines, as ever (operators filter by logger name).
 log = logging.getLogger("openalice_scheduler.pool")
 
-REFILL_AFTER_TAKE_S = 0.1
 # After a pool's provision failed, it is tried again after this long, doubling.
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
@@ -87,7 +86,8 @@ class Pool:
         self.handoff = handoff
         self.max_idle_us = int(max_idle_seconds * 1e6)
         self.idle_gauge = idle_gauge
-        # Called when a worker was taken or recycled: the loop refills soon (loops/warm.py).
+        # Called when a worker was taken (its hand-off over) or recycled: the loop refills
+        # soon (loops/warm.py).
         self.on_taken: Callable[[], None] = lambda: None
         # Kinds whose workers have no hand-off (404, handoff.NO_HANDOFF): not used warm.
         self.disabled: set[str] = set()
@@ -387,9 +387,6 @@ class Pool:
         core = self.core
         kind, gpu = claimed.kind, claimed.gpu
         self.idle_gauge.labels(kind, gpu).dec()  # the next pass sets it from the store
-        # Refill in the background, just after this burst of takes rather than inside it:
-        # the pool's provisions would compete with the hand-offs for this process's CPU.
-        asyncio.get_running_loop().call_later(REFILL_AFTER_TAKE_S, self.on_taken)
         core.in_flight.add(claimed.lease_id)
         try:
             attributes = span_attributes(
@@ -440,6 +437,10 @@ class Pool:
             return None
         finally:
             core.in_flight.discard(claimed.lease_id)
+            # Refilled in the background once this burst of takes is answered (the loop
+            # waits for a pause): inside it, the pool's provisions would compete with
+            # the hand-offs for this process's CPU.
+            self.on_taken()
 
     async def give_up(self, record: LeaseRecord) -> bool:
         """A pool worker's room given to a caller in line (admitting.py): an idle one
