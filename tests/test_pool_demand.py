@@ -162,14 +162,20 @@ def test_a_restarted_scheduler_sizes_its_pool_from_the_demand_it_kept(
         30,
         what="a target from the demand",
     )
+    wait_idle(sched, int(pool_figure(sched, "scheduler_pool_target")))
+    [before] = sched.http.get("/v1/pools").json()
+    assert before["cold_start_seconds"] is not None and before["cold_start_seconds"] < 30
     sched.kill()
     sched.start()
-    # Nobody asks again: the target comes from the requests the store kept.
+    # Nobody asks again: the target comes from the requests the store kept, and covers
+    # the cold start its workers took (not the 30 s assumed before any was made).
     wait_for(
         lambda: pool_figure(sched, "scheduler_pool_target") >= 1,
         30,
         what="the restarted scheduler's target from the kept demand",
     )
+    [after] = sched.http.get("/v1/pools").json()
+    assert after["cold_start_seconds"] == before["cold_start_seconds"]
     wait_idle(sched, int(pool_figure(sched, "scheduler_pool_target")))
     for lease in leases:
         assert sched.release(lease["lease_id"], owner="a").status_code == 204

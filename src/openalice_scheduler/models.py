@@ -334,6 +334,9 @@ class PoolView(BaseModel):
     buffer: int
     max_cost: float | None = Field(description="USD per hour its workers may cost; null: no cap")
     target: int = Field(description="Workers it keeps now (its demand, bounds and money caps)")
+    cold_start_seconds: float | None = Field(
+        description="The start its target covers: its recent workers' median; null: none yet"
+    )
     idle: int
     warming: int
     price_per_hour: float | None = Field(description="A worker's price; null: not known yet")

@@ -4,8 +4,9 @@ the policy (pool_policy.py) applied to the demand the store holds, then the mone
 The demand is every replica's: the requests of the pool's kind, GPU class and priority
 classes over the last minutes, read from the store on each pass, so a replica behind a
 balancer sees the whole cluster's and a restarted one its history. The cold start the
-policy covers is this replica's own measure of its pool workers' starts (from reserve to
-ready, a moving average); until one was made, COLD_START_GUESS_S.
+policy covers is the median of the pool's recent workers' starts (reserved to ready, the
+last COLD_STARTS_KEPT within COLD_STARTS_S, from the store: the same on every replica);
+until one was made, COLD_START_GUESS_S.
 
 Money: a pool's `max_cost` ($/h) and WARM_POOL_MAX_COST_PER_HOUR bound the workers kept
 at the price a worker of the pool costs (its provider's quote at its last reservation).
@@ -15,6 +16,7 @@ keeps at most one worker (whose reservation tells the price)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +29,11 @@ from openalice_scheduler.times import HOUR_US
 
 Key = tuple[str, str]  # (kind, gpu)
 
-# The cold start assumed before this replica has made one of the pool's workers.
+# The cold start assumed before any of the pool's workers was made.
 COLD_START_GUESS_S = 30.0
-# Weight of the newest measured start in the moving average.
-COLD_START_WEIGHT = 0.3
+# A pool's cold start: the median of its last this many workers' starts within this long.
+COLD_STARTS_KEPT = 20
+COLD_STARTS_S = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +69,13 @@ class Sizing:
         self.cold_start_s: dict[Key, float] = {}
         self.price: dict[Key, float] = {}
 
-    def started(self, key: Key, seconds: float) -> None:
-        """A pool worker of `key` went from reserved to ready in `seconds`."""
-        before = self.cold_start_s.get(key)
-        self.cold_start_s[key] = (
-            seconds if before is None else before + COLD_START_WEIGHT * (seconds - before)
-        )
+    async def _learn_starts(self, now_us: int) -> None:
+        """Each pool's cold start, from its recent workers' starts in the store."""
+        since = now_us - int(COLD_STARTS_S * 1e6)
+        seen: dict[Key, list[float]] = {}
+        for kind, gpu, took in await self.store.starts(since, COLD_STARTS_KEPT):
+            seen.setdefault((kind, gpu), []).append(took / 1e6)
+        self.cold_start_s = {key: statistics.median(s) for key, s in seen.items()}
 
     def priced(self, key: Key, price: float | None) -> None:
         """A pool worker of `key` was reserved at `price` $/h (None: unknown)."""
@@ -84,6 +88,7 @@ class Sizing:
         follows = [plan.shape for plan in self.plans.values() if plan.shape.follows]
         if not follows:
             return self._sized({}, now_us)
+        await self._learn_starts(now_us)
         since = now_us - int(max(shape.history_s() for shape in follows) * 1e6)
         return self._sized(self._by_pool(await self.store.acquires(since)), now_us)
 
@@ -94,6 +99,7 @@ class Sizing:
         history = max((p.shape.history_s() for p in self.plans.values()), default=0.0)
         since = now_us - max(HOUR_US, int(history * 1e6))
         mine = self._by_pool(await self.store.acquires(since))
+        await self._learn_starts(now_us)
         targets = self._sized(mine, now_us)
         workers: dict[tuple[Key, str], int] = {}
         for count in await self.store.counts():
@@ -114,6 +120,7 @@ class Sizing:
                     "buffer": plan.shape.buffer,
                     "max_cost": plan.max_cost,
                     "target": targets[key],
+                    "cold_start_seconds": self.cold_start_s.get(key),
                     "idle": idle,
                     "warming": warming,
                     "price_per_hour": price,

@@ -268,7 +268,6 @@ class Pool:
             fence=reserved.fence,
             **core.access.spec_fields(spec.lease_id),
         )
-        started = core.clock.monotonic()
         try:
             worker = await make_worker(core, provider, spec)
         except ProviderError as exc:
@@ -297,7 +296,6 @@ class Pool:
             await destroy_quietly(provider, spec.lease_id, worker.provider_token)
             return 0
         self._backoff.pop(key, None)
-        self.sizing.started(key, core.clock.monotonic() - started)
         log.info("pool worker %s (%s/%s) idle on %s", lease_ref(ready), *key, provider.name)
         await core.announce_freed()  # a caller in line may take it
         return 1

@@ -73,6 +73,7 @@ class PoolStore:
             "probe_url": probe_url,
             "updated_at": now,
             "gpu_type": gpu_type,
+            "pool_ready_at": now,
         }
         if price_per_hour is not None:
             values["price_per_hour"] = price_per_hour
@@ -140,6 +141,21 @@ class PoolStore:
 
         return await self.backend.read(_tx)
 
+    async def starts(self, since: int, most: int) -> list[tuple[str, str, int]]:
+        """(kind, gpu, µs from reserved to ready) of the pool workers begun at or after
+        `since` that became ready, the newest `most` of each kind and GPU class."""
+
+        def _tx(conn: Connection) -> list[tuple[str, str, int]]:
+            taken: dict[tuple[str, str], int] = {}
+            found = []
+            for kind, gpu, took in conn.execute(self._statements.starts, {"b_since": since}):
+                if taken.get((kind, gpu), 0) < most:
+                    taken[(kind, gpu)] = taken.get((kind, gpu), 0) + 1
+                    found.append((kind, gpu, int(took)))
+            return found
+
+        return await self.backend.read(_tx)
+
     async def counts(self) -> list[PoolCount]:
         """Pool workers (warming, idle) per provider, kind, GPU class and state."""
 
@@ -168,6 +184,7 @@ class _PoolStatements:
     idle_on: Any
     counts: Any
     acquires: Any
+    starts: Any
 
 
 @functools.cache
@@ -194,4 +211,7 @@ def _pool_statements(
         )
         .where(leases.c.requested_at >= bindparam("b_since"))
         .order_by(leases.c.requested_at),
+        starts=select(leases.c.kind, leases.c.gpu, leases.c.pool_ready_at - leases.c.pooled_at)
+        .where(leases.c.pooled_at >= bindparam("b_since"), leases.c.pool_ready_at.is_not(None))
+        .order_by(leases.c.pooled_at.desc()),
     )

@@ -64,8 +64,9 @@ class LeaseRecord:
     exit_code: int | None = None
     # When a caller's request made it a lease; None: a pool worker never leased.
     requested_at: int | None = None
-    # When it began as a warm-pool worker; None: never one.
+    # When it began as a warm-pool worker, and when it was ready; None: never one.
     pooled_at: int | None = None
+    pool_ready_at: int | None = None
 
     def wire(self) -> dict[str, Any]:
         """The lease as callers see it (`models.Lease`)."""

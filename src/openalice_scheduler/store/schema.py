@@ -86,6 +86,8 @@ leases = Table(
     # When the row began as a warm-pool worker (null: never one); its time in the pool
     # (until its claim, else its end) is the pool's cost in usage (migration 0014).
     Column("pooled_at", BigInteger),
+    # When that pool worker was ready: its cold start, which its pool's target covers.
+    Column("pool_ready_at", BigInteger),
     Index("ix_leases_state_expires", "state", "expires_at"),
     Index("ix_leases_listing", "state", "created_at", "lease_id", "revision"),
     Index("ix_leases_provider_state", "provider", "state"),
@@ -93,6 +95,7 @@ leases = Table(
     Index("ix_leases_released_at", "released_at"),
     # A warm pool's demand: the requests of the last minutes (migration 0014).
     Index("ix_leases_requested_at", "requested_at"),
+    Index("ix_leases_pooled_at", "pooled_at"),
     Index(
         "ux_leases_idempotency",
         "owner_id",
