@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -67,10 +67,6 @@ class Demand:
 
     acquires: list[float] = field(default_factory=list)
 
-    @classmethod
-    def of(cls, times: Iterable[float]) -> Demand:
-        return cls(sorted(times))
-
     def saw(self, at: float) -> None:
         bisect.insort(self.acquires, at)
 
@@ -82,9 +78,6 @@ class Demand:
         """The last acquire at or before `now`."""
         i = bisect.bisect_right(self.acquires, now)
         return self.acquires[i - 1] if i else None
-
-    def forget_before(self, at: float) -> None:
-        del self.acquires[: bisect.bisect_left(self.acquires, at)]
 
 
 def expected(demand: Demand, at: float, cold_start_s: float) -> int:
