@@ -56,6 +56,24 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
+def worker_timing(response: httpx.Response) -> tuple[str, float | None]:
+    """How an acquire's worker came ("warm", "cold"; "?" when not said) and the seconds
+    the request waited on it (None: not said), from its `Server-Timing:
+    worker;desc=...;dur=<ms>`."""
+    how: str = "?"
+    waited: float | None = None
+    for metric in response.headers.get("server-timing", "").split(","):
+        name, *params = metric.strip().split(";")
+        if name != "worker":
+            continue
+        for param in params:
+            if param.startswith("desc="):
+                how = param[5:].strip('"')
+            elif param.startswith("dur="):
+                waited = float(param[4:]) / 1000
+    return how, waited
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU time the processes (all their threads) used so far, from
     /proc/<pid>/stat; a process that has ended counts nothing."""

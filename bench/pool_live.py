@@ -48,7 +48,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Service, summary  # noqa: E402
+from _common import Service, summary, worker_timing  # noqa: E402
 
 PRICE = 0.69
 SCALEDOWN_S = 60.0
@@ -93,21 +93,6 @@ def trace(seed: int) -> list[tuple[float, str, float]]:
     return sorted(out)
 
 
-def served(response: httpx.Response) -> tuple[str, float]:
-    """("warm"|"cold", seconds waited on the worker), from Server-Timing."""
-    how, waited = "?", 0.0
-    for metric in response.headers.get("server-timing", "").split(","):
-        name, *params = metric.strip().split(";")
-        if name != "worker":
-            continue
-        for param in params:
-            if param.startswith("desc="):
-                how = param[5:].strip('"')
-            elif param.startswith("dur="):
-                waited = float(param[4:]) / 1000
-    return how, waited
-
-
 async def replay(
     service: Service, seed: int
 ) -> tuple[list[Acquired], list[tuple[float, int, int, int]]]:
@@ -134,7 +119,8 @@ async def replay(
             latency = time.perf_counter() - sent
             if response.status_code != 200:
                 raise RuntimeError(f"acquire answered {response.status_code}: {response.text}")
-            how, waited = served(response)
+            how, waited = worker_timing(response)
+            waited = waited or 0.0
             lease = response.json()["lease"]
             done = Acquired(at, cls, latency, waited, how)
             results.append(done)

@@ -38,7 +38,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import INSTANCE_LABEL, PYTHON, REPO, Service, docker_client, summary  # noqa: E402
+from _common import (  # noqa: E402
+    INSTANCE_LABEL,
+    PYTHON,
+    REPO,
+    Service,
+    docker_client,
+    summary,
+    worker_timing,
+)
 
 GOAL_P50_S, GOAL_P99_S = 0.020, 0.100
 # Issue 37: the scheduler's own share of a warm acquire, 16 at once.
@@ -66,14 +74,11 @@ def wait_full(service: Service, pool: int, timeout: float = 300) -> float:
 
 
 def worker_share(response: httpx.Response) -> float:
-    """Seconds the request waited on its worker, as the scheduler tells it
-    (`Server-Timing: worker;dur=<ms>`)."""
-    for metric in response.headers.get("server-timing", "").split(","):
-        name, *params = metric.strip().split(";")
-        for param in params if name == "worker" else []:
-            if param.startswith("dur="):
-                return float(param[4:]) / 1000
-    raise RuntimeError("no Server-Timing worker duration in the acquire's answer")
+    """Seconds the request waited on its worker, as the scheduler tells it."""
+    waited = worker_timing(response)[1]
+    if waited is None:
+        raise RuntimeError("no Server-Timing worker duration in the acquire's answer")
+    return waited
 
 
 async def burst(
