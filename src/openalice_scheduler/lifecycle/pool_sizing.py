@@ -72,10 +72,12 @@ class Sizing:
     async def _learn_starts(self, now_us: int) -> None:
         """Each pool's cold start, from its recent workers' starts in the store."""
         since = now_us - int(COLD_STARTS_S * 1e6)
-        seen: dict[Key, list[float]] = {}
-        for kind, gpu, took in await self.store.starts(since, COLD_STARTS_KEPT):
-            seen.setdefault((kind, gpu), []).append(took / 1e6)
-        self.cold_start_s = {key: statistics.median(s) for key, s in seen.items()}
+        learned: dict[Key, float] = {}
+        for kind, gpu in self.plans:
+            took = await self.store.starts(kind, gpu, since, COLD_STARTS_KEPT)
+            if took:
+                learned[(kind, gpu)] = statistics.median(took) / 1e6
+        self.cold_start_s = learned
 
     def priced(self, key: Key, price: float | None) -> None:
         """A pool worker of `key` was reserved at `price` $/h (None: unknown)."""

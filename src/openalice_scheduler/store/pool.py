@@ -141,18 +141,13 @@ class PoolStore:
 
         return await self.backend.read(_tx)
 
-    async def starts(self, since: int, most: int) -> list[tuple[str, str, int]]:
-        """(kind, gpu, µs from reserved to ready) of the pool workers begun at or after
-        `since` that became ready, the newest `most` of each kind and GPU class."""
+    async def starts(self, kind: str, gpu: str, since: int, most: int) -> list[int]:
+        """µs from reserved to ready of the newest `most` pool workers of `kind` and `gpu`
+        begun at or after `since` that became ready."""
 
-        def _tx(conn: Connection) -> list[tuple[str, str, int]]:
-            taken: dict[tuple[str, str], int] = {}
-            found = []
-            for kind, gpu, took in conn.execute(self._statements.starts, {"b_since": since}):
-                if taken.get((kind, gpu), 0) < most:
-                    taken[(kind, gpu)] = taken.get((kind, gpu), 0) + 1
-                    found.append((kind, gpu, int(took)))
-            return found
+        def _tx(conn: Connection) -> list[int]:
+            values = {"b_kind": kind, "b_gpu": gpu, "b_since": since, "b_most": most}
+            return [int(took) for (took,) in conn.execute(self._statements.starts, values)]
 
         return await self.backend.read(_tx)
 
@@ -211,7 +206,13 @@ def _pool_statements(
         )
         .where(leases.c.requested_at >= bindparam("b_since"))
         .order_by(leases.c.requested_at),
-        starts=select(leases.c.kind, leases.c.gpu, leases.c.pool_ready_at - leases.c.pooled_at)
-        .where(leases.c.pooled_at >= bindparam("b_since"), leases.c.pool_ready_at.is_not(None))
-        .order_by(leases.c.pooled_at.desc()),
+        starts=select(leases.c.pool_ready_at - leases.c.pooled_at)
+        .where(
+            leases.c.pooled_at >= bindparam("b_since"),
+            leases.c.pool_ready_at.is_not(None),
+            leases.c.kind == bindparam("b_kind"),
+            leases.c.gpu == bindparam("b_gpu"),
+        )
+        .order_by(leases.c.pooled_at.desc())
+        .limit(bindparam("b_most")),
     )
