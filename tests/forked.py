@@ -7,7 +7,10 @@ the suite's two cores did. Each is still a process of its own, with its own envi
 working directory, output and exit code, serving real HTTP: only the imports are done once,
 by the standard library's fork server (`multiprocessing`'s "forkserver" start method), which
 forks each one from an interpreter that imported them when it started and has done nothing
-else (no threads, no sockets, no event loop).
+else (no threads, no sockets, no event loop). Its last import (`tests/forkserver_gc.py`)
+collects and freezes what the others made, so a child's own collection at start (the
+service's `tune_gc`) walks only what the child made: about 0.3 s of CPU a start instead of
+0.55 s.
 
 `Forked` answers as much of `subprocess.Popen` as the tests use (`pid`, `poll`, `wait`,
 `returncode`, `send_signal`, `kill`). The entry point itself (`python -m
@@ -41,6 +44,7 @@ PRELOAD = [
     "uvicorn.protocols.websockets.wsproto_impl",
     "uvicorn.lifespan.on",
     "uvloop",
+    "tests.forkserver_gc",  # last: freezes what the others imported
 ]
 
 _CONTEXT = multiprocessing.get_context("forkserver")
