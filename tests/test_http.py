@@ -18,6 +18,8 @@ from tests.harness import HTTP, SECRET, Scheduler, wait_for
 
 Make = Callable[..., Scheduler]
 ONE = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://a:80"}
+# uvicorn's two HTTP protocols (HTTP_PARSER).
+PARSERS = ["h11", "httptools"]
 TWO = {"PROVIDERS": "static", "STATIC_WORKERS": "renderer=http://a:80,http://b:80"}
 
 
@@ -142,11 +144,16 @@ def test_connection_close_is_honoured(make_scheduler: Make) -> None:
     assert wire.closed_by_server(10)
 
 
+@pytest.mark.parametrize("parser", PARSERS)
 @pytest.mark.parametrize("behind", ["nothing", "a pipelined call"])
-def test_a_caller_that_hangs_up_in_line_gets_no_worker(make_scheduler: Make, behind: str) -> None:
+def test_a_caller_that_hangs_up_in_line_gets_no_worker(
+    make_scheduler: Make, behind: str, parser: str
+) -> None:
     """Regression: with a call pipelined behind it, the server stopped reading the
-    connection and never told the waiting acquire that its caller had left."""
-    sched = make_scheduler(**ONE)
+    connection and never told the waiting acquire that its caller had left. (uvicorn's
+    h11 protocol now tells; its httptools one still does not: there only the watch of
+    `api/hangup.py` notices.)"""
+    sched = make_scheduler(**ONE, HTTP_PARSER=parser)
     held = sched.lease()
     wire = Wire(sched)
     pipelined = request("GET", "/v1/leases") if behind != "nothing" else b""
@@ -154,7 +161,7 @@ def test_a_caller_that_hangs_up_in_line_gets_no_worker(make_scheduler: Make, beh
     wait_for(lambda: waiting(sched) == 1, 30, interval=0.1, what="the caller in line")
     wire.close()
     # The server notices (told by uvicorn, or, with a call pipelined behind, by its watch
-    # of the kernel's table): the caller leaves the line as gone, before any worker is free.
+    # asking the kernel): the caller leaves the line as gone, before any worker is free.
     wait_for(lambda: waits(sched, "gone") == 1, 30, interval=0.1, what="the hang-up noticed")
     assert waiting(sched) == 0
     assert sched.release(held["lease_id"]).status_code == 204
@@ -163,13 +170,16 @@ def test_a_caller_that_hangs_up_in_line_gets_no_worker(make_scheduler: Make, beh
     assert sched.acquire().status_code == 200  # and the endpoint is free for the next one
 
 
-def test_a_waiting_caller_that_stays_gets_the_freed_worker(make_scheduler: Make) -> None:
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_waiting_caller_that_stays_gets_the_freed_worker(
+    make_scheduler: Make, parser: str
+) -> None:
     """The other side of the hang-up watch: a caller with a call pipelined behind it
     that keeps its connection open is served, and then the call behind. The watch looks
     at it several times first: three callers behind it, each with a call pipelined too,
-    hang up one after the other, and only a new look of the watch (one read of the
-    kernel's table for every watched connection) can notice each of them."""
-    sched = make_scheduler(**ONE)
+    hang up one after the other, and only a new look of the watch (the kernel asked for
+    each watched connection's state) can notice each of them."""
+    sched = make_scheduler(**ONE, HTTP_PARSER=parser)
     held = sched.lease()
     wire = Wire(sched)
     wire.send(acquire(wait_seconds=60) + request("GET", "/health", secret=False))
