@@ -123,7 +123,7 @@ def run_to_end(
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.wait(10)
+        proc.wait(60)
         raise
     finally:
         texts = [path.read_text(errors="replace") for path in (out, err)]

@@ -123,7 +123,7 @@ def kill_process(proc: Forked | subprocess.Popen[bytes] | None) -> None:
     """kill -9 `proc` if it still runs, and reap it."""
     if proc is not None and proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(60)
 
 
 def stop_process(proc: Forked | subprocess.Popen[bytes] | None, grace: float) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from openalice_scheduler.config import PoolEntry
 from openalice_scheduler.lifecycle.core import Core
 from openalice_scheduler.lifecycle.pool_policy import Demand, PoolShape, afforded, target
+from openalice_scheduler.models import LeaseState
 from openalice_scheduler.store.pool import Acquire, PoolStore
 from openalice_scheduler.times import HOUR_US
 
@@ -110,7 +111,8 @@ class Sizing:
         shown = []
         for key, plan in self.plans.items():
             hour = [a for a in mine.get(key, []) if a.requested_at >= now_us - HOUR_US]
-            idle, warming = workers.get((key, "idle"), 0), workers.get((key, "warming"), 0)
+            idle = workers.get((key, LeaseState.idle), 0)
+            warming = workers.get((key, LeaseState.warming), 0)
             price = self.price.get(key)
             shown.append(
                 {

@@ -35,7 +35,7 @@ from openalice_scheduler.lifecycle.ending import Ending
 from openalice_scheduler.lifecycle.making import destroy_quietly, make_worker
 from openalice_scheduler.lifecycle.pool_sizing import Plan, Sizing
 from openalice_scheduler.logs import lease_ref
-from openalice_scheduler.models import GpuClass, LeaseRequest, WorkerKind
+from openalice_scheduler.models import GpuClass, LeaseRequest, LeaseState, WorkerKind
 from openalice_scheduler.providers import BoundedProvider, InstantProvider, Provider, WorkerSpec
 from openalice_scheduler.store import AtCapacity, Behind, LeaseRecord, NewLease, OverBudget
 from openalice_scheduler.store.pool import PoolCount, PoolStore
@@ -145,7 +145,7 @@ class Pool:
         metrics = self.core.metrics
         for count in counts:
             key = (count.kind, count.gpu)
-            if count.state == "idle":
+            if count.state == LeaseState.idle:
                 metrics.pool_idle_seconds.labels(*key).inc(count.count * elapsed)
             price = self.sizing.price.get(key) or 0.0
             metrics.pool_idle_cost.labels(*key).inc(count.count * elapsed * price / 3600)
@@ -308,7 +308,7 @@ class Pool:
     async def _show_idle(self) -> None:
         idle: dict[Key, int] = dict.fromkeys(self.plans, 0)
         for count in await self.store.counts():
-            if count.state == "idle":
+            if count.state == LeaseState.idle:
                 key = (count.kind, count.gpu)
                 idle[key] = idle.get(key, 0) + count.count
         for (kind, gpu), n in idle.items():
@@ -445,7 +445,7 @@ class Pool:
         recycled, a warming one cancelled (its row failed at once, so the room counts
         free; its worker is destroyed as soon as its start returns, in `_make`).
         Whether it was."""
-        if record.state == "idle":
+        if record.state == LeaseState.idle:
             return bool(await self._recycle(record.lease_id))
         cancelled = await self.core.store.fail(
             record.lease_id,

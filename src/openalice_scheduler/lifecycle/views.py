@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from openalice_scheduler.models import GpuClass
+from openalice_scheduler.models import GpuClass, LeaseState
 from openalice_scheduler.providers import Provider, ProviderStatus
 from openalice_scheduler.store.guards import GuardContact
 from openalice_scheduler.store.pool import PoolCount
@@ -27,7 +27,7 @@ def provider_view(
     `pooled`: warm-pool workers by state, whose idle ones are shown apart; `guards`:
     the guards watching this provider, shown with how long each has been silent at
     `now` (µs)."""
-    pool: dict[str, dict[str, dict[str, int]]] = {"idle": {}, "warming": {}}
+    pool: dict[str, dict[str, dict[str, int]]] = {LeaseState.idle: {}, LeaseState.warming: {}}
     for pool_count in pooled:
         if pool_count.provider == provider.name and pool_count.state in pool:
             per_kind = pool[pool_count.state].setdefault(pool_count.kind, {})
@@ -57,8 +57,8 @@ def provider_view(
             )
             for kind in sorted(kinds)
         },
-        "idle": pool["idle"],
-        "warming": pool["warming"],
+        "idle": pool[LeaseState.idle],
+        "warming": pool[LeaseState.warming],
         "guards": [
             {
                 "guard_id": g.guard_id,
