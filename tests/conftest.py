@@ -16,7 +16,14 @@ import pytest
 from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.store import open_store
 from tests.engines import PrivateEngine
-from tests.harness import REPO, WORKER_IMAGE, Scheduler, database_url, docker_client
+from tests.harness import (
+    REPO,
+    WORKER_IMAGE,
+    Scheduler,
+    database_url,
+    docker_client,
+    sweep_instances,
+)
 from tests.k8s_emulator import KubeEmulator
 from tests.modal_emulator import ModalEmulator
 from tests.postgres import PrivatePostgres
@@ -48,7 +55,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def docker_engine() -> None:
+def docker_engine() -> Iterator[None]:
     try:
         docker_client().ping()
     except Exception as exc:  # noqa: BLE001 - any failure means no engine
@@ -58,6 +65,8 @@ def docker_engine() -> None:
             pytrace=False,
         )
     subprocess.run([str(REPO / "scripts" / "build-worker-image.sh"), WORKER_IMAGE], check=True)
+    yield
+    sweep_instances()
 
 
 @pytest.fixture(scope="session")

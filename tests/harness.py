@@ -136,6 +136,11 @@ def stop_process(proc: Forked | subprocess.Popen[bytes] | None, grace: float) ->
             kill_process(proc)
 
 
+# The instances of the schedulers this process made on the shared engine, with their
+# Docker network: what `sweep_instances` looks for.
+STARTED: dict[str, str] = {}
+
+
 class Scheduler:
     """One scheduler process. `env` overrides its environment; the database, instance
     and Docker network are unique to the test unless given. `engine` is the Docker
@@ -169,6 +174,8 @@ class Scheduler:
             "RUST_LOG": "info",
             **env,
         }
+        if engine == SHARED_ENGINE:
+            STARTED[self.instance] = self.env["DOCKER_NETWORK"]
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: Forked | None = None
         self.log_path = workdir / f"scheduler-{self.instance}.log"
@@ -308,6 +315,22 @@ def remove_instance(instance: str, network: str | None = None, engine: str = SHA
             if net.name == network:
                 with suppress(docker.errors.APIError):
                     net.remove()
+
+
+def sweep_instances() -> None:
+    """Remove what a scheduler of this process (`STARTED`) still has on the shared engine:
+    called at the end of the session. A scheduler killed at a test's end with a Docker call
+    in flight (a pool's refill, say) leaves it to dockerd, which may make the container
+    after the test's `remove_instance` looked; by the session's end it has."""
+    client = docker_client()
+    left = {
+        sparse.attrs["Labels"].get(INSTANCE_LABEL)
+        for sparse in client.containers.list(
+            all=True, sparse=True, filters={"label": INSTANCE_LABEL}
+        )
+    }
+    for instance in left & STARTED.keys():
+        remove_instance(instance, STARTED[instance])
 
 
 class _Exited(Exception):
