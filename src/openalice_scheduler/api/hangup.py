@@ -2,12 +2,13 @@
 in line or provisioning must get no worker.
 
 The server tells the app (`http.disconnect`), except in one case: a request pipelined
-behind this one on its connection. uvicorn then stops reading the connection until this
-answer is sent (both its h11 and httptools protocols, and no setting changes that), so it
-cannot see the caller leave. For that case the kernel is asked the connection's TCP state
-(Linux's sock_diag netlink interface, sock_diag(7)): a caller that closed its socket has
-sent a FIN, and the connection is no longer ESTABLISHED. Elsewhere (no sock_diag) only the
-server's notice counts.
+behind this one on its connection, with uvicorn's httptools protocol (`HTTP_PARSER`). It
+then stops reading the connection until this answer is sent, so it cannot see the caller
+leave (its h11 protocol, the default, now tells). For that case the kernel is asked the
+connection's TCP state (Linux's sock_diag netlink interface, sock_diag(7)): a caller that
+closed its socket has sent a FIN, and the connection is no longer ESTABLISHED. Where the
+kernel does not answer so (no sock_diag, or no tcp_diag in it: checked once, on a
+connection of the process's own) only the server's notice counts.
 
 The connection is looked up by its addresses, one exact request each (tens of
 microseconds, whatever else the host holds), every POLL_S, in a thread, by one watch of
@@ -109,10 +110,17 @@ def _key(scope: Scope) -> Key | None:
 
 @functools.cache
 def _available() -> bool:
-    """Whether the kernel answers sock_diag here (Linux), asked once."""
+    """Whether the kernel answers sock_diag here, asked once, of a loopback connection of
+    this process's own: it must be seen ESTABLISHED. (A kernel without its tcp_diag
+    module answers every lookup "not found", which would make every caller gone.)"""
     try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG):
-            return True
+        with (
+            socket.create_server(("127.0.0.1", 0)) as server,
+            socket.create_connection(server.getsockname()) as client,
+        ):
+            (host, port), (peer, peer_port) = client.getsockname(), client.getpeername()
+            key = (socket.AF_INET, socket.inet_aton(host), port, socket.inet_aton(peer), peer_port)
+            return _established([key]) == [True]
     except (OSError, AttributeError):  # not Linux (no AF_NETLINK), or not allowed
         return False
 
