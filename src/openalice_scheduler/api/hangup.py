@@ -100,12 +100,17 @@ def _key(scope: Scope) -> Key | None:
     server, client = scope.get("server"), scope.get("client")
     if not (server and client and isinstance(server[1], int) and isinstance(client[1], int)):
         return None
-    family = socket.AF_INET6 if ":" in server[0] else socket.AF_INET
+    return _connection(server, client)
+
+
+def _connection(local: tuple[str, int], remote: tuple[str, int]) -> Key | None:
+    """The connection from `local` to `remote` (host, port), as sock_diag looks it up."""
+    family = socket.AF_INET6 if ":" in local[0] else socket.AF_INET
     try:
-        local, remote = (socket.inet_pton(family, host) for host in (server[0], client[0]))
+        packed = [socket.inet_pton(family, host) for host, _ in (local, remote)]
     except OSError:
         return None
-    return family, local, server[1], remote, client[1]
+    return family, packed[0], local[1], packed[1], remote[1]
 
 
 @functools.cache
@@ -118,9 +123,8 @@ def _available() -> bool:
             socket.create_server(("127.0.0.1", 0)) as server,
             socket.create_connection(server.getsockname()) as client,
         ):
-            (host, port), (peer, peer_port) = client.getsockname(), client.getpeername()
-            key = (socket.AF_INET, socket.inet_aton(host), port, socket.inet_aton(peer), peer_port)
-            return _established([key]) == [True]
+            key = _connection(client.getsockname(), client.getpeername())
+            return key is not None and _established([key]) == [True]
     except (OSError, AttributeError):  # not Linux (no AF_NETLINK), or not allowed
         return False
 
