@@ -145,12 +145,15 @@ def test_periodic_reconcile_destroys_orphans_and_marks_vanished_workers_lost(
     client = docker_client()
 
     orphan_id = str(uuid.uuid4())
-    orphan = client.containers.run(
+    orphan = client.containers.create(
         WORKER_IMAGE,
-        detach=True,
         network_mode="none",
         labels={INSTANCE_LABEL: sched.instance, LEASE_LABEL: orphan_id},
     )
+    # A reconcile pass (one a second) may destroy it between its creation and its start:
+    # then the start finds nothing, and the orphan is gone all the same.
+    with contextlib.suppress(docker.errors.NotFound):
+        orphan.start()
     # Another scheduler's worker is none of this one's business.
     other_instance = f"t-other-{uuid.uuid4().hex[:8]}"
     foreign = client.containers.run(
