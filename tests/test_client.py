@@ -6,6 +6,7 @@ again (a private server: stopping it disturbs no other test)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import traceback
@@ -22,6 +23,7 @@ from openalice_scheduler.client import (
     SchedulerClient,
     SchedulerUnreachable,
 )
+from openalice_scheduler.client.aio import _Block
 from openalice_scheduler.client.core import LIMITS
 from openalice_scheduler.errors import (
     Forbidden,
@@ -471,6 +473,26 @@ async def test_the_async_block_is_cancelled_when_its_lease_is_lost(static: Sched
             async with asyncio.timeout(0.05):
                 # Never set: only the timeout ends it (else the test's own timeout does).
                 await asyncio.Event().wait()
+
+
+async def test_a_lease_found_lost_twice_cancels_its_block_once() -> None:
+    """The lease's event stream and its renewer may both find it gone (a release heard
+    while a renewal is refused): the block is cancelled once, and that one is taken back
+    as the block ends, so the task goes on with no cancellation pending. Seen in a run:
+    `cancelling() == 1` after a block that swallowed the cancellation."""
+    block = _Block(cancel_on_lost=True)
+    task = asyncio.current_task()
+    assert task is not None
+    block.cancel()  # the event stream hears the release
+    block.cancel()  # the renewer is refused
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(1)  # where the cancellation lands; the block swallows it
+    block.running = False
+    assert block.took_back_its_cancel()  # ours, and the only one
+    assert task.cancelling() == 0
+    with pytest.raises(TimeoutError):  # a later timeout in the task still works
+        async with asyncio.timeout(0.05):
+            await asyncio.Event().wait()
 
 
 def test_a_failing_on_lost_is_logged(

@@ -330,7 +330,9 @@ class _Block:
         self.cancelled = False
 
     def cancel(self) -> None:
-        if self.task is not None and self.running:
+        # Once: the event stream and the renewer may both find the lease gone, and a second
+        # cancel() would leave the task cancelled after the one we take back.
+        if self.task is not None and self.running and not self.cancelled:
             self.cancelled = True
             self.task.cancel()
 
