@@ -486,7 +486,7 @@ async def test_a_lease_found_lost_twice_cancels_its_block_once() -> None:
     block.cancel()  # the event stream hears the release
     block.cancel()  # the renewer is refused
     with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.sleep(1)  # where the cancellation lands; the block swallows it
+        await asyncio.Event().wait()  # where the cancellation lands; the block swallows it
     block.running = False
     assert block.took_back_its_cancel()  # ours, and the only one
     assert task.cancelling() == 0
