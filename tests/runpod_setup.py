@@ -4,8 +4,6 @@ provider): a client of either transport, and the pods a scheduler made."""
 
 from __future__ import annotations
 
-import httpx
-
 from openalice_scheduler.providers.runpod.client import GraphQLClient, RestClient, RunPodClient
 from tests.harness import TLS, Scheduler
 from tests.runpod_emulator import RunPodEmulator
@@ -19,10 +17,8 @@ def make_client(
     backoff short enough for a test's retries."""
     client_class = RestClient if api == "rest" else GraphQLClient
     # With the suite's one TLS context (harness.TLS): a client of its own would load the CA
-    # bundle again (~30-60 ms of CPU, for each of some 200 clients), for an emulator that
-    # speaks plain HTTP.
-    http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, verify=TLS)
-    return client_class(key, base_url, http=http, timeout=timeout, backoff=backoff)
+    # bundle again (~30-60 ms of CPU, for each of some 200 clients).
+    return client_class(key, base_url, timeout=timeout, backoff=backoff, verify=TLS)
 
 
 def pods_of(runpod: RunPodEmulator, sched: Scheduler) -> list[Pod]:

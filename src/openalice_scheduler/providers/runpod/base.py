@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -113,14 +114,17 @@ class RunPodClient:
         timeout: float = 30.0,
         retries: int = 3,
         backoff: float = 0.5,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         # A burst of creates reuses its connections on the next burst (TLS at RunPod is
         # dear): keep more alive than httpx's 20, but not all 100: httpcore looks at every
-        # pooled connection on each request.
+        # pooled connection on each request. `verify`: a TLS context to share (httpx loads
+        # the CA bundle again for each client otherwise).
         self._http = http or httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             timeout=timeout,
             limits=httpx.Limits(max_connections=100, max_keepalive_connections=32),
+            verify=verify,
         )
         self._auth = {"Authorization": f"Bearer {api_key}"}
         self._key = api_key
