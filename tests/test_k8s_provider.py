@@ -446,7 +446,12 @@ def test_an_orphan_pod_of_this_scheduler_is_deleted_and_others_are_left(
 
     def pod(name: str, instance: str) -> Pod:
         labels = {"openalice.io/instance": instance, "openalice.io/lease": str(uuid.uuid4())}
-        spec = PodSpec(containers=[Container(name="worker", image=WORKER_IMAGE)])
+        # A worker that takes its whole grace period to stop (SIGTERM ignored: `sleep` is
+        # the container's first process), so it is listed, terminating, for several passes.
+        worker = Container(
+            name="worker", image=WORKER_IMAGE, command=["/bin/busybox", "sleep", "600"]
+        )
+        spec = PodSpec(containers=[worker], terminationGracePeriodSeconds=3)
         return Pod(metadata=ObjectMeta(name=name, labels=labels), spec=spec)
 
     # A pod with this scheduler's labels and a lease its store never had, and one of
@@ -456,6 +461,11 @@ def test_an_orphan_pod_of_this_scheduler_is_deleted_and_others_are_left(
     wait_for(lambda: kube.pod("orphan", NAMESPACE) is None, 60, what="the orphan to go")
     assert kube.pod("someone-elses", NAMESPACE) is not None
     assert pod_of(kube, lease) is not None
+    # Deleted once and counted once, though passes went on while it took its grace period.
+    assert len(pod_calls(kube, "delete", "orphan")) == 1
+    assert (
+        sched.metric("scheduler_leases_released_total", provider="kubernetes", reason="orphan") == 1
+    )
 
 
 def test_a_create_whose_answer_was_lost_finds_the_lease_s_one_pod(

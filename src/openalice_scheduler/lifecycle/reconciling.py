@@ -129,6 +129,9 @@ class Reconciling:
             # that store's scheduler's to judge (unlabelled ones, from before labels, ours).
             mine = [i for i in infos if i.store_id in (None, store.store_id)]
             foreign += len(infos) - len(mine)
+            # A worker its backend is already ending (a pod in its grace period) was
+            # destroyed by an earlier pass or a release: not destroyed, nor counted, again.
+            mine = [i for i in mine if not i.ending]
             if not mine:
                 continue
             owner = live.get(lease_id)

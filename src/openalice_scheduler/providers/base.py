@@ -107,6 +107,9 @@ class WorkerInfo:
     # Set once the worker has stopped for good (its container exited, its pod failed);
     # None while it runs or is still starting.
     death: WorkerDeath | None = None
+    # The backend is already ending it (a pod deleted, in its grace period): an orphan
+    # destroyed once, not again at each pass until it is gone.
+    ending: bool = False
 
 
 @dataclass(frozen=True, slots=True)

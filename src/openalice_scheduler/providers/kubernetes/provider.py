@@ -213,6 +213,7 @@ class KubernetesProvider:
                     provider_token=meta.name,
                     store_id=(meta.labels or {}).get(LABEL_STORE),
                     death=objects.death(pod),
+                    ending=meta.deletionTimestamp is not None,
                 )
             )
         return found
