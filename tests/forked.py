@@ -39,8 +39,9 @@ PRELOAD = [
     "openalice_scheduler.providers.docker",
     # The other backends and the PostgreSQL store: imported by the schedulers configured
     # for them, about 90 of a run (Modal's client alone is ~0.45 s of CPU to import,
-    # Kubernetes' ~0.25 s, PostgreSQL's ~0.13 s). None starts a thread or opens anything
-    # when imported.
+    # Kubernetes' ~0.25 s, PostgreSQL's ~0.13 s). None starts a thread or keeps a file or
+    # socket open when imported. Modal's client reads its MODAL_ variables when asked,
+    # not then (only ~/.modal.toml and MODAL_PROFILE at import: the tests set neither).
     "openalice_scheduler.providers.modal",
     "openalice_scheduler.providers.kubernetes",
     "openalice_scheduler.providers.runpod",
