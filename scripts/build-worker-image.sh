@@ -16,7 +16,8 @@
 # stops itself once the lease has ended, or once the scheduler is silent past the lease's expiry;
 # /cgi-bin/work answers 409 to a request whose X-Lease-Fence is older than the lease it serves
 # (docs/concepts/worker-self.md#what-a-worker-knows-of-its-lease). A preemption notice (POST
-# /openalice/preempt) is kept at GET /preempt.json. Idempotent: an existing image is kept unless it
+# /openalice/preempt) is kept at GET /preempt.json. SIGTERM ends it at any moment, after
+# STOP_DELAY_SECONDS (default 0): a worker slow to stop. Idempotent: an existing image is kept unless it
 # was built from another entry script (label openalice.worker.entry, the script's hash) or --rebuild
 # is given.
 #   scripts/build-worker-image.sh [IMAGE] [--rebuild]
@@ -28,6 +29,17 @@ entry=$(cat <<'SH'
 #!/bin/sh
 # Demo worker: tell who we are, then serve HTTP until stopped; the health path answers
 # once READY_DELAY_SECONDS have passed (never, with "never").
+# Stopped (SIGTERM, SIGINT) at any moment, it ends. The trap is set first: the shell is its
+# container's first process, which ignores a signal it has no trap for. With
+# STOP_DELAY_SECONDS it takes that long to end, as a worker with work to finish does (its
+# engine kills it once its grace period is over).
+server=
+ending() {
+  [ "${STOP_DELAY_SECONDS:-0}" = 0 ] || /bin/busybox sleep "$STOP_DELAY_SECONDS"
+  [ -z "$server" ] || /bin/busybox kill "$server"
+  exit 0
+}
+trap ending TERM INT
 /bin/busybox mkdir -p /www
 # GET / is written whole, then renamed into place: a reader never sees it half written.
 printf '{"worker":"openalice-demo","kind":"%s","lease_id":"%s","expires_at":"%s","fence":%s}\n' \
@@ -144,12 +156,10 @@ printf 'Content-Type: application/json\r\n\r\n{"hogging":true}\n'
 /bin/busybox kill -USR1 1
 CGI
 /bin/busybox chmod +x /www/cgi-bin/exit /www/cgi-bin/hog
-trap 'exit 0' TERM INT
 # A worker slow to listen: its container runs, its port answers nothing yet.
 [ "${LISTEN_DELAY_SECONDS:-0}" = 0 ] || /bin/busybox sleep "$LISTEN_DELAY_SECONDS"
 /bin/busybox nc -ll -p "${PORT:-8080}" -e /front &
 server=$!
-trap '/bin/busybox kill $server; exit 0' TERM INT
 trap 'hog=$(/bin/busybox head -c "${HOG_MEGABYTES:-256}m" /dev/zero | /bin/busybox tr "\0" x)' USR1
 trap '/bin/busybox kill $server' USR2
 # The worker's own deadline, with LEASE_SELF_URL (without it, it cannot learn of a

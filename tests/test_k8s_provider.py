@@ -200,18 +200,19 @@ def shows_its_cap_of_two(sched: Scheduler, provider: str) -> None:
 
 
 def the_guard_alone_ends_only_the_expired(
-    sched: Scheduler, provider: str, alive: Alive, stopped: Stopped
-) -> None:
+    sched: Scheduler, provider: str, alive: Alive, stopped: Stopped, **body: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """With the scheduler killed, its guard ends the worker of the lease that expired,
     within the bound and never early, and leaves the other's running
-    (test_guard.py)."""
+    (test_guard.py). `body`: what else the leases ask for. The short and long lease."""
     guard = GuardProcess(sched).start()
     try:
-        short, long, last = leases_learned(sched, guard, provider)
+        short, long, last = leases_learned(sched, guard, provider, **body)
         sched.kill()
         only_the_expired_goes(alive, stopped, guard, short, long, last)
     finally:
         guard.kill()
+    return short, long
 
 
 def test_a_lease_on_kubernetes_is_a_pod_reached_at_its_ip(
@@ -415,9 +416,16 @@ def test_the_guard_deletes_an_expired_lease_s_pod_when_the_scheduler_is_dead(
     make_scheduler: Make, kube: KubeEmulator
 ) -> None:
     sched = on_k8s(make_scheduler, kube)
-    the_guard_alone_ends_only_the_expired(
-        sched, "kubernetes", running_pods(kube), pod_deletes(kube)
+    # Workers slow to stop: a pod deleted takes its whole grace period (3 s) to go, over
+    # several of the guard's passes (0.5 s), which delete it once all the same.
+    short, _ = the_guard_alone_ends_only_the_expired(
+        sched,
+        "kubernetes",
+        running_pods(kube),
+        pod_deletes(kube),
+        env={"STOP_DELAY_SECONDS": "60"},
     )
+    assert len(pod_calls(kube, "delete", short["provider_token"])) == 1
 
 
 def test_a_live_caller_preempts_an_anim_pod_deleted_with_its_grace_period(

@@ -175,6 +175,8 @@ class Guard:
         destroyed = 0
         since = datetime.fromtimestamp(when - self.grace, UTC).strftime("%H:%M:%SZ")
         for provider, info in found:
+            if info.ending:
+                continue  # destroyed by an earlier pass, still in its grace period
             try:
                 await provider.release(info.provider_token, lease_id)
             except ProviderError as exc:
