@@ -201,10 +201,10 @@ def shows_its_cap_of_two(sched: Scheduler, provider: str) -> None:
 
 def the_guard_alone_ends_only_the_expired(
     sched: Scheduler, provider: str, alive: Alive, stopped: Stopped, **body: Any
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> dict[str, Any]:
     """With the scheduler killed, its guard ends the worker of the lease that expired,
     within the bound and never early, and leaves the other's running
-    (test_guard.py). `body`: what else the leases ask for. The short and long lease."""
+    (test_guard.py). `body`: what else the leases ask for. The lease that expired."""
     guard = GuardProcess(sched).start()
     try:
         short, long, last = leases_learned(sched, guard, provider, **body)
@@ -212,7 +212,7 @@ def the_guard_alone_ends_only_the_expired(
         only_the_expired_goes(alive, stopped, guard, short, long, last)
     finally:
         guard.kill()
-    return short, long
+    return short
 
 
 def test_a_lease_on_kubernetes_is_a_pod_reached_at_its_ip(
@@ -418,7 +418,7 @@ def test_the_guard_deletes_an_expired_lease_s_pod_when_the_scheduler_is_dead(
     sched = on_k8s(make_scheduler, kube)
     # Workers slow to stop: a pod deleted takes its whole grace period (3 s) to go, over
     # several of the guard's passes (0.5 s), which delete it once all the same.
-    short, _ = the_guard_alone_ends_only_the_expired(
+    short = the_guard_alone_ends_only_the_expired(
         sched,
         "kubernetes",
         running_pods(kube),

@@ -176,7 +176,7 @@ class Guard:
         since = datetime.fromtimestamp(when - self.grace, UTC).strftime("%H:%M:%SZ")
         for provider, info in found:
             if info.ending:
-                continue  # destroyed by an earlier pass, still in its grace period
+                continue  # already asked to go (a pod in its grace period): once is enough
             try:
                 await provider.release(info.provider_token, lease_id)
             except ProviderError as exc:
