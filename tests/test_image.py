@@ -2,7 +2,7 @@
 builds it, and run the way docs/operations/image.md#run-the-image runs it.
 
 No registry answers here, so the base is made from Debian's packages (`--debian-base`:
-debootstrap once, kept as openalice-base:bookworm) and the image is tagged
+mmdebstrap once, kept as openalice-base:bookworm) and the image is tagged
 openalice-scheduler-test, leaving an operator's openalice-scheduler:latest alone. The
 wheels are built on the host and cached in build/wheelhouse/, so a later run only builds
 the project's own wheel and the last layers again.
