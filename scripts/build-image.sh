@@ -61,7 +61,7 @@ make_debian_base() {
     [ "$(id -u)" = 0 ] || die "mmdebstrap is missing; install it (apt-get install mmdebstrap)"
     say "installing mmdebstrap"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
   fi
   [ "$(id -u)" = 0 ] || die "mmdebstrap needs root here to make $debian_base"
   # The Debian mirror apt already uses here (sources.list or deb822 .sources).
