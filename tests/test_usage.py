@@ -8,9 +8,9 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Insert, select
@@ -19,6 +19,7 @@ from openalice_scheduler.lifecycle.states import STATE_SETS
 from openalice_scheduler.store import LeaseStore
 from openalice_scheduler.store.schema import leases
 from openalice_scheduler.store.usage import purge_ended, usage
+from tests.forked import run_to_end
 from tests.harness import SECRET, Scheduler, wait_for
 
 # 3.6 $/h: a second held costs a tenth of a cent, so costs show after a short test.
@@ -118,14 +119,10 @@ def test_usage_needs_the_secret(sched: Scheduler) -> None:
 
 
 def _cli(sched: Scheduler, *args: str) -> subprocess.CompletedProcess[str]:
+    """`openalice-scheduler usage --url URL ARGS...` in a process of its own (forked with
+    the CLI already imported: tests/forked.py)."""
     env = {**os.environ, "INTERNAL_SECRET": SECRET, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "openalice_scheduler", "usage", "--url", sched.url, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_to_end(["usage", "--url", sched.url, *args], env, Path.cwd(), timeout=60)
 
 
 def test_a_cost_is_rounded_once_where_it_is_shown() -> None:
