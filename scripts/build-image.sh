@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --debian-base) base="$debian_base"; make_debian_base=1; shift ;;
     --repository) repository="${2:?--repository needs a name}"; shift 2 ;;
     --rebuild) rebuild=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 { if (!/^#/) exit; sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done

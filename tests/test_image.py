@@ -79,6 +79,21 @@ def image() -> Image:
     return Image(name=f"{REPOSITORY}:{version}", version=version)
 
 
+def test_the_build_scripts_help_is_its_header_and_no_code() -> None:
+    """`--help` prints the script's opening comment, all of it and nothing after (it printed
+    a fixed range of lines, which had drifted to include two lines of the script)."""
+    script = REPO / "scripts" / "build-image.sh"
+    helped = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
+    header = []
+    for line in script.read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        header.append(line.removeprefix("#").removeprefix(" "))
+    assert helped.stdout.splitlines() == header
+    assert header[0].startswith("Build the service's image")
+    assert header[-1].endswith("are compiled per version.")
+
+
 def test_both_tags_are_built_and_the_image_prints_its_version(image: Image) -> None:
     client = docker_client()
     tagged = client.images.get(image.name)
