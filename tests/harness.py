@@ -140,12 +140,20 @@ def stop_process(proc: Forked | subprocess.Popen[bytes] | None, grace: float) ->
 # Docker network: what `sweep_instances` looks for.
 STARTED: dict[str, str] = {}
 
+# The Docker network of this process's schedulers on the shared engine, unless a test
+# gives one (the instance label keeps their containers apart, as it keeps replicas'
+# workers apart on one network in production): a network made and removed costs the
+# engine ~0.15 s of CPU (its bridge and firewall rules), and some 260 schedulers a run
+# made one each. Removed at the session's end (`sweep_instances`).
+SHARED_NETWORK = f"oa-tests-{os.getpid()}"
+
 
 class Scheduler:
-    """One scheduler process. `env` overrides its environment; the database, instance
-    and Docker network are unique to the test unless given. `engine` is the Docker
-    engine its workers run on (the shared one unless given; its DOCKER_HOST unless that
-    is given too, a proxy say): its containers are listed and removed there."""
+    """One scheduler process. `env` overrides its environment; the database and instance
+    are unique to the test unless given, the Docker network this process's
+    (`SHARED_NETWORK`) on the shared engine, the instance's own on another. `engine` is
+    the Docker engine its workers run on (the shared one unless given; its DOCKER_HOST
+    unless that is given too, a proxy say): its containers are listed and removed there."""
 
     def __init__(self, workdir: Path, engine: str = SHARED_ENGINE, **env: str) -> None:
         self.workdir = workdir
@@ -167,7 +175,7 @@ class Scheduler:
             "SCHEDULER_HOST": "127.0.0.1",
             "SCHEDULER_INSTANCE": self.instance,
             "DATABASE_URL": f"sqlite:///{workdir / (self.instance + '.db')}",
-            "DOCKER_NETWORK": f"oa-{self.instance}",
+            "DOCKER_NETWORK": SHARED_NETWORK if engine == SHARED_ENGINE else f"oa-{self.instance}",
             "RENDERER_IMAGE": WORKER_IMAGE,
             "ANIM_IMAGE": WORKER_IMAGE,
             "LOCAL_GPU_DEVICES": "",
@@ -274,7 +282,8 @@ class Scheduler:
     def cleanup(self) -> None:
         self.kill()
         self.http.close()
-        remove_instance(self.instance, self.env["DOCKER_NETWORK"], self.engine)
+        network = self.env["DOCKER_NETWORK"]
+        remove_instance(self.instance, None if network == SHARED_NETWORK else network, self.engine)
 
 
 _clients: dict[str, docker.DockerClient] = {}
@@ -318,10 +327,11 @@ def remove_instance(instance: str, network: str | None = None, engine: str = SHA
 
 
 def sweep_instances() -> None:
-    """Remove what a scheduler of this process (`STARTED`) still has on the shared engine:
-    called at the end of the session. A scheduler killed at a test's end with a Docker call
-    in flight (a pool's refill, say) leaves it to dockerd, which may make the container
-    after the test's `remove_instance` looked; by the session's end it has."""
+    """Remove what a scheduler of this process (`STARTED`) still has on the shared engine,
+    then this process's network: called at the end of the session. A scheduler killed at
+    a test's end with a Docker call in flight (a pool's refill, say) leaves it to dockerd,
+    which may make the container after the test's `remove_instance` looked; by the
+    session's end it has."""
     client = docker_client()
     left = {
         sparse.attrs["Labels"].get(INSTANCE_LABEL)
@@ -330,7 +340,12 @@ def sweep_instances() -> None:
         )
     }
     for instance in left & STARTED.keys():
-        remove_instance(instance, STARTED[instance])
+        network = STARTED[instance]
+        remove_instance(instance, None if network == SHARED_NETWORK else network)
+    for net in client.networks.list(names=[SHARED_NETWORK]):
+        if net.name == SHARED_NETWORK:
+            with suppress(docker.errors.APIError):
+                net.remove()
 
 
 class _Exited(Exception):

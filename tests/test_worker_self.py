@@ -36,8 +36,14 @@ def image() -> Iterator[dict[str, str]]:
 
 def reachable(make_scheduler: Make, image: dict[str, str], **env: str) -> tuple[Scheduler, str]:
     """A scheduler its workers reach: listening on every address, and SCHEDULER_PUBLIC_URL
-    its address on the workers' network (made first, to know its gateway)."""
-    sched = make_scheduler(start=False, SCHEDULER_HOST="0.0.0.0", **image, **env)
+    its address on the workers' network (one of its own, made first, to know its gateway)."""
+    sched = make_scheduler(
+        start=False,
+        SCHEDULER_HOST="0.0.0.0",
+        DOCKER_NETWORK=f"oa-self-{uuid.uuid4().hex[:10]}",
+        **image,
+        **env,
+    )
     network = docker_client().networks.create(sched.env["DOCKER_NETWORK"], driver="bridge")
     gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
     public = f"http://{gateway}:{sched.port}"
