@@ -143,7 +143,7 @@ STARTED: dict[str, str] = {}
 # The Docker network of this process's schedulers on the shared engine, unless a test
 # gives one (the instance label keeps their containers apart, as it keeps replicas'
 # workers apart on one network in production): a network made and removed costs the
-# engine ~0.15 s of CPU (its bridge and firewall rules), and some 260 schedulers a run
+# engine ~0.1-0.15 s of CPU (its bridge and firewall rules), and some 260 schedulers a run
 # made one each. Removed at the session's end (`sweep_instances`).
 SHARED_NETWORK = f"oa-tests-{os.getpid()}"
 
