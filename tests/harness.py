@@ -282,8 +282,7 @@ class Scheduler:
     def cleanup(self) -> None:
         self.kill()
         self.http.close()
-        network = self.env["DOCKER_NETWORK"]
-        remove_instance(self.instance, None if network == SHARED_NETWORK else network, self.engine)
+        remove_instance(self.instance, self.env["DOCKER_NETWORK"], self.engine)
 
 
 _clients: dict[str, docker.DockerClient] = {}
@@ -307,6 +306,8 @@ def list_containers(client: docker.DockerClient, **filters: Any) -> list[Any]:
 
 
 def remove_instance(instance: str, network: str | None = None, engine: str = SHARED_ENGINE) -> None:
+    """Remove the instance's containers on `engine`, then `network` there, unless it is
+    this process's shared one on the shared engine (`sweep_instances` removes that)."""
     client = docker_client(engine)
     for container in list_containers(
         client, all=True, filters={"label": f"{INSTANCE_LABEL}={instance}"}
@@ -319,11 +320,16 @@ def remove_instance(instance: str, network: str | None = None, engine: str = SHA
             # The scheduler is removing it itself (a dead worker's remains): gone soon.
             if exc.status_code != 409:
                 raise
-    if network:
-        for net in client.networks.list(names=[network]):
-            if net.name == network:
-                with suppress(docker.errors.APIError):
-                    net.remove()
+    if network and (network, engine) != (SHARED_NETWORK, SHARED_ENGINE):
+        _remove_network(client, network)
+
+
+def _remove_network(client: docker.DockerClient, network: str) -> None:
+    """Remove the network named exactly `network` (the engine lists by prefix), if any."""
+    for net in client.networks.list(names=[network]):
+        if net.name == network:
+            with suppress(docker.errors.APIError):
+                net.remove()
 
 
 def sweep_instances() -> None:
@@ -340,12 +346,8 @@ def sweep_instances() -> None:
         )
     }
     for instance in left & STARTED.keys():
-        network = STARTED[instance]
-        remove_instance(instance, None if network == SHARED_NETWORK else network)
-    for net in client.networks.list(names=[SHARED_NETWORK]):
-        if net.name == SHARED_NETWORK:
-            with suppress(docker.errors.APIError):
-                net.remove()
+        remove_instance(instance, STARTED[instance])
+    _remove_network(client, SHARED_NETWORK)
 
 
 class _Exited(Exception):
