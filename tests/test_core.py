@@ -227,10 +227,11 @@ class OnDocker:
 
 @contextlib.asynccontextmanager
 async def on_docker(
-    tmp_path: Path, clock: Clock, image: str = WORKER_IMAGE
+    tmp_path: Path, clock: Clock, image: str = WORKER_IMAGE, **settings: Any
 ) -> AsyncIterator[OnDocker]:
     """The service on the test's clock over a real Docker engine, reached through a
-    proxy the test can cut off; its workers of `image`. Everything it made is removed."""
+    proxy the test can cut off; its workers of `image`, `settings` its other settings.
+    Everything it made is removed."""
     where = Path(tempfile.mkdtemp(prefix="oa-cut-", dir="/tmp"))
     instance = f"t-{uuid.uuid4().hex[:10]}"
     with DockerProxy(where / "docker.sock").start() as cut:
@@ -240,7 +241,9 @@ async def on_docker(
             docker_network=f"oa-{instance}",
             docker_host=cut.url,
             renderer_image=image,
+            anim_image=image,
             local_gpu_devices="",
+            **settings,
         )
         store = open_store(f"sqlite:///{tmp_path / f'{instance}.db'}", states=STATE_SETS)
         await store.migrate()
@@ -346,6 +349,32 @@ async def test_a_pool_that_cannot_make_a_worker_tries_again_after_1_then_2_s(
                 assert await pool.refill() == {"recycled": 0, "warmed": 0}
                 assert creates(docker.cut) == tried + 1, "not asked again after its backoff"
                 tried += 1
+        finally:
+            await pool.handoff.close()
+
+
+async def test_a_pool_pass_leaves_the_room_an_idle_worker_gave_up_to_the_acquire(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Room for one worker, held by an idle pool worker: a cold acquire of another kind
+    has it recycled, and a pass of the pool before that acquire has reserved the room
+    (the recycle wakes the pool's loop) makes no worker in it. Under load, that pass once
+    came first and took the room: the acquire was refused, "all 1 GPU devices are
+    leased"."""
+    async with on_docker(tmp_path, clock, local_docker_max_workers=1) as docker:
+        service = docker.service
+        pool = open_pool(service, target=1, max_idle_seconds=60)
+        try:
+            assert await pool.refill() == {"recycled": 0, "warmed": 1}
+            [idle] = await pool.store.idle()
+            async with pool.room_for("local-docker", "none") as made:
+                assert made  # the idle worker destroyed for the acquire
+                assert await pool.refill() == {"recycled": 0, "warmed": 0}
+                lease = await service.acquire(LeaseRequest(kind=WorkerKind.anim))
+            assert (await service.get(idle.lease_id)).state == "released"
+            assert await pool.refill() == {"recycled": 0, "warmed": 0}  # the room is the lease's
+            await service.release(lease.lease_id, None)
+            assert await pool.refill() == {"recycled": 0, "warmed": 1}
         finally:
             await pool.handoff.close()
 

@@ -15,9 +15,11 @@ the acquire goes on cold."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
 from opentelemetry.trace import Status, StatusCode
@@ -94,6 +96,9 @@ class Pool:
         self._retry_at: dict[Key, float] = {}
         self._backoff: dict[Key, float] = {}
         self._checked_at = 0.0
+        # Per provider, the cold acquires between an idle worker recycled for their room
+        # and their reservation in it (`room_for`): the pool makes none there meanwhile.
+        self._giving: Counter[str] = Counter()
         self._counted_at: float | None = None
         for kind, gpu in self.plans:
             idle_gauge.labels(kind, gpu).set(0)
@@ -219,6 +224,8 @@ class Pool:
             for provider in await self.core.policy.order(self.core.providers, spec):
                 if isinstance(provider, InstantProvider):
                     continue  # static endpoints are always there: nothing to keep warm
+                if self._giving[provider.name]:
+                    continue  # an acquire is taking the room a pool worker gave up there
                 if not (await provider.available(spec)).ok:
                     continue
                 price = await provider.price(spec)
@@ -455,9 +462,20 @@ class Pool:
         )
         return cancelled is not None
 
-    async def make_room(self, provider: str, gpu: str) -> bool:
-        """Destroy one idle pool worker of `provider` (of class `gpu` first): a cold
-        acquire needs the room. Whether one was destroyed."""
+    @contextlib.asynccontextmanager
+    async def room_for(self, provider: str, gpu: str) -> AsyncIterator[bool]:
+        """For a cold acquire at capacity on `provider`: one idle pool worker there
+        destroyed (of class `gpu` first), and no pool worker made on `provider` until the
+        block ends, the acquire's reservation made in the room (the recycle wakes the
+        pool's loop: under load, its pass came first and took the room). The block is
+        given whether one was destroyed."""
+        self._giving[provider] += 1
+        try:
+            yield await self._make_room(provider, gpu)
+        finally:
+            self._giving[provider] -= 1
+
+    async def _make_room(self, provider: str, gpu: str) -> bool:
         for lease_id in await self.store.room_on(provider, gpu):
             if await self._recycle(lease_id):
                 return True

@@ -130,8 +130,9 @@ class Cold:
 
     async def _reserve(self, new: NewLease, terms: Terms, moving: bool) -> LeaseRecord:
         """The reservation; at capacity where idle pool workers hold the room, one of
-        them is destroyed and the reservation tried once more (pools never cost a caller)."""
-        store, name = self.core.store, self.provider.name
+        them is destroyed and the reservation tried once more, before the pool may make
+        another there (pools never cost a caller)."""
+        store, name, pool = self.core.store, self.provider.name, self.pool
         move = states.MOVE_ON if moving else states.RESERVE
         try:
             return await store.reserve(
@@ -139,13 +140,17 @@ class Cold:
             )
         except (OverQuota, Behind):
             raise
-        except AtCapacity:
-            if self.pool is None or not await self.pool.make_room(name, new.gpu):
+        except AtCapacity as exc:
+            if pool is None:
                 raise
-        terms = replace(terms, now=self.core.now_us())
-        return await store.reserve(
-            new, admission.reserve(new, name, terms, move, first=self.core.first_in_line())
-        )
+            full = exc
+        async with pool.room_for(name, new.gpu) as made:
+            if not made:
+                raise full
+            terms = replace(terms, now=self.core.now_us())
+            return await store.reserve(
+                new, admission.reserve(new, name, terms, move, first=self.core.first_in_line())
+            )
 
 
 class Instant:
