@@ -334,10 +334,10 @@ def _remove_network(client: docker.DockerClient, network: str) -> None:
 
 def sweep_instances() -> None:
     """Remove what a scheduler of this process (`STARTED`) still has on the shared engine,
-    then this process's network: called at the end of the session. A scheduler killed at
-    a test's end with a Docker call in flight (a pool's refill, say) leaves it to dockerd,
-    which may make the container after the test's `remove_instance` looked; by the
-    session's end it has."""
+    its networks too, then this process's network: called at the end of the session. A
+    scheduler killed at a test's end with a Docker call in flight (a pool's refill, say)
+    leaves it to dockerd, which may make the container, or the network, after the test's
+    `remove_instance` looked; by the session's end it has."""
     client = docker_client()
     left = {
         sparse.attrs["Labels"].get(INSTANCE_LABEL)
@@ -347,6 +347,10 @@ def sweep_instances() -> None:
     }
     for instance in left & STARTED.keys():
         remove_instance(instance, STARTED[instance])
+    for network in client.networks.list(filters={"label": INSTANCE_LABEL}):
+        if network.attrs["Labels"].get(INSTANCE_LABEL) in STARTED:
+            with suppress(docker.errors.APIError):
+                network.remove()
     _remove_network(client, SHARED_NETWORK)
 
 

@@ -106,6 +106,10 @@ def replicas(tmp_path: Path) -> Iterator[Replicas]:
         try:
             yield make
         finally:
+            # All killed before any is cleaned up: a replica still running would make
+            # the instance's network again once the first cleanup removed it.
+            for s in started:
+                s.kill()
             for s in started:
                 s.cleanup()
 
