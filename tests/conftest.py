@@ -20,6 +20,7 @@ from tests.harness import (
     REPO,
     WORKER_IMAGE,
     Scheduler,
+    clean_up_all,
     database_url,
     docker_client,
     sweep_instances,
@@ -113,8 +114,7 @@ def make_scheduler(tmp_path: Path) -> Iterator[Callable[..., Scheduler]]:
         return s.start() if start else s
 
     yield make
-    for s in started:
-        s.cleanup()
+    clean_up_all(started)
 
 
 @pytest.fixture

@@ -285,6 +285,16 @@ class Scheduler:
         remove_instance(self.instance, self.env["DOCKER_NETWORK"], self.engine)
 
 
+def clean_up_all(schedulers: list[Scheduler]) -> None:
+    """Kill every one of `schedulers`, then clean each up: one still running (a replica
+    sharing the instance's network, say) would make the network again once an earlier
+    one's cleanup removed it."""
+    for s in schedulers:
+        s.kill()
+    for s in schedulers:
+        s.cleanup()
+
+
 _clients: dict[str, docker.DockerClient] = {}
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import Scheduler, database_url, wait_for
+from tests.harness import Scheduler, clean_up_all, database_url, wait_for
 from tests.runpod_emulator import RunPodEmulator
 from tests.runpod_setup import pods_of
 
@@ -170,8 +170,7 @@ def two_replicas(tmp_path: Path) -> Iterator[list[Scheduler]]:
             replicas[1].start()
             yield replicas
         finally:
-            for replica in replicas:
-                replica.cleanup()
+            clean_up_all(replicas)
 
 
 def test_concurrent_acquires_on_two_replicas_admit_exactly_what_fits(

@@ -46,7 +46,7 @@ import pytest
 from openalice_scheduler.store.postgres import advisory_key
 from tests.dockerproxy import DockerProxy
 from tests.engines import PrivateEngine
-from tests.harness import SECRET, TLS, Scheduler, database_url, wait_for
+from tests.harness import SECRET, TLS, Scheduler, clean_up_all, database_url, wait_for
 from tests.pgproxy import PgProxy
 from tests.postgres import PrivatePostgres
 from tests.test_lifecycle import passes
@@ -106,12 +106,7 @@ def replicas(tmp_path: Path) -> Iterator[Replicas]:
         try:
             yield make
         finally:
-            # All killed before any is cleaned up: a replica still running would make
-            # the instance's network again once the first cleanup removed it.
-            for s in started:
-                s.kill()
-            for s in started:
-                s.cleanup()
+            clean_up_all(started)
 
 
 def burst(calls: list[tuple[Scheduler, dict[str, Any]]]) -> list[httpx.Response]:
