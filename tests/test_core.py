@@ -353,28 +353,78 @@ async def test_a_pool_that_cannot_make_a_worker_tries_again_after_1_then_2_s(
             await pool.handoff.close()
 
 
-async def test_a_pool_pass_leaves_the_room_an_idle_worker_gave_up_to_the_acquire(
+async def test_a_pool_pass_takes_nothing_while_an_idle_worker_gives_its_room_to_an_acquire(
     tmp_path: Path, clock: Clock
 ) -> None:
     """Room for one worker, held by an idle pool worker: a cold acquire of another kind
-    has it recycled, and a pass of the pool before that acquire has reserved the room
-    (the recycle wakes the pool's loop) makes no worker in it. Under load, that pass once
-    came first and took the room: the acquire was refused, "all 1 GPU devices are
-    leased"."""
+    has it destroyed and takes its room, and a pass of the pool that sizes (another
+    replica's, with nothing in memory of this one's acquire), run the moment the worker
+    is gone, makes no worker in that room. It once did, on a busy machine: the room was
+    free between the destruction and the acquire's reservation, the pass took it, and
+    the acquire was refused, "all 1 GPU devices are leased"."""
     async with on_docker(tmp_path, clock, local_docker_max_workers=1) as docker:
         service = docker.service
+        sizing = open_pool(service, target=1, max_idle_seconds=60)  # the other replica's
+        taking = open_pool(service, target=1, max_idle_seconds=60)  # this one's
+        destroy, passes = taking.ending.destroy, []
+
+        async def destroy_then_a_pass(record: LeaseRecord) -> str | None:
+            problem = await destroy(record)
+            if not passes:
+                passes.append(await sizing.refill())
+            return problem
+
+        try:
+            assert await sizing.refill() == {"recycled": 0, "warmed": 1}
+            [idle] = await sizing.store.idle()
+            taking.ending.destroy = destroy_then_a_pass  # type: ignore[method-assign]
+            lease = await service.acquire(LeaseRequest(kind=WorkerKind.anim))
+            assert passes == [{"recycled": 0, "warmed": 0}]
+            assert (await service.get(idle.lease_id)).state == "released"
+            assert (await service.get(lease.lease_id)).state == "active"
+            assert await sizing.refill() == {"recycled": 0, "warmed": 0}  # the room is the lease's
+            await service.release(lease.lease_id, None)
+            assert await sizing.refill() == {"recycled": 0, "warmed": 1}
+        finally:
+            await sizing.handoff.close()
+            await taking.handoff.close()
+
+
+async def test_an_idle_worker_that_cannot_be_destroyed_keeps_its_room_from_the_acquire(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """The engine cut off while the idle pool worker in the room is being destroyed: its
+    worker still runs, so the acquire that took over its room is refused (no second
+    worker made beside it), and the destruction is retried until it is confirmed."""
+    async with on_docker(tmp_path, clock, local_docker_max_workers=1) as docker:
+        service, cut = docker.service, docker.cut
         pool = open_pool(service, target=1, max_idle_seconds=60)
+        destroy = pool.ending.destroy
+
+        async def destroy_cut_off(record: LeaseRecord) -> str | None:
+            cut.stop()
+            try:
+                return await destroy(record)
+            finally:
+                cut.start()
+
         try:
             assert await pool.refill() == {"recycled": 0, "warmed": 1}
             [idle] = await pool.store.idle()
-            async with pool.room_for("local-docker", "none") as made:
-                assert made  # the idle worker destroyed for the acquire
-                assert await pool.refill() == {"recycled": 0, "warmed": 0}
-                lease = await service.acquire(LeaseRequest(kind=WorkerKind.anim))
-            assert (await service.get(idle.lease_id)).state == "released"
-            assert await pool.refill() == {"recycled": 0, "warmed": 0}  # the room is the lease's
-            await service.release(lease.lease_id, None)
-            assert await pool.refill() == {"recycled": 0, "warmed": 1}
+            pool.ending.destroy = destroy_cut_off  # type: ignore[method-assign]
+            with pytest.raises(NoProviderAvailable, match="pool worker in the room was not"):
+                await service.acquire(LeaseRequest(kind=WorkerKind.anim))
+            pool.ending.destroy = destroy  # type: ignore[method-assign]
+            workers = await service.core.by_name["local-docker"].list_workers()
+            assert list(workers) == [idle.lease_id]  # its worker alone: none made beside it
+            record = await service.get(idle.lease_id)
+            assert record.state == LeaseState.releasing
+            assert await service.store.live() == [record]  # the acquire's row ended failed
+            clock.move(1)
+            assert await service.release_due() == 1
+            assert (await service.get(idle.lease_id)).state == LeaseState.released
+            lease = await service.acquire(LeaseRequest(kind=WorkerKind.anim))
+            assert (await service.get(lease.lease_id)).state == LeaseState.active
         finally:
             await pool.handoff.close()
 

@@ -127,17 +127,19 @@ def reserve(
     assign: Assign | None = None,
     first: FirstInLine | None = None,
     waiter: ForWaiter | None = None,
+    freeing: LeaseRecord | None = None,
 ) -> Callable[[Reserving], LeaseRecord]:
     """A lease's reservation on `provider`, recorded by `move`: the owner's checks, the
     provider's, the line's (with `first`: nobody waits), the owner's caps in money,
     then the row (with `waiter`: and the loop's decision for that caller). With
     `assign` (a provider whose workers already run), the lease is granted its worker
-    in the same transaction."""
+    in the same transaction. With `freeing` (a pool worker claimed for destruction),
+    the room it holds is taken over: never free in between for anyone else."""
 
     def tx(r: Reserving) -> LeaseRecord:
         admit_owner(r, lease, terms.owner_quota)
         r.lock(f"provider:{provider}")
-        grant = admit_provider(r, lease, provider, terms)
+        grant = admit_provider(r, lease, provider, terms, freeing)
         _in_line(r, first)
         if terms.budget is not None:  # still under the owner's lock
             admit_price(r, lease, grant.price, terms.budget, terms.now)

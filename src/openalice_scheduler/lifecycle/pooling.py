@@ -15,11 +15,9 @@ the acquire goes on cold."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 
 from opentelemetry.trace import Status, StatusCode
@@ -96,9 +94,6 @@ class Pool:
         self._retry_at: dict[Key, float] = {}
         self._backoff: dict[Key, float] = {}
         self._checked_at = 0.0
-        # Per provider, the cold acquires between an idle worker recycled for their room
-        # and their reservation in it (`room_for`): the pool makes none there meanwhile.
-        self._giving: Counter[str] = Counter()
         self._counted_at: float | None = None
         for kind, gpu in self.plans:
             idle_gauge.labels(kind, gpu).set(0)
@@ -224,8 +219,6 @@ class Pool:
             for provider in await self.core.policy.order(self.core.providers, spec):
                 if isinstance(provider, InstantProvider):
                     continue  # static endpoints are always there: nothing to keep warm
-                if self._giving[provider.name]:
-                    continue  # an acquire is taking the room a pool worker gave up there
                 if not (await provider.available(spec)).ok:
                     continue
                 price = await provider.price(spec)
@@ -462,24 +455,25 @@ class Pool:
         )
         return cancelled is not None
 
-    @contextlib.asynccontextmanager
-    async def room_for(self, provider: str, gpu: str) -> AsyncIterator[bool]:
-        """For a cold acquire at capacity on `provider`: one idle pool worker there
-        destroyed (of class `gpu` first), and no pool worker made on `provider` until the
-        block ends, the acquire's reservation made in the room (the recycle wakes the
-        pool's loop: under load, its pass came first and took the room). The block is
-        given whether one was destroyed."""
-        self._giving[provider] += 1
-        try:
-            yield await self._make_room(provider, gpu)
-        finally:
-            self._giving[provider] -= 1
-
-    async def _make_room(self, provider: str, gpu: str) -> bool:
+    async def give_room(self, provider: str, gpu: str) -> LeaseRecord | None:
+        """For a cold acquire at capacity on `provider`: an idle pool worker there (of
+        class `gpu` first) claimed for destruction, its room still counted until the
+        acquire's reservation takes it over (admission.reserve's `freeing`), so that no
+        pool pass, on any replica, takes it in between; `given` then destroys it. None
+        when there is none."""
         for lease_id in await self.store.room_on(provider, gpu):
-            if await self._recycle(lease_id):
-                return True
-        return False
+            claimed = await self.store.recycle(lease_id, states.RECYCLE, now=self.core.now_us())
+            if claimed is not None:
+                log.info("pool worker %s recycled: an acquire takes its room", lease_ref(claimed))
+                return claimed
+        return None
+
+    async def given(self, claimed: LeaseRecord) -> str | None:
+        """The worker `give_room` claimed, destroyed: None when it is gone, else why not
+        (its release is retried, and it holds its room and device meanwhile)."""
+        problem = await self.ending.destroy(claimed)
+        self.on_taken()
+        return problem
 
     async def hand_on(self, record: LeaseRecord) -> None:
         """Tell a warm lease's worker its new expiry; a failure is logged only: the

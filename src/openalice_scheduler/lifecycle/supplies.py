@@ -27,7 +27,6 @@ from openalice_scheduler.store import (
     AtCapacity,
     Behind,
     LeaseRecord,
-    NewLease,
     OverBudget,
     OverQuota,
     Terms,
@@ -52,7 +51,7 @@ class Cold:
         if terms is None:
             return None
         try:
-            reserved = await self._reserve(attempt.new, terms, attempt.written)
+            reserved = await self._reserve(attempt, terms)
         except OverQuota:
             raise
         except AtCapacity as exc:
@@ -128,12 +127,12 @@ class Cold:
             )
         return record
 
-    async def _reserve(self, new: NewLease, terms: Terms, moving: bool) -> LeaseRecord:
+    async def _reserve(self, attempt: Attempt, terms: Terms) -> LeaseRecord:
         """The reservation; at capacity where idle pool workers hold the room, one of
-        them is destroyed and the reservation tried once more, before the pool may make
-        another there (pools never cost a caller)."""
-        store, name, pool = self.core.store, self.provider.name, self.pool
-        move = states.MOVE_ON if moving else states.RESERVE
+        them is claimed, its room taken over by the reservation, then it is destroyed
+        (pools never cost a caller, and no pool pass takes the room in between)."""
+        store, name, pool, new = self.core.store, self.provider.name, self.pool, attempt.new
+        move = states.MOVE_ON if attempt.written else states.RESERVE
         try:
             return await store.reserve(
                 new, admission.reserve(new, name, terms, move, first=self.core.first_in_line())
@@ -144,13 +143,25 @@ class Cold:
             if pool is None:
                 raise
             full = exc
-        async with pool.room_for(name, new.gpu) as made:
-            if not made:
-                raise full
+        claimed = await pool.give_room(name, new.gpu)
+        if claimed is None:
+            raise full
+        try:
             terms = replace(terms, now=self.core.now_us())
-            return await store.reserve(
-                new, admission.reserve(new, name, terms, move, first=self.core.first_in_line())
+            reserved = await store.reserve(
+                new,
+                admission.reserve(
+                    new, name, terms, move, first=self.core.first_in_line(), freeing=claimed
+                ),
             )
+        finally:
+            problem = await pool.given(claimed)
+        if problem is not None:
+            # Its worker still runs, on the room (and device) the reservation took over:
+            # nothing is made on it; the attempt moves on from the reservation, or ends it.
+            attempt.written = True
+            raise AtCapacity(f"the idle pool worker in the room was not destroyed: {problem}")
+        return reserved
 
 
 class Instant:
