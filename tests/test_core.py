@@ -361,7 +361,7 @@ async def test_a_pool_pass_takes_nothing_while_an_idle_worker_gives_its_room_to_
     replica's, with nothing in memory of this one's acquire), run the moment the worker
     is gone, makes no worker in that room. It once did, on a busy machine: the room was
     free between the destruction and the acquire's reservation, the pass took it, and
-    the acquire was refused, "all 1 GPU devices are leased"."""
+    the acquire was refused: no room left."""
     async with on_docker(tmp_path, clock, local_docker_max_workers=1) as docker:
         service = docker.service
         sizing = open_pool(service, target=1, max_idle_seconds=60)  # the other replica's
