@@ -181,13 +181,19 @@ class Pool:
         return recycled
 
     async def _recycle(self, lease_id: str) -> int:
-        claimed = await self.store.recycle(lease_id, states.RECYCLE, now=self.core.now_us())
+        claimed = await self._claim(lease_id)
         if claimed is None:
             return 0  # taken (or resolved) meanwhile
-        log.info("pool worker %s recycled", lease_ref(claimed))
-        await self.ending.destroy(claimed)
-        self.on_taken()
+        await self.destroy(claimed)
         return 1
+
+    async def _claim(self, lease_id: str) -> LeaseRecord | None:
+        """The idle worker claimed for one destroy attempt (`releasing`, reason
+        `recycled`); None when taken or resolved meanwhile."""
+        claimed = await self.store.recycle(lease_id, states.RECYCLE, now=self.core.now_us())
+        if claimed is not None:
+            log.info("pool worker %s recycled", lease_ref(claimed))
+        return claimed
 
     async def _warm_one(self, key: Key, target: int) -> int:
         """One pool worker made, probed and recorded idle: 1, else 0."""
@@ -459,18 +465,17 @@ class Pool:
         """For a cold acquire at capacity on `provider`: an idle pool worker there (of
         class `gpu` first) claimed for destruction, its room still counted until the
         acquire's reservation takes it over (admission.reserve's `freeing`), so that no
-        pool pass, on any replica, takes it in between; `given` then destroys it. None
+        pool pass, on any replica, takes it in between; `destroy` then destroys it. None
         when there is none."""
         for lease_id in await self.store.room_on(provider, gpu):
-            claimed = await self.store.recycle(lease_id, states.RECYCLE, now=self.core.now_us())
+            claimed = await self._claim(lease_id)
             if claimed is not None:
-                log.info("pool worker %s recycled: an acquire takes its room", lease_ref(claimed))
                 return claimed
         return None
 
-    async def given(self, claimed: LeaseRecord) -> str | None:
-        """The worker `give_room` claimed, destroyed: None when it is gone, else why not
-        (its release is retried, and it holds its room and device meanwhile)."""
+    async def destroy(self, claimed: LeaseRecord) -> str | None:
+        """A claimed pool worker destroyed: None when it is gone, else why not (its
+        release is retried, and it holds its room and device meanwhile)."""
         problem = await self.ending.destroy(claimed)
         self.on_taken()
         return problem

@@ -155,7 +155,7 @@ class Cold:
                 ),
             )
         finally:
-            problem = await pool.given(claimed)
+            problem = await pool.destroy(claimed)
         if problem is not None:
             # Its worker still runs, on the room (and device) the reservation took over:
             # nothing is made on it; the attempt moves on from the reservation, or ends it.
