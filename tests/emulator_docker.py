@@ -2,8 +2,8 @@
 Docker side: an emulator instance's containers on the local engine and one network, all
 labelled with the instance (`label=instance`), so that everything it made is found and
 removed by label, also after a crash. Blocking docker SDK calls: the emulators run them
-in threads. A container's end is heard from Docker's event stream (`die`), read in a
-thread of its own."""
+in threads. A container's end is heard from Docker's event stream (`die`, and `oom`: see
+`watch_dies`), read in a thread of its own."""
 
 from __future__ import annotations
 
@@ -15,6 +15,19 @@ from typing import Any
 import docker
 import docker.errors
 
+# Docker reports a kernel OOM kill with two events: `oom`, when containerd's shim reads the
+# cgroup's OOM notice (moby's daemon/monitor.go sets `State.OOMKilled` then), and `die`,
+# when it reaps the process. The shim sends them from two goroutines, so on a loaded
+# machine `die` may come first, with `OOMKilled` still false (seen once in a suite's run;
+# moby/moby#15621 and #18510 tell of the flag's unreliability). The runtime a kubelet uses
+# takes an OOM in either order (containerd's CRI sets the container's reason OOMKilled on a
+# TaskOOM event whatever its state, pkg/cri/server/events.go). So a `die` with SIGKILL's
+# exit code whose OOM kill is not recorded yet is reported once the `oom` event came, or
+# OOM_LATE_SECONDS after the `die` without one (a SIGKILL that was no OOM kill: the
+# emulators' own kills write their outcome themselves and do not wait on this).
+_SIGKILL_EXIT = 128 + 9
+OOM_LATE_SECONDS = 10.0
+
 
 class InstanceContainers:
     def __init__(self, label: str, instance: str, network: str | None, timeout: int) -> None:
@@ -24,6 +37,9 @@ class InstanceContainers:
         self._client = docker.from_env(timeout=timeout)
         self._network_made = False
         self._events: Any = None
+        self._ooms: set[str] = set()  # containers whose `oom` event came, not yet reported
+        self._oom_heard = threading.Condition()
+        self._closed = False
 
     @property
     def selector(self) -> str:
@@ -80,24 +96,78 @@ class InstanceContainers:
 
     def watch_dies(self, on_die: Callable[[dict[str, str], str, int], None]) -> None:
         """Call `on_die(labels, container id, exit code)` (from a thread) as containers of
-        this instance end."""
+        this instance end; a container the kernel OOM-killed only once Docker records it
+        so (`State.OOMKilled`), whichever of its `die` and `oom` events came first."""
         self._events = docker.from_env(timeout=None).events(
             decode=True,
-            filters={"type": "container", "event": "die", "label": self.selector},
+            filters={"type": "container", "event": ["die", "oom"], "label": self.selector},
         )
 
         def read() -> None:
             try:
                 for event in self._events:
-                    actor = event.get("Actor", {})
-                    attributes = actor.get("Attributes", {})
-                    on_die(attributes, actor.get("ID", ""), int(attributes.get("exitCode", "-1")))
+                    self.heard(event, on_die)
             except Exception:  # noqa: BLE001 - the stream was closed at shutdown
                 return
 
         threading.Thread(target=read, name="docker-events", daemon=True).start()
 
+    def heard(
+        self, event: dict[str, Any], on_die: Callable[[dict[str, str], str, int], None]
+    ) -> None:
+        """One event of Docker's stream: an `oom` is kept for its `die`; a `die` is reported
+        now, or, a SIGKILL whose OOM kill Docker may not have recorded yet, from a thread
+        of its own once it has or OOM_LATE_SECONDS have passed."""
+        actor = event.get("Actor", {})
+        attributes = actor.get("Attributes", {})
+        container_id = actor.get("ID", "")
+        if event.get("Action") == "oom":
+            with self._oom_heard:
+                self._ooms.add(container_id)
+                self._oom_heard.notify_all()
+            return
+        code = int(attributes.get("exitCode", "-1"))
+        if code != _SIGKILL_EXIT or self._oom_recorded(container_id):
+            self._report(on_die, attributes, container_id, code)
+            return
+
+        def later() -> None:
+            with self._oom_heard:
+                self._oom_heard.wait_for(
+                    lambda: container_id in self._ooms or self._closed, OOM_LATE_SECONDS
+                )
+                if self._closed:
+                    return
+            self._report(on_die, attributes, container_id, code)
+
+        threading.Thread(target=later, name="docker-oom-wait", daemon=True).start()
+
+    def _oom_recorded(self, container_id: str) -> bool:
+        """Whether nothing is left to wait for: Docker says the container was OOM-killed,
+        or it is gone (removed, by an emulator that ended it)."""
+        if container_id in self._ooms:
+            return True
+        try:
+            state = self._client.api.inspect_container(container_id)["State"]
+        except docker.errors.NotFound:
+            return True
+        return bool(state.get("OOMKilled"))
+
+    def _report(
+        self,
+        on_die: Callable[[dict[str, str], str, int], None],
+        attributes: dict[str, str],
+        container_id: str,
+        code: int,
+    ) -> None:
+        with self._oom_heard:
+            self._ooms.discard(container_id)
+        on_die(attributes, container_id, code)
+
     def close(self) -> None:
+        with self._oom_heard:
+            self._closed = True  # a `die` still waiting for its `oom` is reported no more
+            self._oom_heard.notify_all()
         if self._events is not None:
             self._events.close()
         self.remove_all()

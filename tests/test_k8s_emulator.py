@@ -9,6 +9,7 @@ import base64
 import json
 import re
 import ssl
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,9 @@ from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
-from tests.harness import WORKER_IMAGE, wait_for
+from tests import emulator_docker
+from tests.emulator_docker import InstanceContainers
+from tests.harness import WORKER_IMAGE, docker_client, wait_for
 from tests.k8s_emulator import KubeEmulator
 from tests.k8s_emulator.make_contract import CONTRACT, build, differs
 
@@ -597,6 +600,51 @@ def test_a_container_past_its_memory_limit_is_oom_killed_for_real(
     assert pod["status"]["phase"] == "Failed"
     state = container_state(pod)["terminated"]
     assert (state["reason"], state["exitCode"]) == ("OOMKilled", 137)
+
+
+def test_a_die_that_comes_before_its_oom_is_reported_once_docker_records_the_oom(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Docker may send a container's `die` before its `oom` (two goroutines of containerd's
+    shim): the test above once saw `Error` 137 so on a loaded machine. That order cannot
+    be made on purpose, so the two events are handed to the emulators' event reader as
+    Docker sends them then, for a real container SIGKILLed (exit code 137, not marked
+    OOM-killed). The `die` waits for the `oom`; a SIGKILL with no `oom` is reported too,
+    after OOM_LATE_SECONDS."""
+    watcher = InstanceContainers("openalice.test.oom-order", uuid.uuid4().hex[:10], None, 60)
+    engine = docker_client()
+    try:
+        killed = []
+        for _ in range(2):
+            made = engine.containers.run(
+                WORKER_IMAGE, detach=True, labels={watcher.label: watcher.instance}
+            )
+            made.kill(signal="SIGKILL")
+            assert made.wait(timeout=60)["StatusCode"] == 137
+            killed.append(made.id)
+        reported: list[tuple[str, int]] = []
+
+        def on_die(labels: dict[str, str], container_id: str, code: int) -> None:
+            reported.append((container_id, code))
+
+        def event(action: str, container_id: str) -> dict[str, Any]:
+            attributes = {"exitCode": "137"} if action == "die" else {}
+            return {"Action": action, "Actor": {"ID": container_id, "Attributes": attributes}}
+
+        late, plain = killed
+        watcher.heard(event("die", late), on_die)
+        assert reported == []  # held: Docker has not said whether it was an OOM kill
+        watcher.heard(event("oom", late), on_die)
+        wait_for(lambda: reported, 30, what="the die, once its oom came")
+        assert reported == [(late, 137)]
+
+        monkeypatch.setattr(emulator_docker, "OOM_LATE_SECONDS", 0.2)
+        watcher.heard(event("die", plain), on_die)
+        wait_for(lambda: len(reported) == 2, 30, what="a plain SIGKILL's die")
+        assert reported[1] == (plain, 137)
+    finally:
+        watcher.close()
+    assert watcher.listed() == []
 
 
 def test_a_node_pressure_eviction_fails_the_pod_as_the_kubelet_does(

@@ -154,9 +154,10 @@ class Containers(InstanceContainers):
 
     def watch_exits(self, on_exit: Callable[[str, int, bool], None]) -> None:
         """Call `on_exit(sandbox_id, exit_code, oom_killed)` (from a thread) as containers
-        end. Docker sets `State.OOMKilled` before it sends the `die` event, and the
-        container is still there then, unless the engine removed it already (terminate,
-        deadline: that end is the sandbox's result, not this one)."""
+        end. A container the kernel OOM-killed is reported once Docker has set its
+        `State.OOMKilled` (`watch_dies`), and is still there then, unless the engine
+        removed it already (terminate, deadline: that end is the sandbox's result, not
+        this one)."""
 
         def heard(labels: dict[str, str], container_id: str, code: int) -> None:
             if sandbox_id := labels.get(LABEL_SANDBOX):
