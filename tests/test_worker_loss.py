@@ -10,17 +10,31 @@ have noticed; where a listing must find a death (a restart), it runs as it does.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from openalice_scheduler.config import Settings
+from openalice_scheduler.providers.base import WorkerEnded
+from openalice_scheduler.providers.docker import events as docker_events
+from openalice_scheduler.providers.docker.engine import LABEL_INSTANCE, LABEL_LEASE, DockerEngine
 from tests.dockerproxy import DockerProxy
-from tests.harness import Scheduler, docker_client, fetch_in_network, wait_for
+from tests.harness import (
+    SECRET,
+    SHARED_ENGINE,
+    WORKER_IMAGE,
+    Scheduler,
+    docker_client,
+    fetch_in_network,
+    wait_for,
+)
 from tests.loss import end_of, ended, lease_now, lost, renew, renewal_refused_as_lost
 from tests.test_replicas import Replicas, replicas  # noqa: F401 - the fixture
 from tests.test_warm_pool import wait_idle
@@ -76,6 +90,80 @@ def test_an_oom_killed_worker_is_lost_as_oom_killed(make_scheduler: Make) -> Non
     assert (
         s.metric("scheduler_workers_lost_total", provider="local-docker", cause="oom_killed") == 1
     )
+
+
+async def test_an_oom_kill_whose_die_comes_before_its_oom_is_told_as_an_oom_kill(
+    monkeypatch: Any,
+) -> None:
+    """Docker may send an OOM kill's `die` before its `oom` (two goroutines of containerd's
+    shim; the emulators' test of a real OOM kill saw it once under load), which cannot be
+    made on purpose: the events are handed to the stream's reader in that order, for real
+    SIGKILLed containers. One with a memory limit, as the OOM-killed worker above: its
+    `die` waits for the `oom`, and is told as an OOM kill. One without (nothing the OOM
+    killer's word could speak of): told at once, as killed. One with a limit and no `oom`:
+    told as killed once the grace is over."""
+    instance = f"t-{uuid.uuid4().hex[:10]}"
+    settings = Settings(  # type: ignore[call-arg]
+        internal_secret=SECRET,
+        scheduler_instance=instance,
+        docker_network="bridge",
+        local_gpu_devices="",
+    )
+    engine = DockerEngine(settings, SHARED_ENGINE)
+    made = {}
+    for name, limit in (("late", "32m"), ("unlimited", None), ("silent", "32m")):
+        container = docker_client().containers.run(
+            WORKER_IMAGE,
+            detach=True,
+            mem_limit=limit,
+            labels={LABEL_INSTANCE: instance, LABEL_LEASE: name},
+        )
+        container.kill()
+        assert container.wait(timeout=60)["StatusCode"] == 137
+        made[name] = container
+    monkeypatch.setattr(docker_events, "OOM_GRACE_S", 30.0)
+    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    told: asyncio.Queue[WorkerEnded] = asyncio.Queue()
+
+    def event(action: str, name: str) -> dict[str, Any]:
+        attributes = {"exitCode": "137", LABEL_LEASE: name} if action == "die" else {}
+        return {"Action": action, "Actor": {"ID": made[name].id, "Attributes": attributes}}
+
+    async def read() -> None:
+        async for death in docker_events.deaths_in(engine, events):
+            await told.put(death)
+
+    reader = asyncio.create_task(read())
+    try:
+        events.put_nowait(event("die", "late"))
+        events.put_nowait(event("die", "unlimited"))
+        first = await asyncio.wait_for(told.get(), 30)
+        assert (first.lease_id, first.death.cause, first.death.exit_code) == (
+            "unlimited",
+            "exited",
+            137,
+        )
+        assert told.empty()  # the limited one waits for its `oom`
+        events.put_nowait(event("oom", "late"))
+        late = await asyncio.wait_for(told.get(), 30)
+        assert (late.lease_id, late.death.cause, late.death.exit_code) == (
+            "late",
+            "oom_killed",
+            137,
+        )
+        assert late.death.detail == "the kernel's OOM killer ended it"
+
+        monkeypatch.setattr(docker_events, "OOM_GRACE_S", 0.2)
+        events.put_nowait(event("die", "silent"))
+        silent = await asyncio.wait_for(told.get(), 30)
+        assert (silent.lease_id, silent.death.cause) == ("silent", "exited")
+        events.put_nowait(None)
+        await asyncio.wait_for(reader, 30)
+    finally:
+        reader.cancel()
+        for container in made.values():
+            container.remove(force=True)
+        await engine.close()
 
 
 def test_a_worker_slow_to_listen_is_handed_out_ready_and_kept(make_scheduler: Make) -> None:

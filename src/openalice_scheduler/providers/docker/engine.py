@@ -40,6 +40,7 @@ LABEL_KIND = "openalice.scheduler.kind"
 LABEL_OWNER = "openalice.scheduler.owner"
 LABEL_INSTANCE = "openalice.scheduler.instance"
 LABEL_STORE = "openalice.scheduler.store"
+OOM_KILLED = "the kernel's OOM killer ended it"  # a WorkerDeath's words
 # Docker API 1.41 (engine 20.10) has everything used here; naming it avoids a version
 # round trip at start-up, so the service starts even while the engine is down.
 DOCKER_API_VERSION = "1.41"
@@ -287,14 +288,24 @@ class DockerEngine:
     def death_of(self, container_id: str, exit_code: int | None = None) -> WorkerDeath:
         """How a stopped container ended, from its inspection (OOMKilled, ExitCode); one
         already removed meanwhile: `exit_code` as its die event said, cause exited."""
+        return self.end_of(container_id, exit_code)[0]
+
+    def end_of(self, container_id: str, exit_code: int | None = None) -> tuple[WorkerDeath, bool]:
+        """`death_of`, and whether the engine may yet say the kernel's OOM killer ended
+        it: not said so (yet), and the container is there with a memory limit of its own
+        (what Docker's OOMKilled speaks of; events.py waits for that word)."""
         try:
-            state = self.client.api.inspect_container(container_id).get("State") or {}
+            found = self.client.api.inspect_container(container_id)
         except NotFound:
-            state = {}
+            found = {}
+        state = found.get("State") or {}
         code = state.get("ExitCode", exit_code)
         if state.get("OOMKilled"):
-            return WorkerDeath(LostCause.oom_killed, code, "the kernel's OOM killer ended it")
-        return WorkerDeath(LostCause.exited, code, f"its container exited with code {code}")
+            return WorkerDeath(LostCause.oom_killed, code, OOM_KILLED), False
+        limited = bool((found.get("HostConfig") or {}).get("Memory"))
+        return WorkerDeath(
+            LostCause.exited, code, f"its container exited with code {code}"
+        ), limited
 
     def _ensure_network(self) -> None:
         if self._network_ready:

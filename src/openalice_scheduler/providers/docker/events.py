@@ -1,7 +1,11 @@
 """A Docker engine's event stream, as the deaths of this scheduler's containers
 (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out): each `die` event of a
 container labelled with this SCHEDULER_INSTANCE is a WorkerEnded, OOM-killed when the engine said
-`oom` for it (or its inspection says so: Docker sends `oom` before `die`, but nothing promises it).
+`oom` for it (or its inspection says so). Docker sends `oom` before `die` as a rule, but from two
+goroutines of containerd's shim: on a loaded host the `die` of an OOM kill may come first, its
+inspection not yet saying OOMKilled (moby/moby#15621, #18510; seen in the emulators' tests). So the
+`die` of a SIGKILLed container that has a memory limit of its own and is not said OOM-killed waits
+up to OOM_GRACE_S for its `oom`; any other death is told at once.
 
 The SDK's stream blocks, so it is read in a thread of its own for the stream's life and
 handed to the event loop through a queue. A stream that breaks (the engine restarted,
@@ -14,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import requests
@@ -23,7 +27,12 @@ from docker.errors import DockerException
 from openalice_scheduler.errors import ProviderError
 from openalice_scheduler.models import LostCause
 from openalice_scheduler.providers.base import Resync, WorkerDeath, WorkerEnded
-from openalice_scheduler.providers.docker.engine import LABEL_INSTANCE, LABEL_LEASE, DockerEngine
+from openalice_scheduler.providers.docker.engine import (
+    LABEL_INSTANCE,
+    LABEL_LEASE,
+    OOM_KILLED,
+    DockerEngine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +41,9 @@ FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 # The exit code of a process killed by SIGKILL (128 + 9): the OOM killer's, among others.
 SIGKILLED = 137
+# How long the death of a SIGKILLed container that may have been an OOM kill waits for its
+# `oom` event (above); the two come milliseconds apart when both come.
+OOM_GRACE_S = 2.0
 
 
 async def deaths(engine: DockerEngine) -> AsyncIterator[WorkerEnded | Resync]:
@@ -54,10 +66,8 @@ async def deaths(engine: DockerEngine) -> AsyncIterator[WorkerEnded | Resync]:
         ).start()
         try:
             yield Resync(engine.where)
-            oom: set[str] = set()  # containers the engine said `oom` of, before their `die`
-            while (event := await events.get()) is not None:
-                ended = await _ended(engine, event, oom)
-                if ended is not None:
+            async with contextlib.aclosing(deaths_in(engine, events)) as told:
+                async for ended in told:
                     yield ended
         finally:
             stream.close()  # ends the thread's read
@@ -75,31 +85,73 @@ def _open(engine: DockerEngine) -> Any:
     )
 
 
+async def deaths_in(
+    engine: DockerEngine, events: asyncio.Queue[dict[str, Any] | None]
+) -> AsyncGenerator[WorkerEnded, None]:
+    """The deaths the engine's events on `events` tell of, until None; a death held for
+    its `oom` (OOM_GRACE_S) is told when that comes, else once the grace is over."""
+    oom: set[str] = set()  # containers the engine said `oom` of, before their `die`
+    held: dict[str, tuple[float, WorkerEnded]] = {}  # by container: its deadline, its death
+    loop = asyncio.get_running_loop()
+    while True:
+        wait = min((deadline for deadline, _ in held.values()), default=None)
+        try:
+            event = await asyncio.wait_for(
+                events.get(), None if wait is None else max(wait - loop.time(), 0)
+            )
+        except TimeoutError:
+            for container_id in [c for c, (at, _) in held.items() if at <= loop.time()]:
+                yield held.pop(container_id)[1]
+            continue
+        if event is None:
+            break
+        actor = event.get("Actor") or {}
+        container_id = actor.get("ID") or ""
+        if event.get("Action") == "oom":
+            if container_id in held:
+                told = held.pop(container_id)[1]
+                yield WorkerEnded(
+                    told.lease_id,
+                    container_id,
+                    WorkerDeath(LostCause.oom_killed, told.death.exit_code, OOM_KILLED),
+                )
+            else:
+                oom.add(container_id)
+            continue
+        ended, may_be_oom = await _ended(engine, event, oom)
+        if ended is None:
+            continue
+        if may_be_oom:
+            held[container_id] = (loop.time() + OOM_GRACE_S, ended)
+        else:
+            yield ended
+    for _, ended in held.values():  # the stream ended: told as they stand
+        yield ended
+
+
 async def _ended(
     engine: DockerEngine, event: Mapping[str, Any], oom: set[str]
-) -> WorkerEnded | None:
+) -> tuple[WorkerEnded | None, bool]:
+    """The death a `die` event tells of, and whether it may yet be an OOM kill."""
     actor = event.get("Actor") or {}
     container_id, attributes = actor.get("ID") or "", actor.get("Attributes") or {}
-    action = event.get("Action")
-    if action == "oom":
-        oom.add(container_id)
-        return None
-    if action != "die" or not container_id:
-        return None
+    if event.get("Action") != "die" or not container_id:
+        return None, False
     given = str(attributes.get("exitCode", ""))
     code = int(given) if given.isdigit() else None
+    may_be_oom = False
     if container_id in oom:
         oom.discard(container_id)
-        death = WorkerDeath(LostCause.oom_killed, code, "the kernel's OOM killer ended it")
+        death = WorkerDeath(LostCause.oom_killed, code, OOM_KILLED)
     elif code == SIGKILLED:
-        # Killed: its inspection tells whether by the OOM killer.
+        # Killed: its inspection tells whether by the OOM killer (or may yet, above).
         try:
-            death = await engine.run(engine.death_of, container_id, code)
+            death, may_be_oom = await engine.run(engine.end_of, container_id, code)
         except ProviderError:
             death = WorkerDeath(LostCause.exited, code, "its container was killed")
     else:
         death = WorkerDeath(LostCause.exited, code, f"its container exited with code {code}")
-    return WorkerEnded(attributes.get(LABEL_LEASE), container_id, death)
+    return WorkerEnded(attributes.get(LABEL_LEASE), container_id, death), may_be_oom
 
 
 def _read(
