@@ -133,30 +133,24 @@ async def test_an_oom_kill_whose_die_comes_before_its_oom_is_told_as_an_oom_kill
         async for death in docker_events.deaths_in(engine, events):
             await told.put(death)
 
+    async def next_death() -> tuple[str | None, str, int | None, str]:
+        ended = await asyncio.wait_for(told.get(), 30)
+        return ended.lease_id, ended.death.cause, ended.death.exit_code, ended.death.detail
+
     reader = asyncio.create_task(read())
     try:
         events.put_nowait(event("die", "late"))
         events.put_nowait(event("die", "unlimited"))
-        first = await asyncio.wait_for(told.get(), 30)
-        assert (first.lease_id, first.death.cause, first.death.exit_code) == (
-            "unlimited",
-            "exited",
-            137,
-        )
+        killed = "its container exited with code 137"
+        assert await next_death() == ("unlimited", "exited", 137, killed)
         assert told.empty()  # the limited one waits for its `oom`
         events.put_nowait(event("oom", "late"))
-        late = await asyncio.wait_for(told.get(), 30)
-        assert (late.lease_id, late.death.cause, late.death.exit_code) == (
-            "late",
-            "oom_killed",
-            137,
-        )
-        assert late.death.detail == "the kernel's OOM killer ended it"
+        oom = "the kernel's OOM killer ended it"
+        assert await next_death() == ("late", "oom_killed", 137, oom)
 
         monkeypatch.setattr(docker_events, "OOM_GRACE_S", 0.2)
         events.put_nowait(event("die", "silent"))
-        silent = await asyncio.wait_for(told.get(), 30)
-        assert (silent.lease_id, silent.death.cause) == ("silent", "exited")
+        assert await next_death() == ("silent", "exited", 137, killed)
         events.put_nowait(None)
         await asyncio.wait_for(reader, 30)
     finally:
