@@ -144,12 +144,14 @@ class InstanceContainers:
 
     def _oom_recorded(self, container_id: str) -> bool:
         """Whether nothing is left to wait for: Docker says the container was OOM-killed,
-        or it is gone (removed, by an emulator that ended it)."""
+        or it is gone (removed, by an emulator that ended it), or the engine cannot be
+        asked (the `die` is then reported at once, as before any of this: an error here
+        must not end the thread that reads the stream)."""
         if container_id in self._ooms:
             return True
         try:
             state = self._client.api.inspect_container(container_id)["State"]
-        except docker.errors.NotFound:
+        except (docker.errors.DockerException, OSError):
             return True
         return bool(state.get("OOMKilled"))
 
