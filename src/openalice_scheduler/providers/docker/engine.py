@@ -40,7 +40,6 @@ LABEL_KIND = "openalice.scheduler.kind"
 LABEL_OWNER = "openalice.scheduler.owner"
 LABEL_INSTANCE = "openalice.scheduler.instance"
 LABEL_STORE = "openalice.scheduler.store"
-OOM_KILLED = "the kernel's OOM killer ended it"  # a WorkerDeath's words
 # Docker API 1.41 (engine 20.10) has everything used here; naming it avoids a version
 # round trip at start-up, so the service starts even while the engine is down.
 DOCKER_API_VERSION = "1.41"
@@ -301,11 +300,8 @@ class DockerEngine:
         state = found.get("State") or {}
         code = state.get("ExitCode", exit_code)
         if state.get("OOMKilled"):
-            return WorkerDeath(LostCause.oom_killed, code, OOM_KILLED), False
-        limited = bool((found.get("HostConfig") or {}).get("Memory"))
-        return WorkerDeath(
-            LostCause.exited, code, f"its container exited with code {code}"
-        ), limited
+            return oom_killed(code), False
+        return exited(code), bool((found.get("HostConfig") or {}).get("Memory"))
 
     def _ensure_network(self) -> None:
         if self._network_ready:
@@ -414,3 +410,13 @@ def _remove_quietly(container: Any) -> None:
         container.remove(force=True)
     except DockerException:
         log.warning("could not remove half-made container %s", container.id[:12])
+
+
+def oom_killed(code: int | None) -> WorkerDeath:
+    """A container's death by the kernel's OOM killer, in the words the lease keeps."""
+    return WorkerDeath(LostCause.oom_killed, code, "the kernel's OOM killer ended it")
+
+
+def exited(code: int | None) -> WorkerDeath:
+    """A container's death by its exit (or a kill other than the OOM killer's)."""
+    return WorkerDeath(LostCause.exited, code, f"its container exited with code {code}")

@@ -30,8 +30,9 @@ from openalice_scheduler.providers.base import Resync, WorkerDeath, WorkerEnded
 from openalice_scheduler.providers.docker.engine import (
     LABEL_INSTANCE,
     LABEL_LEASE,
-    OOM_KILLED,
     DockerEngine,
+    exited,
+    oom_killed,
 )
 
 log = logging.getLogger(__name__)
@@ -110,11 +111,7 @@ async def deaths_in(
         if event.get("Action") == "oom":
             if container_id in held:
                 told = held.pop(container_id)[1]
-                yield WorkerEnded(
-                    told.lease_id,
-                    container_id,
-                    WorkerDeath(LostCause.oom_killed, told.death.exit_code, OOM_KILLED),
-                )
+                yield WorkerEnded(told.lease_id, container_id, oom_killed(told.death.exit_code))
             else:
                 oom.add(container_id)
             continue
@@ -142,7 +139,7 @@ async def _ended(
     may_be_oom = False
     if container_id in oom:
         oom.discard(container_id)
-        death = WorkerDeath(LostCause.oom_killed, code, OOM_KILLED)
+        death = oom_killed(code)
     elif code == SIGKILLED:
         # Killed: its inspection tells whether by the OOM killer (or may yet, above).
         try:
@@ -150,7 +147,7 @@ async def _ended(
         except ProviderError:
             death = WorkerDeath(LostCause.exited, code, "its container was killed")
     else:
-        death = WorkerDeath(LostCause.exited, code, f"its container exited with code {code}")
+        death = exited(code)
     return WorkerEnded(attributes.get(LABEL_LEASE), container_id, death), may_be_oom
 
 
