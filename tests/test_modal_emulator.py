@@ -30,6 +30,7 @@ import pytest
 from tests.harness import TLS, WORKER_IMAGE, docker_client, wait_for
 from tests.modal_emulator import CHECKED_CLIENT_VERSION, LABEL_INSTANCE, ModalEmulator
 from tests.modal_emulator.make_contract import build, differences, load
+from tests.oom import oom_kill_docker_hears
 
 WORKER = ("/bin/sh", "/entry.sh")  # the demo worker's own start, given explicitly
 LEASE_VALUE = "lease-" + uuid.uuid4().hex  # a value that must only reach the container
@@ -483,10 +484,19 @@ def test_a_container_the_kernel_oom_killed_at_its_limit_is_reported_so(
 ) -> None:
     """A process really past the sandbox's hard memory limit: Docker says OOMKilled."""
     hog = ("/bin/busybox", "dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
-    sandbox = modal.Sandbox.create(*hog, app=app, image=image, memory=(16, 32))
-    sandbox.wait()
-    assert sandbox.returncode == 137
-    result = emulator.sandbox(sandbox.object_id)["result"]
+
+    def make() -> tuple[str, tuple[modal.Sandbox, dict[str, Any]]]:
+        sandbox = modal.Sandbox.create(*hog, app=app, image=image, memory=(16, 32))
+        sandbox.wait()
+        assert sandbox.returncode == 137
+        record = emulator.sandbox(sandbox.object_id)
+        return record["container_id"], (sandbox, record["result"])
+
+    def lost(outcome: tuple[modal.Sandbox, dict[str, Any]]) -> None:
+        _, result = outcome  # Docker did not say OOMKilled (tests/oom.py): a plain kill
+        assert (result["status"], result["returncode"]) == ("FAILURE", 137)
+
+    sandbox, result = oom_kill_docker_hears(make, lost)
     assert (result["status"], result["returncode"]) == ("KERNEL_OOM_KILL", 137)
     assert "32 MiB" in result["exception"]
     assert modal.Sandbox.from_id(sandbox.object_id, client=client).poll() == 137

@@ -12,16 +12,21 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import docker
 import pytest
 
+from openalice_scheduler.models import GpuClass, WorkerKind
+from openalice_scheduler.providers.base import Worker, WorkerSpec
+from openalice_scheduler.providers.probe import NotReady, ReadyProbe
 from tests.harness import HTTP, REPO, Scheduler, docker_client, fetch_in_network
 from tests.runpod_emulator import RunPodEmulator
 
@@ -64,18 +69,60 @@ def test_a_docker_lease_is_held_back_until_its_worker_answers(make_scheduler: Ma
 
 
 def test_a_docker_worker_that_never_answers_is_destroyed(make_scheduler: Make) -> None:
-    sched = make_scheduler(RENDERER_READY_PATH="/healthz", LOCAL_DOCKER_READY_TIMEOUT_SECONDS="1.5")
+    # 3 s: its health path answers 404 at least once in them on a loaded machine too.
+    sched = make_scheduler(RENDERER_READY_PATH="/healthz", LOCAL_DOCKER_READY_TIMEOUT_SECONDS="3")
     response = sched.acquire(kind="renderer", env={"READY_DELAY_SECONDS": "never"})
     assert response.status_code == 502, response.text
     body = response.json()
     assert body["error"] == "provision_failed"
-    assert "not ready after 1.5 s" in body["message"]
+    assert "not ready after 3 s" in body["message"]
     assert "/healthz: 404" in body["failures"]["local-docker"]
     assert sched.containers() == []
     [failed] = _failed_leases(sched)
     assert failed["kind"] == "renderer"
     assert sched.leases() == []
     assert sched.metric("scheduler_ready_seconds_count", provider="local-docker") == 0
+
+
+async def test_a_worker_that_answered_is_named_by_its_answer_not_by_the_attempt_cut_short() -> None:
+    """A health path that answered 404, then, its worker loaded, nothing before the probe's
+    time ran out: the caller is told the 404 the worker gave, not the timeout of the last
+    attempt, which the probe's own deadline cut short (seen on a loaded machine)."""
+    answered = 0
+    hold = threading.Event()
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            nonlocal answered
+            if answered < 2:
+                answered += 1
+                self.send_error(404)
+            else:
+                hold.wait(10)  # a worker too busy to answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = ReadyProbe({"renderer": "/healthz"}, {"local-docker": 1.0})
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    spec = WorkerSpec(
+        lease_id=str(uuid.uuid4()),
+        kind=WorkerKind.renderer,
+        gpu=GpuClass.none,
+        expires_at=datetime.now(UTC) + timedelta(minutes=5),
+    )
+    try:
+        with pytest.raises(NotReady) as failed:
+            await probe.wait("local-docker", spec, Worker(url, "token"), time.perf_counter())
+    finally:
+        hold.set()
+        await probe.close()
+        server.shutdown()
+        server.server_close()
+    assert answered == 2
+    assert str(failed.value) == f"worker not ready after 1 s (GET {url}/healthz: 404)"
 
 
 def test_without_a_ready_path_the_probe_is_a_tcp_connect(make_scheduler: Make) -> None:

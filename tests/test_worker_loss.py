@@ -36,6 +36,7 @@ from tests.harness import (
     wait_for,
 )
 from tests.loss import end_of, ended, lease_now, lost, renew, renewal_refused_as_lost
+from tests.oom import oom_kill_docker_hears
 from tests.test_replicas import Replicas, replicas  # noqa: F401 - the fixture
 from tests.test_warm_pool import wait_idle
 
@@ -81,12 +82,22 @@ def test_a_worker_that_exits_has_its_exit_code_on_its_lease(make_scheduler: Make
 
 def test_an_oom_killed_worker_is_lost_as_oom_killed(make_scheduler: Make) -> None:
     s = make_scheduler(**STREAM_ONLY)
-    lease = s.lease(ttl_seconds=600)
-    container = docker_client().containers.get(lease["provider_token"])
-    # A memory limit the worker then outgrows: the kernel's OOM killer ends it.
-    container.update(mem_limit="32m", memswap_limit="32m")
-    httpx.get(container_address(lease) + "/cgi-bin/hog", timeout=10)
-    lost(s, lease, "oom_killed", 137)
+
+    def make() -> tuple[str, dict[str, Any]]:
+        lease = s.lease(ttl_seconds=600)
+        container = docker_client().containers.get(lease["provider_token"])
+        # A memory limit the worker then outgrows: the kernel's OOM killer ends it.
+        container.update(mem_limit="32m", memswap_limit="32m")
+        httpx.get(container_address(lease) + "/cgi-bin/hog", timeout=10)
+        return container.id, ended(s, lease)
+
+    def lost_by_docker(lease: dict[str, Any]) -> None:
+        # Docker did not say OOMKilled (tests/oom.py): its worker exited with 137, for all
+        # the scheduler can know.
+        assert end_of(lease) == ("released", "lost", "exited", 137), lease
+
+    lease = oom_kill_docker_hears(make, lost_by_docker)
+    assert end_of(lease) == ("released", "lost", "oom_killed", 137), lease
     assert (
         s.metric("scheduler_workers_lost_total", provider="local-docker", cause="oom_killed") == 1
     )

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import httpx
@@ -43,6 +44,14 @@ PROXY_NOT_THERE = frozenset({502, 503, 504})
 
 class NotReady(ProviderError):
     """The worker did not pass its probe in time (the service destroys it)."""
+
+
+class Seen(NamedTuple):
+    """What one attempt saw instead of a ready worker, and whether it was that the attempt
+    ran out of time."""
+
+    what: str
+    timed_out: bool
 
 
 class ReadyProbe:
@@ -97,16 +106,20 @@ class ReadyProbe:
         path = self.paths.get(spec.kind.value)
         deadline = time.monotonic() + timeout
         interval = FIRST_INTERVAL_S
+        told: str | None = None  # what the caller is told if the worker never gets ready
         while True:
             left = deadline - time.monotonic()
-            problem = await self._attempt(
-                url, path, worker.behind_proxy, max(0.05, min(ATTEMPT_TIMEOUT_S, left))
-            )
-            if problem is None:
+            budget = max(0.05, min(ATTEMPT_TIMEOUT_S, left))
+            seen = await self._attempt(url, path, worker.behind_proxy, budget)
+            if seen is None:
                 break
+            # An attempt the deadline cut short, timed out, says less of the worker than the
+            # answer before it (a health path's 404 from a worker that is slow to answer).
+            if told is None or not (seen.timed_out and budget < ATTEMPT_TIMEOUT_S):
+                told = seen.what
             left = deadline - time.monotonic()
             if left <= 0:
-                raise NotReady(f"worker not ready after {timeout:g} s ({problem})")
+                raise NotReady(f"worker not ready after {timeout:g} s ({told})")
             await asyncio.sleep(min(interval, left))
             interval = min(interval * 2, MAX_INTERVAL_S)
         took = time.perf_counter() - since
@@ -122,7 +135,8 @@ class ReadyProbe:
     async def check(self, kind: str, url: str) -> str | None:
         """One attempt of `kind`'s probe at `url`: None when the worker answers as ready,
         else what was seen (an idle warm-pool worker's periodic check, pool.py)."""
-        return await self._attempt(url, self.paths.get(kind), False, ATTEMPT_TIMEOUT_S)
+        seen = await self._attempt(url, self.paths.get(kind), False, ATTEMPT_TIMEOUT_S)
+        return None if seen is None else seen.what
 
     async def close(self) -> None:
         if self._client is not None:
@@ -130,7 +144,7 @@ class ReadyProbe:
 
     async def _attempt(
         self, url: str, path: str | None, behind_proxy: bool, budget: float
-    ) -> str | None:
+    ) -> Seen | None:
         """None when the worker answered as ready, else what was seen instead."""
         if path is None and not behind_proxy:
             return await _connect(url, budget)
@@ -140,20 +154,21 @@ class ReadyProbe:
         try:
             response = await self._client.get(target, timeout=budget)
         except httpx.HTTPError as exc:
-            return f"GET {target}: {type(exc).__name__}"
+            timed_out = isinstance(exc, httpx.TimeoutException)
+            return Seen(f"GET {target}: {type(exc).__name__}", timed_out)
         # Behind a proxy, with no path to ask: any answer of the worker's own will do.
         ok = response.status_code not in PROXY_NOT_THERE if path is None else response.is_success
-        return None if ok else f"GET {target}: {response.status_code}"
+        return None if ok else Seen(f"GET {target}: {response.status_code}", False)
 
 
-async def _connect(url: str, budget: float) -> str | None:
+async def _connect(url: str, budget: float) -> Seen | None:
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), budget)
     except (OSError, TimeoutError) as exc:
-        return f"TCP {host}:{port}: {type(exc).__name__}"
+        return Seen(f"TCP {host}:{port}: {type(exc).__name__}", isinstance(exc, TimeoutError))
     writer.close()
     with contextlib.suppress(OSError):  # closed by the worker: it did accept, all the same
         await writer.wait_closed()
