@@ -629,6 +629,25 @@ async def test_a_fast_pod_is_not_kept_waiting_a_whole_poll_interval(
     assert time.monotonic() - started < 5  # well within the 10 s poll interval
 
 
+async def test_the_look_that_sees_a_pod_run_is_its_last(
+    api: str, make_provider: Callable[..., RunPodProvider], runpod: RunPodEmulator
+) -> None:
+    """The start watcher stops with its last pod settled: no call after the read that saw
+    the pod run. It used to look once more (a list of nothing, or, when that read took
+    longer than the poll interval, the same read again); a call so left in flight once
+    landed on the emulator after the next test had reset it (a machine loaded past its
+    cores)."""
+    provider = polling(make_provider, runpod, api, every=0.5, pods_run_after=0.3)
+    worker = await provider.provision(spec())
+    returned = time.time()
+    await until(lambda: not provider.starting.watching, "the start watcher to stop")
+    after = [(c.op, c.pod_id) for c in runpod.calls() if c.at >= returned]
+    assert after == [], after
+    reads = runpod.calls("read")
+    assert reads and reads[-1].pod_id == worker.provider_token
+    assert runpod.call_count("list") == 0
+
+
 async def test_pod_that_vanishes_while_starting_fails_the_provision(
     api: str, provider: RunPodProvider, runpod: RunPodEmulator
 ) -> None:

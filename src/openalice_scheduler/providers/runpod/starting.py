@@ -56,9 +56,14 @@ class StartWatch:
         finally:
             self.pending.pop(pod_id, None)
 
+    @property
+    def watching(self) -> bool:
+        """Whether the loop runs: only while some pod is being waited for."""
+        return self._watcher is not None and not self._watcher.done()
+
     def close(self) -> None:
-        if self._watcher is not None and not self._watcher.done():
-            self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()  # nothing, once it has ended
 
     async def _watch(self) -> None:
         """One loop for all starting pods. Each pod has its own next look: soon after its
@@ -74,7 +79,8 @@ class StartWatch:
                     await asyncio.wait_for(self._wake.wait(), delay)
                     continue  # a new pod: it may be due sooner
                 except TimeoutError:
-                    pass
+                    if not self.pending:
+                        break  # their callers gave up meanwhile: nothing to look at
             looked_at = time.monotonic()
             try:
                 await self._look()
@@ -107,6 +113,9 @@ class StartWatch:
             if pod is None and len(waiting) > 1:
                 pod = await self.client.get_pod(pod_id)  # not listed: make sure it is gone
             if pod is None or pod.running or pod.dead:
+                # Settled: out of the loop's sight at once, not when its caller next runs
+                # (the loop would look at it again meanwhile, or list nothing).
+                self.pending.pop(pod_id, None)
                 waiter = waiting[pod_id].waiter
                 if not waiter.done():
                     waiter.set_result(pod)
