@@ -128,6 +128,14 @@ done
 { printf '%s%s\n' "$head" "$cr"
   [ "$length" -gt 0 ] 2>/dev/null && /bin/busybox head -c "$length"; } \
   | /bin/busybox httpd -i -h /www
+# The signal a CGI script left for the worker's main process (exit, hog: either ends the
+# worker) is sent only now, its answer written: sent from the script, the worker could end
+# before httpd passed the answer on, and its caller would see the connection closed.
+if [ -e /tmp/after-answer ]; then
+  signal=$(/bin/busybox cat /tmp/after-answer)
+  /bin/busybox rm -f /tmp/after-answer
+  /bin/busybox kill -"$signal" 1
+fi
 FRONT
 /bin/busybox chmod +x /front
 health="/www${READY_PATH:-/healthz}"
@@ -148,12 +156,12 @@ code=${QUERY_STRING:-1}
 case "$code" in ''|*[!0-9]*) code=1 ;; esac
 printf '%s\n' "$code" > /tmp/exit-code
 printf 'Content-Type: application/json\r\n\r\n{"exiting":%s}\n' "$code"
-/bin/busybox kill -USR2 1
+echo USR2 > /tmp/after-answer
 CGI
 /bin/busybox cat > /www/cgi-bin/hog <<'CGI'
 #!/bin/sh
 printf 'Content-Type: application/json\r\n\r\n{"hogging":true}\n'
-/bin/busybox kill -USR1 1
+echo USR1 > /tmp/after-answer
 CGI
 /bin/busybox chmod +x /www/cgi-bin/exit /www/cgi-bin/hog
 # A worker slow to listen: its container runs, its port answers nothing yet.
