@@ -47,8 +47,8 @@ class NotReady(ProviderError):
 
 
 class Seen(NamedTuple):
-    """What one attempt saw instead of a ready worker, and whether it was that the attempt
-    ran out of time."""
+    """What one attempt saw instead of a ready worker; `timed_out` when what it saw was its
+    own time running out (no answer yet)."""
 
     what: str
     timed_out: bool
