@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -302,6 +303,32 @@ def docker_client(engine: str = SHARED_ENGINE) -> docker.DockerClient:
     if engine not in _clients:
         _clients[engine] = docker.DockerClient(base_url=engine, version="1.41", timeout=120)
     return _clients[engine]
+
+
+@contextmanager
+def engine_events(
+    filters: dict[str, Any], on_event: Callable[[dict[str, Any]], None], since: int | None = None
+) -> Iterator[None]:
+    """While the block runs, `on_event(event)` for each event of the shared engine that
+    matches `filters` (from `since`, unix seconds, if given: the engine's buffer replays
+    what came while the stream was being opened), called from a thread of its own that
+    reads the stream on a client of its own."""
+    client = docker.DockerClient(base_url=SHARED_ENGINE, version="1.41")
+    stream = client.events(since=since, decode=True, filters=filters)
+
+    def read() -> None:
+        with suppress(Exception):  # the stream closed under it, at the end
+            for event in stream:
+                on_event(event)
+
+    reader = threading.Thread(target=read, name="engine-events", daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        stream.close()
+        reader.join(10)
+        client.close()
 
 
 def list_containers(client: docker.DockerClient, **filters: Any) -> list[Any]:

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import pytest
 
-from tests.harness import docker_client
+from tests.harness import engine_events
 
 ATTEMPTS = 3
 # How long an `oom` may trail the end a test saw before Docker is taken to have lost it:
@@ -56,22 +56,9 @@ def docker_ooms() -> Iterator[Heard]:
     """The shared engine's `oom` events while the block runs (from the second it began:
     one sent while the stream was being opened is not missed)."""
     heard = Heard()
-    stream = docker_client().events(
-        since=int(time.time()), decode=True, filters={"type": "container", "event": "oom"}
-    )
-
-    def read() -> None:
-        with contextlib.suppress(Exception):  # the stream closed under it, at the end
-            for event in stream:
-                heard.add(event["Actor"]["ID"])
-
-    thread = threading.Thread(target=read, name="oom-events", daemon=True)
-    thread.start()
-    try:
+    oom = {"type": "container", "event": "oom"}
+    with engine_events(oom, lambda event: heard.add(event["Actor"]["ID"]), int(time.time())):
         yield heard
-    finally:
-        stream.close()
-        thread.join(10)
 
 
 def oom_kill_docker_hears(make: Callable[[], tuple[str, T]], lost: Callable[[T], None]) -> T:

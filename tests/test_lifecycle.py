@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import docker
 import httpx
@@ -21,10 +22,10 @@ import httpx
 from tests.harness import (
     HTTP,
     INSTANCE_LABEL,
-    SHARED_ENGINE,
     WORKER_IMAGE,
     Scheduler,
     docker_client,
+    engine_events,
     free_port,
     printed_lines,
     run_serve,
@@ -67,27 +68,16 @@ def container_stops(instance: str) -> Iterator[dict[str, float]]:
     stopped (unix time of its first kill, die, stop or destroy event), by its lease id,
     as the engine's event stream tells it. The engine's own clock: a later look cannot
     be fooled by a slow test, and its event buffer (256) is not relied on."""
-    client = docker.DockerClient(base_url=SHARED_ENGINE, version="1.41")  # read by a thread
-    stream = client.events(
-        decode=True, filters={"type": "container", "label": f"{INSTANCE_LABEL}={instance}"}
-    )
     first: dict[str, float] = {}
 
-    def read() -> None:
-        with contextlib.suppress(Exception):  # the stream closed at the end
-            for event in stream:
-                lease_id = event.get("Actor", {}).get("Attributes", {}).get(LEASE_LABEL)
-                if event.get("Action") in STOPPING and lease_id:
-                    first.setdefault(lease_id, event["timeNano"] / 1e9)
+    def heard(event: dict[str, Any]) -> None:
+        lease_id = event.get("Actor", {}).get("Attributes", {}).get(LEASE_LABEL)
+        if event.get("Action") in STOPPING and lease_id:
+            first.setdefault(lease_id, event["timeNano"] / 1e9)
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
+    label = f"{INSTANCE_LABEL}={instance}"
+    with engine_events({"type": "container", "label": label}, heard):
         yield first
-    finally:
-        stream.close()
-        reader.join(10)
-        client.close()
 
 
 # --- expiry ----------------------------------------------------------------------------
