@@ -16,17 +16,23 @@ import docker
 import docker.errors
 
 # Docker reports a kernel OOM kill with two events: `oom`, when containerd's shim reads the
-# cgroup's OOM notice (moby's daemon/monitor.go sets `State.OOMKilled` then), and `die`,
-# when it reaps the process. The shim sends them from two goroutines, so on a loaded
-# machine `die` may come first, with `OOMKilled` still false (seen once in a suite's run;
-# moby/moby#15621 and #18510 tell of the flag's unreliability). The runtime a kubelet uses
-# takes an OOM in either order (containerd's CRI sets the container's reason OOMKilled on a
-# TaskOOM event whatever its state, pkg/cri/server/events.go). So a `die` with SIGKILL's
-# exit code whose OOM kill is not recorded yet is reported once the `oom` event came, or
-# OOM_LATE_SECONDS after the `die` without one (a SIGKILL that was no OOM kill: the
-# emulators' own kills write their outcome themselves and do not wait on this).
+# cgroup's OOM notice, and `die`, when it reaps the process. The shim sends them from two
+# goroutines, so on a loaded machine `die` may come first (moby/moby#15621, #18510). Docker
+# 20.10 then never says OOMKilled: its `State.OOMKilled` is written once, at the exit, from
+# whether containerd's TaskOOM came before the TaskExit (v20.10.24's daemon/monitor.go
+# handleContainerExit and libcontainerd/remote/client.go processEventStream; the later
+# `oom` only logs the event). The runtime a kubelet uses takes an OOM in either order
+# (containerd's CRI sets the container's reason OOMKilled on a TaskOOM event whatever its
+# state, pkg/cri/server/events.go). So a container is told OOM-killed when Docker said
+# `oom` of it, or its state says so; a `die` with SIGKILL's exit code and neither is
+# reported once the `oom` event came, or OOM_LATE_SECONDS after the `die` without one (a
+# SIGKILL that was no OOM kill: the emulators' own kills write their outcome themselves
+# and do not wait on this).
 _SIGKILL_EXIT = 128 + 9
 OOM_LATE_SECONDS = 10.0
+
+# on_die(the container's labels, its id, its exit code, whether the kernel OOM-killed it)
+OnDie = Callable[[dict[str, str], str, int, bool], None]
 
 
 class InstanceContainers:
@@ -94,10 +100,10 @@ class InstanceContainers:
             self.remove(entry["Id"])
         return len(found)
 
-    def watch_dies(self, on_die: Callable[[dict[str, str], str, int], None]) -> None:
-        """Call `on_die(labels, container id, exit code)` (from a thread) as containers of
-        this instance end; a container the kernel OOM-killed only once Docker records it
-        so (`State.OOMKilled`), whichever of its `die` and `oom` events came first."""
+    def watch_dies(self, on_die: OnDie) -> None:
+        """Call `on_die(labels, container id, exit code, OOM-killed)` (from a thread) as
+        containers of this instance end; a container the kernel OOM-killed once Docker has
+        said so, whichever of its `die` and `oom` events came first."""
         self._events = docker.from_env(timeout=None).events(
             decode=True,
             filters={"type": "container", "event": ["die", "oom"], "label": self.selector},
@@ -112,12 +118,10 @@ class InstanceContainers:
 
         threading.Thread(target=read, name="docker-events", daemon=True).start()
 
-    def heard(
-        self, event: dict[str, Any], on_die: Callable[[dict[str, str], str, int], None]
-    ) -> None:
+    def heard(self, event: dict[str, Any], on_die: OnDie) -> None:
         """One event of Docker's stream: an `oom` is kept for its `die`; a `die` is reported
-        now, or, a SIGKILL whose OOM kill Docker may not have recorded yet, from a thread
-        of its own once it has or OOM_LATE_SECONDS have passed."""
+        now, or, a SIGKILL Docker has not said was an OOM kill yet, from a thread of its
+        own once it has or OOM_LATE_SECONDS have passed."""
         actor = event.get("Actor", {})
         attributes = actor.get("Attributes", {})
         container_id = actor.get("ID", "")
@@ -127,44 +131,49 @@ class InstanceContainers:
                 self._oom_heard.notify_all()
             return
         code = int(attributes.get("exitCode", "-1"))
-        if code != _SIGKILL_EXIT or self._oom_recorded(container_id):
-            self._report(on_die, attributes, container_id, code)
+        oom_killed = self._oom_told(container_id)
+        if code != _SIGKILL_EXIT or oom_killed is not None:
+            self._report(on_die, attributes, container_id, code, bool(oom_killed))
             return
 
         def later() -> None:
             with self._oom_heard:
-                self._oom_heard.wait_for(
+                heard = self._oom_heard.wait_for(
                     lambda: container_id in self._ooms or self._closed, OOM_LATE_SECONDS
                 )
                 if self._closed:
                     return
-            self._report(on_die, attributes, container_id, code)
+            self._report(on_die, attributes, container_id, code, heard)
 
         threading.Thread(target=later, name="docker-oom-wait", daemon=True).start()
 
-    def _oom_recorded(self, container_id: str) -> bool:
-        """Whether nothing is left to wait for: Docker says the container was OOM-killed,
-        or it is gone (removed, by an emulator that ended it), or the engine cannot be
-        asked (the `die` is then reported at once, as before any of this: an error here
-        must not end the thread that reads the stream)."""
-        if container_id in self._ooms:
-            return True
+    def _oom_told(self, container_id: str) -> bool | None:
+        """Whether Docker said the kernel OOM-killed the container (its `oom` event came,
+        or its state says so); None while its `oom` may still come: Docker said neither
+        and the container is still there. A container gone (removed, by an emulator that
+        ended it), or an engine that cannot be asked, is taken as no OOM kill, so that its
+        `die` is reported at once: an error here must not end the thread that reads the
+        stream."""
+        with self._oom_heard:
+            if container_id in self._ooms:
+                return True
         try:
             state = self._client.api.inspect_container(container_id)["State"]
         except (docker.errors.DockerException, OSError):
-            return True
-        return bool(state.get("OOMKilled"))
+            return False
+        return True if state.get("OOMKilled") else None
 
     def _report(
         self,
-        on_die: Callable[[dict[str, str], str, int], None],
+        on_die: OnDie,
         attributes: dict[str, str],
         container_id: str,
         code: int,
+        oom_killed: bool,
     ) -> None:
         with self._oom_heard:
             self._ooms.discard(container_id)
-        on_die(attributes, container_id, code)
+        on_die(attributes, container_id, code, oom_killed)
 
     def close(self) -> None:
         with self._oom_heard:

@@ -614,15 +614,16 @@ def test_a_container_past_its_memory_limit_is_oom_killed_for_real(
     assert (state["reason"], state["exitCode"]) == ("OOMKilled", 137)
 
 
-def test_a_die_that_comes_before_its_oom_is_reported_once_docker_records_the_oom(
+def test_a_die_that_comes_before_its_oom_is_reported_as_an_oom_kill_once_the_oom_comes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Docker may send a container's `die` before its `oom` (two goroutines of containerd's
-    shim): the test above once saw `Error` 137 so on a loaded machine. That order cannot
-    be made on purpose, so the two events are handed to the emulators' event reader as
-    Docker sends them then, for a real container SIGKILLed (exit code 137, not marked
-    OOM-killed). The `die` waits for the `oom`; a SIGKILL with no `oom` is reported too,
-    after OOM_LATE_SECONDS."""
+    shim), and its `State.OOMKilled` then stays false: the test above once saw `Error` 137
+    so on a loaded machine. That order cannot be made on purpose, so the two events are
+    handed to the emulators' event reader as Docker sends them then, for a real container
+    SIGKILLed (exit code 137, not marked OOM-killed). The `die` waits for the `oom` and is
+    told an OOM kill, as containerd's CRI tells it; a SIGKILL with no `oom` is reported
+    too, after OOM_LATE_SECONDS, as no OOM kill."""
     watcher = InstanceContainers("openalice.test.oom-order", uuid.uuid4().hex[:10], None, 60)
     engine = docker_client()
     try:
@@ -633,11 +634,13 @@ def test_a_die_that_comes_before_its_oom_is_reported_once_docker_records_the_oom
             )
             made.kill(signal="SIGKILL")
             assert made.wait(timeout=60)["StatusCode"] == 137
+            made.reload()
+            assert made.attrs["State"]["OOMKilled"] is False
             killed.append(made.id)
-        reported: list[tuple[str, int]] = []
+        reported: list[tuple[str, int, bool]] = []
 
-        def on_die(labels: dict[str, str], container_id: str, code: int) -> None:
-            reported.append((container_id, code))
+        def on_die(labels: dict[str, str], container_id: str, code: int, oom: bool) -> None:
+            reported.append((container_id, code, oom))
 
         def event(action: str, container_id: str) -> dict[str, Any]:
             attributes = {"exitCode": "137"} if action == "die" else {}
@@ -648,12 +651,12 @@ def test_a_die_that_comes_before_its_oom_is_reported_once_docker_records_the_oom
         assert reported == []  # held: Docker has not said whether it was an OOM kill
         watcher.heard(event("oom", late), on_die)
         wait_for(lambda: reported, 30, what="the die, once its oom came")
-        assert reported == [(late, 137)]
+        assert reported == [(late, 137, True)]
 
         monkeypatch.setattr(emulator_docker, "OOM_LATE_SECONDS", 0.2)
         watcher.heard(event("die", plain), on_die)
         wait_for(lambda: len(reported) == 2, 30, what="a plain SIGKILL's die")
-        assert reported[1] == (plain, 137)
+        assert reported[1] == (plain, 137, False)
     finally:
         watcher.close()
     assert watcher.listed() == []

@@ -24,7 +24,7 @@ import base64
 import contextlib
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -440,14 +440,15 @@ class Kubelet:
         if runtime.container_id is not None:
             self._spawn(asyncio.to_thread(self.runtime.remove, runtime.container_id))
 
-    def _exit_heard(self, uid: str, container_id: str, code: int) -> None:
+    def _exit_heard(self, uid: str, container_id: str, code: int, oom_killed: bool) -> None:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(
-                lambda: self._spawn(self._exited(uid, container_id, code))
+                lambda: self._spawn(self._exited(uid, container_id, code, oom_killed))
             )
 
-    async def _exited(self, uid: str, container_id: str, code: int) -> None:
-        """A container ended by itself (or the kernel's OOM killer ended it)."""
+    async def _exited(self, uid: str, container_id: str, code: int, oom_killed: bool) -> None:
+        """A container ended by itself (or the kernel's OOM killer ended it: Docker said
+        so, by its `oom` event or its state, tests/emulator_docker.py)."""
         runtime = self.pods.get(uid)
         if runtime is not None and runtime.container_id is None and runtime.start is not None:
             await asyncio.gather(runtime.start, return_exceptions=True)  # exited at once
@@ -461,6 +462,8 @@ class Kubelet:
             return
         before = self._snapshot(pod)
         end = end or Exit(code, None, None, oom_killed=False)
+        if oom_killed and not end.oom_killed:
+            end = replace(end, oom_killed=True)  # its `oom` came after the exit: CRI's reason
         podstatus.exited(pod, end, container_id, self.store.timestamp())
         self._changed(pod, before)
 

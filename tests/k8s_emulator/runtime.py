@@ -147,11 +147,12 @@ class Runtime(InstanceContainers):
             for entry in self.listed()
         ]
 
-    def watch_exits(self, on_exit: Callable[[str, str, int], None]) -> None:
-        """Call `on_exit(pod uid, container id, exit code)` (from a thread) as containers end."""
+    def watch_exits(self, on_exit: Callable[[str, str, int, bool], None]) -> None:
+        """Call `on_exit(pod uid, container id, exit code, OOM-killed)` (from a thread) as
+        containers end."""
 
-        def heard(labels: dict[str, str], container_id: str, code: int) -> None:
+        def heard(labels: dict[str, str], container_id: str, code: int, oom: bool) -> None:
             if uid := labels.get(LABEL_UID):
-                on_exit(uid, container_id, code)
+                on_exit(uid, container_id, code, oom)
 
         self.watch_dies(heard)

@@ -142,29 +142,14 @@ class Containers(InstanceContainers):
             raise
         return True
 
-    def oom_killed(self, container_id: str) -> bool:
-        """Whether Docker says the kernel OOM-killed the container (False if it is gone)."""
-        try:
-            state = self._client.api.inspect_container(container_id)["State"]
-        except docker.errors.NotFound:
-            return False
-        return bool(state.get("OOMKilled"))
-
     # --- exits -------------------------------------------------------------------------
 
     def watch_exits(self, on_exit: Callable[[str, int, bool], None]) -> None:
         """Call `on_exit(sandbox_id, exit_code, oom_killed)` (from a thread) as containers
-        end. A container the kernel OOM-killed is reported once Docker has set its
-        `State.OOMKilled` (`watch_dies`), and is still there then, unless the engine
-        removed it already (terminate, deadline: that end is the sandbox's result, not
-        this one)."""
+        end; a container the kernel OOM-killed once Docker has said so (`watch_dies`)."""
 
-        def heard(labels: dict[str, str], container_id: str, code: int) -> None:
+        def heard(labels: dict[str, str], container_id: str, code: int, oom: bool) -> None:
             if sandbox_id := labels.get(LABEL_SANDBOX):
-                try:
-                    oom = bool(container_id) and self.oom_killed(container_id)
-                except docker.errors.APIError:
-                    oom = False
                 on_exit(sandbox_id, code, oom)
 
         self.watch_dies(heard)

@@ -256,7 +256,8 @@ class SandboxEngine:
         """Its process ended by itself: SUCCESS for exit code 0, else FAILURE with the code
         (the client's `returncode` is then that code, `_result_returncode` in modal
         1.6.4's `sandbox/_common.py`); KERNEL_OOM_KILL when Docker says the kernel
-        OOM-killed it at its memory limit (`State.OOMKilled`), or `oom_kill` killed it."""
+        OOM-killed it at its memory limit (its `oom` event or `State.OOMKilled`), or
+        `oom_kill` killed it."""
         record = self.state.sandboxes.get(sandbox_id)
         if record is None or record.result is not None:
             return  # not ours any more, or we ended it (terminate, timeout)

@@ -2,10 +2,11 @@
 (docs/concepts/readiness-and-loss.md#a-worker-lost-after-its-hand-out): each `die` event of a
 container labelled with this SCHEDULER_INSTANCE is a WorkerEnded, OOM-killed when the engine said
 `oom` for it (or its inspection says so). Docker sends `oom` before `die` as a rule, but from two
-goroutines of containerd's shim: on a loaded host the `die` of an OOM kill may come first, its
-inspection not yet saying OOMKilled (moby/moby#15621, #18510; seen in the emulators' tests). So the
-`die` of a SIGKILLed container that has a memory limit of its own and is not said OOM-killed waits
-up to OOM_GRACE_S for its `oom`; any other death is told at once.
+goroutines of containerd's shim: on a loaded host the `die` of an OOM kill may come first, and its
+inspection then never says OOMKilled (Docker 20.10 writes that at the exit, only if the `oom` came
+first; moby/moby#15621, #18510; seen in the emulators' tests). So the `die` of a SIGKILLed
+container that has a memory limit of its own and is not said OOM-killed waits up to OOM_GRACE_S for
+its `oom`; any other death is told at once.
 
 The SDK's stream blocks, so it is read in a thread of its own for the stream's life and
 handed to the event loop through a queue. A stream that breaks (the engine restarted,
