@@ -109,9 +109,12 @@ def replicas(tmp_path: Path) -> Iterator[Replicas]:
             clean_up_all(started)
 
 
-def burst(calls: list[tuple[Scheduler, dict[str, Any]]]) -> list[httpx.Response]:
-    """POST /v1/lease for every (replica, body) at the same moment; the answers in order.
-    A transport error (a dropped connection, a refused one) fails the test."""
+def burst(
+    calls: list[tuple[Scheduler, dict[str, Any]]], paths: list[str] | None = None
+) -> list[httpx.Response]:
+    """POST /v1/lease (or `paths[i]`) for every (replica, body) at the same moment; the
+    answers in order. A transport error (a dropped connection, a refused one) fails the
+    test."""
 
     async def run() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -128,12 +131,15 @@ def burst(calls: list[tuple[Scheduler, dict[str, Any]]]) -> list[httpx.Response]
         # Every task waits at the gate, and this one with them: all go at once.
         gate = asyncio.Barrier(len(calls) + 1)
 
-        async def one(s: Scheduler, body: dict[str, Any]) -> httpx.Response:
+        async def one(s: Scheduler, path: str, body: dict[str, Any]) -> httpx.Response:
             await gate.wait()
-            return await clients[s.url].post("/v1/lease", json=body)
+            return await clients[s.url].post(path, json=body)
 
         try:
-            tasks = [asyncio.create_task(one(s, body)) for s, body in calls]
+            where = paths or ["/v1/lease"] * len(calls)
+            tasks = [
+                asyncio.create_task(one(s, p, b)) for (s, b), p in zip(calls, where, strict=True)
+            ]
             await gate.wait()
             return await asyncio.gather(*tasks)
         finally:
@@ -339,12 +345,16 @@ def test_owner_quota_holds_across_replicas(replicas: Replicas) -> None:
 def test_expired_leases_are_released_exactly_once_across_replicas(replicas: Replicas) -> None:
     group = replicas(SWEEP_INTERVAL_SECONDS="0.2", RECONCILE_INTERVAL_SECONDS="2")
     n = 30
-    # All made at once, so that they expire together and both sweepers go for them.
-    responses = burst(split(n, group, {"kind": "renderer", "ttl_seconds": 20}))
+    # All made at once, with a TTL none outlives while the others are made (that takes
+    # longer on a loaded host), then all renewed at once to expire together a few seconds
+    # later: both sweepers go for them.
+    responses = burst(split(n, group, {"kind": "renderer", "ttl_seconds": 600}))
     expect(responses, {200: n})
     leases = [r.json()["lease"] for r in responses]
     ids = sorted(x["lease_id"] for x in leases)
     assert lease_ids_of(group[0].containers()) == ids
+    renew = [f"/v1/lease/{lease_id}/renew" for lease_id in ids]
+    expect(burst(split(n, group, {"ttl_seconds": 3}), renew), {200: n})
 
     def all_released() -> bool:
         return (
