@@ -131,9 +131,16 @@ class InstanceContainers:
                 self._oom_heard.notify_all()
             return
         code = int(attributes.get("exitCode", "-1"))
-        oom_killed = self._oom_told(container_id)
-        if code != _SIGKILL_EXIT or oom_killed is not None:
-            self._report(on_die, attributes, container_id, code, bool(oom_killed))
+        with self._oom_heard:
+            heard = container_id in self._ooms
+        if heard or code != _SIGKILL_EXIT:
+            # Whatever else ended it, Docker told an OOM kill it knew of at the exit by its
+            # `oom` first (one queue of events per container): only a SIGKILL's may be late.
+            self._report(on_die, attributes, container_id, code, heard)
+            return
+        oom_killed = self._state_says_oom(container_id)
+        if oom_killed is not None:
+            self._report(on_die, attributes, container_id, code, oom_killed)
             return
 
         def later() -> None:
@@ -147,16 +154,12 @@ class InstanceContainers:
 
         threading.Thread(target=later, name="docker-oom-wait", daemon=True).start()
 
-    def _oom_told(self, container_id: str) -> bool | None:
-        """Whether Docker said the kernel OOM-killed the container (its `oom` event came,
-        or its state says so); None while its `oom` may still come: Docker said neither
-        and the container is still there. A container gone (removed, by an emulator that
-        ended it), or an engine that cannot be asked, is taken as no OOM kill, so that its
-        `die` is reported at once: an error here must not end the thread that reads the
-        stream."""
-        with self._oom_heard:
-            if container_id in self._ooms:
-                return True
+    def _state_says_oom(self, container_id: str) -> bool | None:
+        """Whether the SIGKILLed container's state says the kernel OOM-killed it; None
+        while its `oom` may still come: the state says not, and the container is still
+        there. A container gone (removed, by an emulator that ended it), or an engine that
+        cannot be asked, is taken as no OOM kill, so that its `die` is reported at once: an
+        error here must not end the thread that reads the stream."""
         try:
             state = self._client.api.inspect_container(container_id)["State"]
         except (docker.errors.DockerException, OSError):

@@ -144,13 +144,19 @@ class SandboxEngine:
             nano_cpus=int(record.cpu_max * 1e9) if record.cpu_max else None,
             mem_limit_mb=record.memory_max_mb,
         )
+        # Its task before its container can end: a process that exits at once is heard
+        # ended (`_exited`) while `containers.run` may still be returning, and an ended
+        # sandbox without a task id answers as one that never ran (the client's
+        # ConflictError "Sandbox already finished"). It is told once the sandbox runs.
+        record.task_id = task_id
         try:
             container_id, address = await asyncio.to_thread(self.containers.run, spec)
         except Exception as exc:  # noqa: BLE001 - Docker's reason becomes the result
+            record.task_id = ""  # it never ran: the client is told Docker's reason
             await self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exception=str(exc))
             return
         # It ran, if only for a moment (a process that exits at once ends it already).
-        record.container_id, record.address, record.task_id = container_id, address, task_id
+        record.container_id, record.address = container_id, address
         if record.state == "ended":  # ended while its container was being made
             await asyncio.to_thread(self.containers.remove, container_id)
             return
