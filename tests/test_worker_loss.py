@@ -171,6 +171,49 @@ async def test_an_oom_kill_whose_die_comes_before_its_oom_is_told_as_an_oom_kill
         await engine.close()
 
 
+async def test_a_worker_being_removed_is_listed_as_ending_not_as_an_orphan_to_end_again() -> None:
+    """A container Docker is removing (`docker rm -f` by hand, or a release) is listed
+    `removing` while that lasts, long enough on a busy engine for a reconcile pass to
+    find it after its lease ended (its `die` heard meanwhile): listed as a worker whose
+    end is under way, it is not destroyed again and counted an orphan (seen in a loaded
+    run of test_lifecycle.py's reconcile test: two orphans counted for its one). A
+    removal's moment is Docker's: each of up to 20 containers is listed while it lasts."""
+    instance = f"t-{uuid.uuid4().hex[:10]}"
+    settings = Settings(  # type: ignore[call-arg]
+        internal_secret=SECRET,
+        scheduler_instance=instance,
+        docker_network="bridge",
+        local_gpu_devices="",
+    )
+    engine = DockerEngine(settings, SHARED_ENGINE)
+    client = docker_client()
+    listed: list[bool] = []  # `ending`, as each listing during a removal said
+    try:
+        for _ in range(20):
+            lease_id = str(uuid.uuid4())
+            container = client.containers.run(
+                WORKER_IMAGE,
+                detach=True,
+                network_mode="none",
+                labels={LABEL_INSTANCE: instance, LABEL_LEASE: lease_id},
+            )
+            [running] = (await engine.list_workers())[lease_id]
+            assert (running.ending, running.death) == (False, None)  # alive: no end under way
+            removal = threading.Thread(
+                target=client.api.remove_container, args=(container.id,), kwargs={"force": True}
+            )
+            removal.start()
+            while removal.is_alive():
+                listed += [i.ending for i in (await engine.list_workers()).get(lease_id, [])]
+            removal.join()
+            assert lease_id not in await engine.list_workers()
+            if any(listed):
+                break
+        assert any(listed), listed
+    finally:
+        await engine.close()
+
+
 def test_a_worker_slow_to_listen_is_handed_out_ready_and_kept(make_scheduler: Make) -> None:
     s = make_scheduler(**STREAM_ONLY)
     # Its container runs at once; its port answers 3 s later. Probed by a TCP connect.

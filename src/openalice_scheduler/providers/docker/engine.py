@@ -272,14 +272,18 @@ class DockerEngine:
             lease_id = labels.get(LABEL_LEASE)
             if lease_id:
                 # Stopped for good: exited or dead. `created` is a container still being
-                # started; `paused` and `restarting` are alive.
-                ended = row.get("State") in ("exited", "dead")
+                # started; `paused` and `restarting` are alive. `removing`: Docker is
+                # removing it (a release, or `docker rm -f` by hand), which takes a while
+                # on a busy engine: an end already under way, not to be ended again.
+                state = row.get("State")
+                ended = state in ("exited", "dead")
                 found[lease_id].append(
                     WorkerInfo(
                         lease_id,
                         row["Id"],
                         store_id=labels.get(LABEL_STORE),
                         death=self.death_of(row["Id"]) if ended else None,
+                        ending=state == "removing",
                     )
                 )
         return found
