@@ -53,6 +53,19 @@ def container_address(lease: dict[str, Any]) -> str:
     return f"http://{address}:8080"
 
 
+def engine_of_a_new_instance() -> tuple[str, DockerEngine]:
+    """A SCHEDULER_INSTANCE of its own, and the scheduler's view of the shared engine for it
+    (in this process: the tests hand it events or containers of their own)."""
+    instance = f"t-{uuid.uuid4().hex[:10]}"
+    settings = Settings(  # type: ignore[call-arg]
+        internal_secret=SECRET,
+        scheduler_instance=instance,
+        docker_network="bridge",
+        local_gpu_devices="",
+    )
+    return instance, DockerEngine(settings, SHARED_ENGINE)
+
+
 def test_a_killed_container_ends_its_lease_and_frees_its_room(make_scheduler: Make) -> None:
     s = make_scheduler(LOCAL_DOCKER_MAX_WORKERS="1", **STREAM_ONLY)
     lease = s.lease(owner_id="me", ttl_seconds=600)
@@ -113,14 +126,7 @@ async def test_an_oom_kill_whose_die_comes_before_its_oom_is_told_as_an_oom_kill
     `die` waits for the `oom`, and is told as an OOM kill. One without (nothing the OOM
     killer's word could speak of): told at once, as killed. One with a limit and no `oom`:
     told as killed once the grace is over."""
-    instance = f"t-{uuid.uuid4().hex[:10]}"
-    settings = Settings(  # type: ignore[call-arg]
-        internal_secret=SECRET,
-        scheduler_instance=instance,
-        docker_network="bridge",
-        local_gpu_devices="",
-    )
-    engine = DockerEngine(settings, SHARED_ENGINE)
+    instance, engine = engine_of_a_new_instance()
     made = {}
     for name, limit in (("late", "32m"), ("unlimited", None), ("silent", "32m")):
         container = docker_client().containers.run(
@@ -178,14 +184,7 @@ async def test_a_worker_being_removed_is_listed_as_ending_not_as_an_orphan_to_en
     end is under way, it is not destroyed again and counted an orphan (seen in a loaded
     run of test_lifecycle.py's reconcile test: two orphans counted for its one). A
     removal's moment is Docker's: each of up to 20 containers is listed while it lasts."""
-    instance = f"t-{uuid.uuid4().hex[:10]}"
-    settings = Settings(  # type: ignore[call-arg]
-        internal_secret=SECRET,
-        scheduler_instance=instance,
-        docker_network="bridge",
-        local_gpu_devices="",
-    )
-    engine = DockerEngine(settings, SHARED_ENGINE)
+    instance, engine = engine_of_a_new_instance()
     client = docker_client()
     listed: list[bool] = []  # `ending`, as each listing during a removal said
     try:
