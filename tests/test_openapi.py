@@ -49,6 +49,9 @@ EVERY_CLASS = {
         for gpu in ("none", "entry", "mid", "high")
     ),
 }
+# Each fuzz takes ~40 s of CPU on an idle host; over 180 s (the suite's per-test bound)
+# with ten test workers and three busy loops on two cores.
+LONG_FUZZ = pytest.mark.timeout(600)
 FUZZ = settings(
     max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck)
 )
@@ -65,10 +68,12 @@ def api_schema(service: Scheduler) -> Any:
     return schemathesis.openapi.from_url(f"{service.url}/openapi.json")
 
 
+@LONG_FUZZ
 def test_with_the_secret_every_answer_is_documented(service: Scheduler, api_schema: Any) -> None:
     _fuzz(api_schema, service.url, secret=True)
 
 
+@LONG_FUZZ
 def test_without_the_secret_every_answer_is_documented(service: Scheduler, api_schema: Any) -> None:
     _fuzz(api_schema, service.url, secret=False)
 

@@ -677,25 +677,23 @@ async def test_a_steady_stream_of_new_pods_never_postpones_the_look(
     api: str, make_provider: Callable[..., RunPodProvider], runpod: RunPodEmulator
 ) -> None:
     """A new pod arriving more often than the poll interval must not keep resetting the
-    shared watcher's wait: every pod is still seen running about a poll interval after
-    it runs."""
+    shared watcher's wait: the first pods are seen running while the stream still
+    lasts, not only once it ends."""
     provider = polling(make_provider, runpod, api, every=0.5, pods_run_after=0.3)
-
-    async def timed() -> float:
-        started = time.monotonic()
-        await provider.provision(spec())
-        return time.monotonic() - started
-
     tasks = []
-    for _ in range(100):  # one new pod every 50 ms for 5 s
-        tasks.append(asyncio.ensure_future(timed()))
+    for _ in range(100):  # one new pod every 50 ms for 5 s (or longer, on a loaded host)
+        tasks.append(asyncio.ensure_future(provider.provision(spec())))
         # sleep: the stream's pace is the case itself (new pods more often than the poll
         # interval, for several intervals); nothing but time can space the arrivals.
         await asyncio.sleep(0.05)
-    durations = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    # About 0.8 s each (0.3 s to run, a 0.5 s poll); a postponed look would keep the
-    # first ones waiting while the stream lasts (5 s). 3 s: room for a loaded machine.
-    assert max(durations) < 3.0, sorted(durations)[-5:]
+    # The first ten arrived within its first half second: each is running 0.3 s after its
+    # create and seen at the next look, 0.5 s later, about 0.8 s in, when ~85 more are
+    # still to come. A postponed look would have seen none of them yet. (Counted in
+    # pods, not seconds: a loaded host slows the stream and the looks alike; with ten
+    # workers and three busy loops on two cores, some provisions took 4.2 s.)
+    seen_while_arriving = [task.done() for task in tasks[:10]]
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert all(seen_while_arriving), seen_while_arriving
     assert len(runpod.list_pods()) == 100
 
 
