@@ -33,6 +33,7 @@ from tests.harness import (
     Scheduler,
     docker_client,
     fetch_in_network,
+    remove_instance,
     wait_for,
 )
 from tests.loss import end_of, ended, lease_now, lost, renew, renewal_refused_as_lost
@@ -211,6 +212,7 @@ async def test_a_worker_being_removed_is_listed_as_ending_not_as_an_orphan_to_en
         assert any(listed), listed
     finally:
         await engine.close()
+        remove_instance(instance)  # what a failed assertion above left
 
 
 def test_a_worker_slow_to_listen_is_handed_out_ready_and_kept(make_scheduler: Make) -> None:
