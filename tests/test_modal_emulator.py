@@ -438,8 +438,10 @@ def test_a_process_that_exits_ends_its_sandbox_with_its_code(
             sandbox = modal.Sandbox.create(*command, app=app, image=image, gpu=gpu)
             sandbox.wait()  # an exit, even a failing one, is no error of wait()
             assert sandbox.returncode == code
-            result = emulator.sandbox(sandbox.object_id)["result"]
+            record = emulator.sandbox(sandbox.object_id)
+            result = record["result"]
             assert (result["status"], result["returncode"]) == (status, code)
+            assert record["container_id"]  # it ran, if only for a moment: in a container
             assert modal.Sandbox.from_id(sandbox.object_id, client=client).poll() == code
 
 

@@ -253,12 +253,16 @@ class SandboxEngine:
 
     # --- what ends sandboxes -----------------------------------------------------------
 
-    def _exit_heard(self, sandbox_id: str, exit_code: int, oom_killed: bool) -> None:
+    def _exit_heard(
+        self, sandbox_id: str, container_id: str, exit_code: int, oom_killed: bool
+    ) -> None:
         """From the Docker events thread: a container's process ended."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._exited, sandbox_id, exit_code, oom_killed)
+            self._loop.call_soon_threadsafe(
+                self._exited, sandbox_id, container_id, exit_code, oom_killed
+            )
 
-    def _exited(self, sandbox_id: str, exit_code: int, oom_killed: bool) -> None:
+    def _exited(self, sandbox_id: str, container_id: str, exit_code: int, oom_killed: bool) -> None:
         """Its process ended by itself: SUCCESS for exit code 0, else FAILURE with the code
         (the client's `returncode` is then that code, `_result_returncode` in modal
         1.6.4's `sandbox/_common.py`); KERNEL_OOM_KILL when Docker says the kernel
@@ -267,6 +271,9 @@ class SandboxEngine:
         record = self.state.sandboxes.get(sandbox_id)
         if record is None or record.result is not None:
             return  # not ours any more, or we ended it (terminate, timeout)
+        # A process that exits at once may end before `containers.run` has returned its
+        # container: the sandbox ran in it all the same (and `end` removes it).
+        record.container_id = record.container_id or container_id
         if oom_killed or (record.oom_kill_asked and exit_code == _SIGKILL_EXIT):
             ending = self.end(
                 record,
