@@ -152,8 +152,9 @@ class SandboxEngine:
         try:
             container_id, address = await asyncio.to_thread(self.containers.run, spec)
         except Exception as exc:  # noqa: BLE001 - Docker's reason becomes the result
-            record.task_id = ""  # it never ran: the client is told Docker's reason
-            await self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exception=str(exc))
+            if record.result is None:  # else its process ended, and `end` removed it
+                record.task_id = ""  # it never ran: the client is told Docker's reason
+                await self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exception=str(exc))
             return
         # It ran, if only for a moment (a process that exits at once ends it already).
         record.container_id, record.address = container_id, address
