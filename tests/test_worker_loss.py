@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import WorkerEnded
+from openalice_scheduler.providers.docker import DockerFleetProvider
 from openalice_scheduler.providers.docker import events as docker_events
 from openalice_scheduler.providers.docker.engine import LABEL_INSTANCE, LABEL_LEASE, DockerEngine
+from openalice_scheduler.providers.docker.hosts import HostConfig
 from tests.dockerproxy import DockerProxy
 from tests.harness import (
     SECRET,
@@ -54,9 +57,9 @@ def container_address(lease: dict[str, Any]) -> str:
     return f"http://{address}:8080"
 
 
-def engine_of_a_new_instance() -> tuple[str, DockerEngine]:
-    """A SCHEDULER_INSTANCE of its own, and the scheduler's view of the shared engine for it
-    (in this process: the tests hand it events or containers of their own)."""
+def settings_of_a_new_instance() -> tuple[str, Settings]:
+    """A SCHEDULER_INSTANCE of its own, and settings for the scheduler's view of the shared
+    engine for it (in this process: the tests hand it events or containers of their own)."""
     instance = f"t-{uuid.uuid4().hex[:10]}"
     settings = Settings(  # type: ignore[call-arg]
         internal_secret=SECRET,
@@ -64,6 +67,11 @@ def engine_of_a_new_instance() -> tuple[str, DockerEngine]:
         docker_network="bridge",
         local_gpu_devices="",
     )
+    return instance, settings
+
+
+def engine_of_a_new_instance() -> tuple[str, DockerEngine]:
+    instance, settings = settings_of_a_new_instance()
     return instance, DockerEngine(settings, SHARED_ENGINE)
 
 
@@ -178,14 +186,23 @@ async def test_an_oom_kill_whose_die_comes_before_its_oom_is_told_as_an_oom_kill
         await engine.close()
 
 
-async def test_a_worker_being_removed_is_listed_as_ending_not_as_an_orphan_to_end_again() -> None:
+@pytest.mark.parametrize("through", ["one engine", "a fleet"])
+async def test_a_worker_being_removed_is_listed_as_ending_not_as_an_orphan_to_end_again(
+    through: str,
+) -> None:
     """A container Docker is removing (`docker rm -f` by hand, or a release) is listed
     `removing` while that lasts, long enough on a busy engine for a reconcile pass to
     find it after its lease ended (its `die` heard meanwhile): listed as a worker whose
     end is under way, it is not destroyed again and counted an orphan (seen in a loaded
-    run of test_lifecycle.py's reconcile test: two orphans counted for its one). A
-    removal's moment is Docker's: each of up to 20 containers is listed while it lasts."""
-    instance, engine = engine_of_a_new_instance()
+    run of test_lifecycle.py's reconcile test: two orphans counted for its one). So is a
+    fleet's (DOCKER_HOSTS), which lists each host's engine. A removal's moment is
+    Docker's: each of up to 20 containers is listed while it lasts."""
+    instance, settings = settings_of_a_new_instance()
+    workers = (
+        DockerEngine(settings, SHARED_ENGINE)
+        if through == "one engine"
+        else DockerFleetProvider(settings, [HostConfig("here", SHARED_ENGINE)])
+    )
     client = docker_client()
     listed: list[bool] = []  # `ending`, as each listing during a removal said
     try:
@@ -197,21 +214,21 @@ async def test_a_worker_being_removed_is_listed_as_ending_not_as_an_orphan_to_en
                 network_mode="none",
                 labels={LABEL_INSTANCE: instance, LABEL_LEASE: lease_id},
             )
-            [running] = (await engine.list_workers())[lease_id]
+            [running] = (await workers.list_workers())[lease_id]
             assert (running.ending, running.death) == (False, None)  # alive: no end under way
             removal = threading.Thread(
                 target=client.api.remove_container, args=(container.id,), kwargs={"force": True}
             )
             removal.start()
             while removal.is_alive():
-                listed += [i.ending for i in (await engine.list_workers()).get(lease_id, [])]
+                listed += [i.ending for i in (await workers.list_workers()).get(lease_id, [])]
             removal.join()
-            assert lease_id not in await engine.list_workers()
+            assert lease_id not in await workers.list_workers()
             if any(listed):
                 break
         assert any(listed), listed
     finally:
-        await engine.close()
+        await workers.close()
         remove_instance(instance)  # what a failed assertion above left
 
 

@@ -134,8 +134,7 @@ class DockerFleetProvider:
                 continue
             for lease_id, infos in listing.items():
                 found[lease_id] += [
-                    WorkerInfo(i.lease_id, f"{host}/{i.provider_token}", i.store_id, i.death)
-                    for i in infos
+                    replace(i, provider_token=f"{host}/{i.provider_token}") for i in infos
                 ]
         return PartialListing(found, unlisted) if unlisted else found
 
