@@ -144,13 +144,12 @@ class Containers(InstanceContainers):
 
     # --- exits -------------------------------------------------------------------------
 
-    def watch_exits(self, on_exit: Callable[[str, str, int, bool], None]) -> None:
-        """Call `on_exit(sandbox_id, container_id, exit_code, oom_killed)` (from a thread)
-        as containers end; a container the kernel OOM-killed once Docker has said so
-        (`watch_dies`)."""
+    def watch_exits(self, on_exit: Callable[[str, int, bool], None]) -> None:
+        """Call `on_exit(sandbox_id, exit_code, oom_killed)` (from a thread) as containers
+        end; a container the kernel OOM-killed once Docker has said so (`watch_dies`)."""
 
-        def heard(labels: dict[str, str], container_id: str, code: int, oom: bool) -> None:
+        def heard(labels: dict[str, str], _container_id: str, code: int, oom: bool) -> None:
             if sandbox_id := labels.get(LABEL_SANDBOX):
-                on_exit(sandbox_id, container_id, code, oom)
+                on_exit(sandbox_id, code, oom)
 
         self.watch_dies(heard)

@@ -106,7 +106,7 @@ class SandboxEngine:
         while self._queue and self.state.has_room():
             record = self._queue.pop(0)
             record.placed = True
-            self._spawn(self._schedule(record))
+            record.scheduling = self._spawn(self._schedule(record))
 
     async def wait_started(self, record: SandboxRecord, timeout: float | None) -> bool:
         """Wait until its container runs (True) or it ended or `timeout` passed (False)."""
@@ -144,20 +144,14 @@ class SandboxEngine:
             nano_cpus=int(record.cpu_max * 1e9) if record.cpu_max else None,
             mem_limit_mb=record.memory_max_mb,
         )
-        # Its task before its container can end: a process that exits at once is heard
-        # ended (`_exited`) while `containers.run` may still be returning, and an ended
-        # sandbox without a task id answers as one that never ran (the client's
-        # ConflictError "Sandbox already finished"). It is told once the sandbox runs.
-        record.task_id = task_id
         try:
             container_id, address = await asyncio.to_thread(self.containers.run, spec)
         except Exception as exc:  # noqa: BLE001 - Docker's reason becomes the result
-            if record.result is None:  # else its process ended, and `end` removed it
-                record.task_id = ""  # it never ran: the client is told Docker's reason
-                await self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exception=str(exc))
+            await self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exception=str(exc))
             return
-        # It ran, if only for a moment (a process that exits at once ends it already).
-        record.container_id, record.address = container_id, address
+        # It ran, if only for a moment: a process that exits at once is ended by `_exited`,
+        # which waits for this to finish first.
+        record.container_id, record.address, record.task_id = container_id, address, task_id
         if record.state == "ended":  # ended while its container was being made
             await asyncio.to_thread(self.containers.remove, container_id)
             return
@@ -254,39 +248,38 @@ class SandboxEngine:
 
     # --- what ends sandboxes -----------------------------------------------------------
 
-    def _exit_heard(
-        self, sandbox_id: str, container_id: str, exit_code: int, oom_killed: bool
-    ) -> None:
+    def _exit_heard(self, sandbox_id: str, exit_code: int, oom_killed: bool) -> None:
         """From the Docker events thread: a container's process ended."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(
-                self._exited, sandbox_id, container_id, exit_code, oom_killed
+                lambda: self._spawn(self._exited(sandbox_id, exit_code, oom_killed))
             )
 
-    def _exited(self, sandbox_id: str, container_id: str, exit_code: int, oom_killed: bool) -> None:
+    async def _exited(self, sandbox_id: str, exit_code: int, oom_killed: bool) -> None:
         """Its process ended by itself: SUCCESS for exit code 0, else FAILURE with the code
         (the client's `returncode` is then that code, `_result_returncode` in modal
         1.6.4's `sandbox/_common.py`); KERNEL_OOM_KILL when Docker says the kernel
         OOM-killed it at its memory limit (its `oom` event or `State.OOMKilled`), or
         `oom_kill` killed it."""
         record = self.state.sandboxes.get(sandbox_id)
+        if record is not None and record.container_id is None and record.scheduling is not None:
+            # A process that exits at once ends before `containers.run` has returned: the
+            # sandbox ran all the same, so its start is made whole (container, task id,
+            # tunnels) before its end (as the Kubernetes emulator's kubelet does).
+            await asyncio.gather(record.scheduling, return_exceptions=True)
         if record is None or record.result is not None:
             return  # not ours any more, or we ended it (terminate, timeout)
-        # A process that exits at once may end before `containers.run` has returned its
-        # container: the sandbox ran in it all the same (and `end` removes it).
-        record.container_id = record.container_id or container_id
         if oom_killed or (record.oom_kill_asked and exit_code == _SIGKILL_EXIT):
-            ending = self.end(
+            await self.end(
                 record,
                 GenericStatus.GENERIC_STATUS_KERNEL_OOM_KILL,
                 exitcode=exit_code,
                 exception=oom_exception(record.memory_max_mb),
             )
         elif exit_code == 0:
-            ending = self.end(record, GenericStatus.GENERIC_STATUS_SUCCESS)
+            await self.end(record, GenericStatus.GENERIC_STATUS_SUCCESS)
         else:
-            ending = self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exitcode=exit_code)
-        self._spawn(ending)
+            await self.end(record, GenericStatus.GENERIC_STATUS_FAILURE, exitcode=exit_code)
 
     async def check_deadlines(self) -> list[str]:
         """End every sandbox past its deadline on the emulator's clock; their ids."""

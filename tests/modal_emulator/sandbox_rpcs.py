@@ -178,7 +178,7 @@ class SandboxRpcs:
         await stream.send_message(
             api_pb2.SandboxCreateV2Response(
                 sandbox_id=record.sandbox_id,
-                task_id=record.told_task_id,
+                task_id=record.task_id,
                 tunnels=tunnels,
                 metadata=self._metadata(record),
             )
@@ -225,7 +225,7 @@ class SandboxRpcs:
         # also answers its result, and one that never ran (terminated while queued) has
         # no task id, so a client still waiting for one gets ConflictError.
         await stream.send_message(
-            api_pb2.SandboxGetTaskIdResponse(task_id=record.told_task_id, task_result=record.result)
+            api_pb2.SandboxGetTaskIdResponse(task_id=record.task_id, task_result=record.result)
         )
 
     SandboxGetTaskId = SandboxGetTaskIdV2 = _get_task_id
@@ -347,7 +347,7 @@ class SandboxRpcs:
 
     def _info(self, record: SandboxRecord) -> api_pb2.SandboxInfo:
         task = api_pb2.TaskInfo(
-            id=record.told_task_id,
+            id=record.task_id,
             sandbox_id=record.sandbox_id,
             gpu_type=record.gpu or "",
             enqueued_at=record.created_at,

@@ -93,7 +93,7 @@ class SandboxRecord:
     env: dict[str, str] = field(repr=False)
     state: str = "pending"  # pending -> running -> ended
     placed: bool = False  # given a place (scheduling or running); False while queued
-    task_id: str = ""  # given as its container is made; told once that runs (`told_task_id`)
+    task_id: str = ""  # given once its container runs
     result: api_pb2.GenericResult | None = None
     started_at: float | None = None  # the emulator's clock, once its container runs
     ended_at: float | None = None
@@ -104,6 +104,7 @@ class SandboxRecord:
     started: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     gone: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # tunnels, container
+    scheduling: asyncio.Task[None] | None = field(default=None, repr=False)  # its start
 
     @property
     def deadline(self) -> float | None:
@@ -115,12 +116,6 @@ class SandboxRecord:
         if self.started_at is None:
             return None
         return self.started_at + self.timeout_secs
-
-    @property
-    def told_task_id(self) -> str:
-        """Its task id as Modal tells it: none while it is queued or its container is
-        being made (`SandboxGetTaskId` answers none and the client polls again)."""
-        return "" if self.state == "pending" else self.task_id
 
     def as_dict(self) -> dict[str, Any]:
         """What was asked and what became of it; env *keys* only."""
@@ -149,7 +144,7 @@ class SandboxRecord:
             "env_keys": sorted(self.env),
             "state": self.state,
             "queued": self.state == "pending" and not self.placed,
-            "task_id": self.told_task_id or None,
+            "task_id": self.task_id or None,
             "result": result_dict(self.result),
             "started_at": self.started_at,
             "ended_at": self.ended_at,
