@@ -25,8 +25,14 @@ import pytest
 from openalice_scheduler.config import Settings
 from openalice_scheduler.providers.base import WorkerEnded
 from openalice_scheduler.providers.docker import DockerFleetProvider
+from openalice_scheduler.providers.docker import engine as docker_engine
 from openalice_scheduler.providers.docker import events as docker_events
-from openalice_scheduler.providers.docker.engine import LABEL_INSTANCE, LABEL_LEASE, DockerEngine
+from openalice_scheduler.providers.docker.engine import (
+    LABEL_INSTANCE,
+    LABEL_LEASE,
+    DockerEngine,
+    exited,
+)
 from openalice_scheduler.providers.docker.hosts import HostConfig
 from tests.dockerproxy import DockerProxy
 from tests.harness import (
@@ -181,6 +187,50 @@ async def test_an_oom_kill_whose_die_comes_before_its_oom_is_told_as_an_oom_kill
         await asyncio.wait_for(reader, 30)
     finally:
         reader.cancel()
+        for container in made.values():
+            container.remove(force=True)
+        await engine.close()
+
+
+async def test_a_listing_leaves_a_fresh_kill_that_may_be_an_oom_kill_to_the_next_pass(
+    monkeypatch: Any,
+) -> None:
+    """A reconcile pass lists stopped workers with their deaths, as their state says. A
+    SIGKILLed container with a memory limit of its own, not (yet) said OOM-killed, may be
+    an OOM kill whose `die` came before its `oom` (above; Docker 20.10 then never says
+    OOMKilled): within OOM_GRACE_S of its end the listing tells no death yet, so that a
+    pass falling between the two does not record an OOM-killed worker as killed. Once the
+    grace is over it is told as it stands. Any other end is told at once."""
+    instance, engine = engine_of_a_new_instance()
+    client = docker_client()
+    made = {}
+    for name, limit, command in (
+        ("limited", "32m", None),
+        ("unlimited", None, None),
+        ("exits", "32m", ["-c", "exit 3"]),
+    ):
+        container = client.containers.run(
+            WORKER_IMAGE,
+            detach=True,
+            mem_limit=limit,
+            labels={LABEL_INSTANCE: instance, LABEL_LEASE: name},
+            **({"entrypoint": "sh", "command": command} if command else {}),
+        )
+        if command is None:
+            container.kill()
+        made[name] = container
+    try:
+        for container in made.values():
+            container.wait(timeout=60)
+        # A grace longer than this test can take: what is listed now is within it.
+        monkeypatch.setattr(docker_engine, "OOM_GRACE_S", 600.0)
+        listed = await engine.list_workers()
+        deaths = {name: [i.death for i in infos] for name, infos in listed.items()}
+        assert deaths == {"limited": [None], "unlimited": [exited(137)], "exits": [exited(3)]}
+        monkeypatch.setattr(docker_engine, "OOM_GRACE_S", 0.0)
+        [late] = (await engine.list_workers())["limited"]
+        assert late.death == exited(137)
+    finally:
         for container in made.values():
             container.remove(force=True)
         await engine.close()

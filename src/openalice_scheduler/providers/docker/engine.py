@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import docker
@@ -43,6 +44,12 @@ LABEL_STORE = "openalice.scheduler.store"
 # Docker API 1.41 (engine 20.10) has everything used here; naming it avoids a version
 # round trip at start-up, so the service starts even while the engine is down.
 DOCKER_API_VERSION = "1.41"
+# The exit code of a process killed by SIGKILL (128 + 9): the OOM killer's, among others.
+SIGKILLED = 137
+# How long the death of a SIGKILLed container that may have been an OOM kill waits for
+# the engine's word on it (events.py: its `oom` event; a listing: its state), the two
+# coming milliseconds apart when both come.
+OOM_GRACE_S = 2.0
 _PING_TTL = 0.5
 # A fleet's pings have a client of their own with a short timeout: an engine whose host
 # stopped answering (packets dropped) must not hold a thread for the 60 s a container
@@ -282,7 +289,7 @@ class DockerEngine:
                         lease_id,
                         row["Id"],
                         store_id=labels.get(LABEL_STORE),
-                        death=self.death_of(row["Id"]) if ended else None,
+                        death=self._listed_death(row["Id"]) if ended else None,
                         ending=state == "removing",
                     )
                 )
@@ -297,15 +304,29 @@ class DockerEngine:
         """`death_of`, and whether the engine may yet say the kernel's OOM killer ended
         it: not said so (yet), and the container is there with a memory limit of its own
         (what Docker's OOMKilled speaks of; events.py waits for that word)."""
+        return _end_in(self._inspection(container_id), exit_code)
+
+    def _listed_death(self, container_id: str) -> WorkerDeath | None:
+        """A listed, stopped container's death; None while a SIGKILL that may yet be told
+        an OOM kill is younger than OOM_GRACE_S by its FinishedAt (Docker 20.10 writes
+        OOMKilled only if its `oom` came before its `die`, events.py): the next pass
+        tells it. An engine's clock ahead of or far behind ours only tells it at once."""
+        found = self._inspection(container_id)
+        death, may_be_oom = _end_in(found, None)
+        if not may_be_oom or death.exit_code != SIGKILLED:
+            return death
+        finished = str((found.get("State") or {}).get("FinishedAt", ""))
         try:
-            found = self.client.api.inspect_container(container_id)
+            age = (datetime.now(UTC) - datetime.fromisoformat(finished)).total_seconds()
+        except ValueError:
+            return death
+        return None if 0 <= age < OOM_GRACE_S else death
+
+    def _inspection(self, container_id: str) -> dict[str, Any]:
+        try:
+            return dict(self.client.api.inspect_container(container_id))
         except NotFound:
-            found = {}
-        state = found.get("State") or {}
-        code = state.get("ExitCode", exit_code)
-        if state.get("OOMKilled"):
-            return oom_killed(code), False
-        return exited(code), bool((found.get("HostConfig") or {}).get("Memory"))
+            return {}
 
     def _ensure_network(self) -> None:
         if self._network_ready:
@@ -414,6 +435,16 @@ def _remove_quietly(container: Any) -> None:
         container.remove(force=True)
     except DockerException:
         log.warning("could not remove half-made container %s", container.id[:12])
+
+
+def _end_in(found: Mapping[str, Any], exit_code: int | None) -> tuple[WorkerDeath, bool]:
+    """A container's death by its inspection (`exit_code` when it is gone), and whether it
+    may yet be told an OOM kill (`end_of`)."""
+    state = found.get("State") or {}
+    code = state.get("ExitCode", exit_code)
+    if state.get("OOMKilled"):
+        return oom_killed(code), False
+    return exited(code), bool((found.get("HostConfig") or {}).get("Memory"))
 
 
 def oom_killed(code: int | None) -> WorkerDeath:

@@ -31,6 +31,8 @@ from openalice_scheduler.providers.base import Resync, WorkerDeath, WorkerEnded
 from openalice_scheduler.providers.docker.engine import (
     LABEL_INSTANCE,
     LABEL_LEASE,
+    OOM_GRACE_S,
+    SIGKILLED,
     DockerEngine,
     exited,
     oom_killed,
@@ -41,11 +43,6 @@ log = logging.getLogger(__name__)
 # A stream that cannot be opened is tried again after this long, doubling.
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
-# The exit code of a process killed by SIGKILL (128 + 9): the OOM killer's, among others.
-SIGKILLED = 137
-# How long the death of a SIGKILLed container that may have been an OOM kill waits for its
-# `oom` event (above); the two come milliseconds apart when both come.
-OOM_GRACE_S = 2.0
 
 
 async def deaths(engine: DockerEngine) -> AsyncIterator[WorkerEnded | Resync]:
