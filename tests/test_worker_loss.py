@@ -203,24 +203,21 @@ async def test_a_listing_leaves_a_fresh_kill_that_may_be_an_oom_kill_to_the_next
     grace is over it is told as it stands. Any other end is told at once."""
     instance, engine = engine_of_a_new_instance()
     client = docker_client()
-    made = {}
-    for name, limit, command in (
-        ("limited", "32m", None),
-        ("unlimited", None, None),
-        ("exits", "32m", ["-c", "exit 3"]),
-    ):
-        container = client.containers.run(
-            WORKER_IMAGE,
-            detach=True,
-            mem_limit=limit,
-            labels={LABEL_INSTANCE: instance, LABEL_LEASE: name},
-            **({"entrypoint": "sh", "command": command} if command else {}),
-        )
-        if command is None:
-            container.kill()
-        made[name] = container
     try:
-        for container in made.values():
+        for name, limit, command in (
+            ("limited", "32m", None),
+            ("unlimited", None, None),
+            ("exits", "32m", ["-c", "exit 3"]),
+        ):
+            container = client.containers.run(
+                WORKER_IMAGE,
+                detach=True,
+                mem_limit=limit,
+                labels={LABEL_INSTANCE: instance, LABEL_LEASE: name},
+                **({"entrypoint": "sh", "command": command} if command else {}),
+            )
+            if command is None:
+                container.kill()
             container.wait(timeout=60)
         # A grace longer than this test can take: what is listed now is within it.
         monkeypatch.setattr(docker_engine, "OOM_GRACE_S", 600.0)
@@ -231,9 +228,8 @@ async def test_a_listing_leaves_a_fresh_kill_that_may_be_an_oom_kill_to_the_next
         [late] = (await engine.list_workers())["limited"]
         assert late.death == exited(137)
     finally:
-        for container in made.values():
-            container.remove(force=True)
         await engine.close()
+        remove_instance(instance)
 
 
 @pytest.mark.parametrize("through", ["one engine", "a fleet"])

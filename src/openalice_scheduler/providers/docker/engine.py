@@ -295,15 +295,10 @@ class DockerEngine:
                 )
         return found
 
-    def death_of(self, container_id: str, exit_code: int | None = None) -> WorkerDeath:
-        """How a stopped container ended, from its inspection (OOMKilled, ExitCode); one
-        already removed meanwhile: `exit_code` as its die event said, cause exited."""
-        return self.end_of(container_id, exit_code)[0]
-
     def end_of(self, container_id: str, exit_code: int | None = None) -> tuple[WorkerDeath, bool]:
-        """`death_of`, and whether the engine may yet say the kernel's OOM killer ended
-        it: not said so (yet), and the container is there with a memory limit of its own
-        (what Docker's OOMKilled speaks of; events.py waits for that word)."""
+        """How a stopped container ended, from its inspection (OOMKilled, ExitCode); one
+        already removed meanwhile: `exit_code` as its die event said, cause exited. And
+        whether the engine may yet say the kernel's OOM killer ended it (`_end_in`)."""
         return _end_in(self._inspection(container_id), exit_code)
 
     def _listed_death(self, container_id: str) -> WorkerDeath | None:
@@ -313,7 +308,7 @@ class DockerEngine:
         tells it. An engine's clock ahead of or far behind ours only tells it at once."""
         found = self._inspection(container_id)
         death, may_be_oom = _end_in(found, None)
-        if not may_be_oom or death.exit_code != SIGKILLED:
+        if not may_be_oom:
             return death
         finished = str((found.get("State") or {}).get("FinishedAt", ""))
         try:
@@ -439,12 +434,14 @@ def _remove_quietly(container: Any) -> None:
 
 def _end_in(found: Mapping[str, Any], exit_code: int | None) -> tuple[WorkerDeath, bool]:
     """A container's death by its inspection (`exit_code` when it is gone), and whether it
-    may yet be told an OOM kill (`end_of`)."""
+    may yet be told an OOM kill: SIGKILLed, not said OOM-killed (yet), and there with a
+    memory limit of its own (what Docker's OOMKilled speaks of; events.py waits for it)."""
     state = found.get("State") or {}
     code = state.get("ExitCode", exit_code)
     if state.get("OOMKilled"):
         return oom_killed(code), False
-    return exited(code), bool((found.get("HostConfig") or {}).get("Memory"))
+    limited = bool((found.get("HostConfig") or {}).get("Memory"))
+    return exited(code), code == SIGKILLED and limited
 
 
 def oom_killed(code: int | None) -> WorkerDeath:
