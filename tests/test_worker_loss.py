@@ -143,34 +143,35 @@ async def test_an_oom_kill_whose_die_comes_before_its_oom_is_told_as_an_oom_kill
     told as killed once the grace is over."""
     instance, engine = engine_of_a_new_instance()
     made = {}
-    for name, limit in (("late", "32m"), ("unlimited", None), ("silent", "32m")):
-        container = docker_client().containers.run(
-            WORKER_IMAGE,
-            detach=True,
-            mem_limit=limit,
-            labels={LABEL_INSTANCE: instance, LABEL_LEASE: name},
-        )
-        container.kill()
-        assert container.wait(timeout=60)["StatusCode"] == 137
-        made[name] = container
-    monkeypatch.setattr(docker_events, "OOM_GRACE_S", 30.0)
-    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-    told: asyncio.Queue[WorkerEnded] = asyncio.Queue()
-
-    def event(action: str, name: str) -> dict[str, Any]:
-        attributes = {"exitCode": "137", LABEL_LEASE: name} if action == "die" else {}
-        return {"Action": action, "Actor": {"ID": made[name].id, "Attributes": attributes}}
-
-    async def read() -> None:
-        async for death in docker_events.deaths_in(engine, events):
-            await told.put(death)
-
-    async def next_death() -> tuple[str | None, str, int | None, str]:
-        ended = await asyncio.wait_for(told.get(), 30)
-        return ended.lease_id, ended.death.cause, ended.death.exit_code, ended.death.detail
-
-    reader = asyncio.create_task(read())
+    reader: asyncio.Task[None] | None = None
     try:
+        for name, limit in (("late", "32m"), ("unlimited", None), ("silent", "32m")):
+            container = docker_client().containers.run(
+                WORKER_IMAGE,
+                detach=True,
+                mem_limit=limit,
+                labels={LABEL_INSTANCE: instance, LABEL_LEASE: name},
+            )
+            made[name] = container
+            container.kill()
+            assert container.wait(timeout=60)["StatusCode"] == 137
+        monkeypatch.setattr(docker_events, "OOM_GRACE_S", 30.0)
+        events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        told: asyncio.Queue[WorkerEnded] = asyncio.Queue()
+
+        def event(action: str, name: str) -> dict[str, Any]:
+            attributes = {"exitCode": "137", LABEL_LEASE: name} if action == "die" else {}
+            return {"Action": action, "Actor": {"ID": made[name].id, "Attributes": attributes}}
+
+        async def read() -> None:
+            async for death in docker_events.deaths_in(engine, events):
+                await told.put(death)
+
+        async def next_death() -> tuple[str | None, str, int | None, str]:
+            ended = await asyncio.wait_for(told.get(), 30)
+            return ended.lease_id, ended.death.cause, ended.death.exit_code, ended.death.detail
+
+        reader = asyncio.create_task(read())
         events.put_nowait(event("die", "late"))
         events.put_nowait(event("die", "unlimited"))
         killed = "its container exited with code 137"
@@ -186,10 +187,10 @@ async def test_an_oom_kill_whose_die_comes_before_its_oom_is_told_as_an_oom_kill
         events.put_nowait(None)
         await asyncio.wait_for(reader, 30)
     finally:
-        reader.cancel()
-        for container in made.values():
-            container.remove(force=True)
+        if reader is not None:
+            reader.cancel()
         await engine.close()
+        remove_instance(instance)
 
 
 async def test_a_listing_leaves_a_fresh_kill_that_may_be_an_oom_kill_to_the_next_pass(
