@@ -342,6 +342,21 @@ def list_containers(client: docker.DockerClient, **filters: Any) -> list[Any]:
     return found
 
 
+def printed_in(container: Any, argv: list[str], tries: int = 5) -> bytes:
+    """What `argv`, run in `container` (`docker exec`), printed: for a command that always
+    prints something. A loaded engine (Docker 20.10 here) now and then answers an exec
+    with its exit code 0 and none of its output, the streams copied after the process
+    ended (moby/moby#27289's kind; seen once each in full runs of test_warm_pool.py and
+    of test_image.py): such an answer is asked again, up to `tries` times. An exec that
+    fails fails the test, with what it printed."""
+    for _ in range(tries):
+        result = container.exec_run(argv)
+        assert result.exit_code == 0, f"{argv} exited {result.exit_code}: {result.output!r}"
+        if result.output:
+            return bytes(result.output)
+    raise AssertionError(f"{argv} exited 0 and printed nothing, {tries} times")
+
+
 def remove_instance(instance: str, network: str | None = None, engine: str = SHARED_ENGINE) -> None:
     """Remove the instance's containers on `engine`, then `network` there, unless it is
     this process's shared one on the shared engine (`sweep_instances` removes that)."""

@@ -21,6 +21,7 @@ from tests.harness import (
     Scheduler,
     docker_client,
     fetch_in_network,
+    printed_in,
     wait_for,
 )
 
@@ -146,7 +147,7 @@ def test_entry_gpus_are_assigned_exclusively(
     for lease in leases:
         container = engine.containers.get(lease["provider_token"])
         # The main process's environment (an exec'd process does not inherit it).
-        out = container.exec_run(["/bin/busybox", "cat", "/proc/1/environ"]).output.decode()
+        out = printed_in(container, ["/bin/busybox", "cat", "/proc/1/environ"]).decode()
         visible = [v for v in out.split("\0") if v.startswith("NVIDIA_VISIBLE_DEVICES=")]
         assert visible == [f"NVIDIA_VISIBLE_DEVICES={held[lease['lease_id']][0]}"], out
 

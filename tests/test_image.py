@@ -44,6 +44,7 @@ from tests.harness import (
     fetch_in_network,
     free_port,
     list_containers,
+    printed_in,
     remove_instance,
     wait_for,
 )
@@ -304,8 +305,8 @@ def test_the_image_serves_under_the_kubernetes_deployment_s_security_context(
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             path = main[probe]["httpGet"]["path"]
             wait_for(lambda path=path: answers(path), timeout=120, what=f"{probe} {path}")
-        listing = run.exec_run(["python3", "-c", f"import os; print(os.listdir({data!r}))"])
-        assert listing.exit_code == 0 and b"openalice-scheduler.db" in listing.output
+        listing = printed_in(run, ["python3", "-c", f"import os; print(os.listdir({data!r}))"])
+        assert b"openalice-scheduler.db" in listing, listing
         run.stop(timeout=spec["terminationGracePeriodSeconds"])
         run.reload()
         assert run.attrs["State"]["ExitCode"] == 0, run.logs().decode(errors="replace")

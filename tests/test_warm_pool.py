@@ -35,7 +35,7 @@ import pytest
 
 from tests.dockerproxy import DockerProxy
 from tests.engines import PrivateEngine
-from tests.harness import HTTP, SECRET, TLS, Scheduler, docker_client, wait_for
+from tests.harness import HTTP, SECRET, TLS, Scheduler, docker_client, printed_in, wait_for
 from tests.test_docker_provider import device_ids
 from tests.test_replicas import Replicas, replicas  # noqa: F401 - the fixture
 
@@ -80,25 +80,14 @@ def handed_over_warm(
 
 
 def worker_page(container_id: str, engine: Any = None) -> dict[str, Any]:
-    """What the worker serves at GET / (its index file, read inside the container)."""
+    """What the worker serves at GET / (its index file, written whole by a rename, read
+    inside the container)."""
     container = (engine or docker_client()).containers.get(container_id)
-    # An exec's output came back empty once under load (the page is written whole, by a
-    # rename): read again before calling it a fault, and show what was read.
-    reads: list[Any] = []
-
-    def read() -> bool:
-        reads.append(container.exec_run(["/bin/busybox", "cat", "/www/index.html"]))
-        return reads[-1].exit_code == 0 and bool(reads[-1].output.strip())
-
-    with contextlib.suppress(AssertionError):
-        wait_for(read, 5, 0.25, what="the worker's page")
-    result = reads[-1]
+    page = printed_in(container, ["/bin/busybox", "cat", "/www/index.html"])
     try:
-        return dict(json.loads(result.output))
+        return dict(json.loads(page))
     except ValueError:
-        raise AssertionError(
-            f"the worker's page is not JSON (exit {result.exit_code}): {result.output[:300]!r}"
-        ) from None
+        raise AssertionError(f"the worker's page is not JSON: {page[:300]!r}") from None
 
 
 def ids(sched: Scheduler) -> set[str]:
