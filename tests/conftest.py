@@ -31,48 +31,70 @@ from tests.postgres import PrivatePostgres
 from tests.runpod_emulator import RunPodEmulator
 
 # pytest-xdist hands out whole test files (--dist loadfile) in collection order, each
-# worker taking the next as it runs short: these go first, longest first (each module's
-# time in a run of 2026-12-06, from 186 s down to 28 s), so that the run ends on short
-# modules instead of one worker finishing a long one alone. The rest, under ~28 s each,
-# follow in the alphabet's order. The service image's build comes first of all: from
-# nothing it takes its worker a few minutes, during which the others run everything else.
-SLOW_FIRST = (
-    "test_image.py",
-    "test_replicas.py",
-    "test_fleet.py",
-    "test_runpod_e2e.py",
-    "test_warm_pool.py",
-    "test_admission.py",
-    "test_lease_features.py",
-    "test_lifecycle.py",
-    "test_guard.py",
-    "test_priorities.py",
-    "test_runpod_provider.py",
-    "test_k8s_provider.py",
-    "test_ui.py",
-    "test_modal_queue.py",
-    "test_modal_emulator.py",
-    "test_pool_demand.py",
-    "test_openapi.py",
-    "test_admission_replicas.py",
-    "test_k8s_runtime.py",
-    "test_http.py",
-    "test_k8s_loss.py",
-    "test_modal_provider.py",
-    "test_client.py",
-    "test_fence.py",
-    "test_ready.py",
-    "test_modal_loss.py",
-    "test_cli.py",
-    "test_worker_loss.py",
-    "test_worker_self.py",
-)
+# worker taking the next as it runs short. The longest go first (the usual greedy rule for
+# parallel work to end together), by each file's seconds in a run of 2026-12-07 (six
+# workers); after them the files of under ~10 s, in the alphabet's order. So the run ends
+# on short files, not on one worker finishing a long one alone: a file of ~30 s left in
+# the alphabet's part was the last ~15-20 s of a run, the other five workers done. A new
+# file of more than ~10 s belongs in this table. The service image's test comes first of
+# all: from nothing, its build takes its worker a few minutes, during which the others run
+# everything else.
+FIRST = "test_image.py"
+SECONDS = {
+    "test_replicas.py": 154,
+    "test_admission.py": 113,
+    "test_fleet.py": 98,
+    "test_runpod_e2e.py": 97,
+    "test_warm_pool.py": 95,
+    "test_lease_features.py": 71,
+    "test_guard.py": 66,
+    "test_runpod_provider.py": 64,
+    "test_priorities.py": 60,
+    "test_openapi.py": 57,
+    "test_pool_demand.py": 55,
+    "test_k8s_provider.py": 53,
+    "test_admission_replicas.py": 52,
+    "test_ui.py": 50,
+    "test_modal_emulator.py": 48,
+    "test_modal_queue.py": 48,
+    "test_modal_provider.py": 45,
+    "test_lifecycle.py": 42,
+    "test_k8s_runtime.py": 42,
+    "test_fence.py": 41,
+    "test_k8s_loss.py": 41,
+    "test_http.py": 41,
+    "test_worker_loss.py": 35,
+    "test_ready.py": 34,
+    "test_client.py": 34,
+    "test_runpod_client.py": 32,
+    "test_worker_self.py": 31,
+    "test_modal_loss.py": 31,
+    "test_faults.py": 30,
+    "test_k8s_clusters.py": 29,
+    "test_lease_events.py": 28,
+    "test_k8s_emulator.py": 26,
+    "test_money.py": 26,
+    "test_docker_provider.py": 25,
+    "test_cli.py": 25,
+    "test_runpod_loss.py": 24,
+    "test_api.py": 24,
+    "test_metrics.py": 22,
+    "test_core.py": 19,
+    "test_drain.py": 18,
+    "test_store.py": 17,
+    "test_logging.py": 16,
+    "test_k8s_kubeconfig.py": 14,
+    "test_usage.py": 13,
+    "test_packaging.py": 13,
+    "test_observability.py": 11,
+    "test_runpod_emulator.py": 11,
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, float, str]:
         name = item.path.name
-        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+        return (name != FIRST, -SECONDS.get(name, 0), name)
 
     items.sort(key=rank)  # stable: within a module, the file's own order
 
