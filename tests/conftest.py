@@ -90,6 +90,11 @@ SECONDS = {
     "test_runpod_emulator.py": 11,
 }
 
+# A file renamed or removed would leave its line here to order nothing: say so at once.
+_GONE = sorted({FIRST, *SECONDS} - {path.name for path in Path(__file__).parent.glob("test_*.py")})
+if _GONE:
+    raise pytest.UsageError(f"tests/conftest.py orders test files that do not exist: {_GONE}")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> tuple[int, float, str]:
