@@ -83,6 +83,7 @@ SECONDS = {
     "test_drain.py": 18,
     "test_store.py": 17,
     "test_logging.py": 16,
+    "test_enginewatch.py": 16,
     "test_k8s_kubeconfig.py": 14,
     "test_usage.py": 13,
     "test_packaging.py": 13,
