@@ -1,70 +1,36 @@
 """The test session's watch on the Docker engine (tests/enginewatch.py): a run whose engine
 stops answering `GET /networks` (Docker 20.10's deadlock, moby/moby#46661) ends within
 seconds of its times, saying why, with nothing it started left running; a run whose
-engine answers is left alone."""
+engine answers is left alone. The engine is the real one, behind the suite's fault proxy
+(dockerproxy.py), which holds the calls a deadlocked engine would never answer."""
 
 from __future__ import annotations
 
 import os
-import socketserver
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
-from tests.enginewatch import SOCKET, SOCKET_ENV, TIMES_ENV, EngineWatch
+from tests.dockerproxy import DockerProxy
+from tests.enginewatch import (
+    SOCKET,
+    SOCKET_ENV,
+    TIMES_ENV,
+    EngineWatch,
+    stop_everything_below,
+)
 from tests.harness import REPO, wait_for
 
-
-class FakeEngine(socketserver.ThreadingUnixStreamServer):
-    """An engine's socket that answers every call with `[]` until `stall()`, then reads
-    each call and never answers it: what dockerd's API does once deadlocked."""
-
-    daemon_threads = True
-
-    def __init__(self, path: Path) -> None:
-        self.stalled = threading.Event()
-        self.closing = threading.Event()
-        self.asked: list[str] = []
-        super().__init__(str(path), _Answer)
-
-    def stall(self) -> None:
-        self.stalled.set()
-
-
-class _Answer(BaseHTTPRequestHandler):
-    server: FakeEngine
-
-    def do_GET(self) -> None:
-        self.server.asked.append(self.path)
-        if self.server.stalled.is_set():
-            self.server.closing.wait()
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"[]")
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+NETWORKS = "GET /v1.41/networks"
 
 
 @pytest.fixture
-def fake_engine(tmp_path: Path) -> Iterator[FakeEngine]:
-    engine = FakeEngine(tmp_path / "engine.sock")
-    thread = threading.Thread(target=engine.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield engine
-    finally:
-        engine.closing.set()
-        engine.shutdown()
-        engine.server_close()
+def engine(tmp_path: Path) -> Iterator[DockerProxy]:
+    with DockerProxy(tmp_path / "engine.sock") as proxy:
+        yield proxy
 
 
 INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
@@ -98,7 +64,7 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.parametrize("workers", [2, 0])
 def test_a_run_whose_engine_stops_answering_ends_saying_why_and_leaves_nothing_running(
-    tmp_path: Path, fake_engine: FakeEngine, workers: int
+    tmp_path: Path, engine: DockerProxy, workers: int
 ) -> None:
     """In a run with pytest-xdist's workers (each running a test) and in one without (the
     test in the controller itself, its output captured by pytest)."""
@@ -113,9 +79,10 @@ def test_a_run_whose_engine_stops_answering_ends_saying_why_and_leaves_nothing_r
             # not this worker's PYTEST_XDIST_WORKER and the like: a session of its own
             **{name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")},
             "PYTHONPATH": str(REPO),
-            SOCKET_ENV: fake_engine.server_address,  # type: ignore[dict-item]
-            # every 0.2 s; 1 s of patience; two misses; 2 s of grace before SIGKILL
-            TIMES_ENV: "0.2,1,2,2",
+            SOCKET_ENV: engine.path,
+            # every 0.2 s; 5 s of patience (a loaded engine answers in less); two misses;
+            # 2 s of grace before SIGKILL
+            TIMES_ENV: "0.2,5,2,2",
         },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -131,18 +98,22 @@ def test_a_run_whose_engine_stops_answering_ends_saying_why_and_leaves_nothing_r
             what=f"{started} hanging test(s) to start",
         )
         pids = [int(pid) for path in pid_files for pid in path.read_text().split()]
-        wait_for(lambda: "/v1.41/networks" in fake_engine.asked, 30, what="the watch to ask")
+        wait_for(lambda: NETWORKS in engine.seen, 30, what="the watch to ask")
         assert run.poll() is None, "the watch stopped a run whose engine answers"
 
-        fake_engine.stall()
+        # As the deadlock: network calls never answered, the rest (`docker ps`) answered.
+        engine.delay(f"^{NETWORKS}", 3600)
         output, _ = run.communicate(timeout=60)
     finally:
-        run.kill()
+        if run.poll() is None:  # the watch did not end it: nothing of it outlives the test
+            stop_everything_below(run.pid, grace=5)
+            run.kill()
+            run.wait()
 
     assert run.returncode == pytest.ExitCode.INTERRUPTED, output
     assert "has not answered `GET /networks` 2 times in a row" in output
     assert "moby/moby#46661" in output
-    assert "`GET /version` does not answer either" in output
+    assert "`GET /version` still answers (as `docker ps` does)" in output
     # The test processes, and the children that ignored SIGTERM: all gone.
     wait_for(lambda: not any(_running(pid) for pid in pids), 30, what="every process to end")
 
