@@ -160,7 +160,7 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-# A test of this watch points it at an engine of its own, on its own times.
+# A test of this watch points it at another socket (a fault proxy's), on its own times.
 SOCKET_ENV = "OPENALICE_TEST_ENGINE_SOCKET"
 TIMES_ENV = "OPENALICE_TEST_ENGINE_WATCH"  # "INTERVAL,PATIENCE,STRIKES,GRACE"
 _WATCH = pytest.StashKey[EngineWatch]()
