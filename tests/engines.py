@@ -17,6 +17,7 @@ from typing import Any
 
 import docker
 
+from tests import procs
 from tests.harness import INSTANCE_LABEL, WORKER_IMAGE, docker_client, list_containers, wait_for
 
 # Docker accepts a device request with the `gpu` capability only when this binary is on
@@ -142,13 +143,7 @@ class Engine:
             return False
 
     def running(self) -> bool:
-        if self.pid is None:
-            return False
-        try:
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, IndexError):
-            return False
-        return state != "Z"
+        return self.pid is not None and procs.running(self.pid)
 
     def start(self, timeout: float = 90) -> None:
         with open(self.log, "ab") as log:

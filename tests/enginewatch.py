@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from tests.harness import SHARED_ENGINE
+from tests.procs import descendants, running
 
 SOCKET = SHARED_ENGINE.removeprefix("unix://")
 INTERVAL = 10.0
@@ -98,36 +99,6 @@ class EngineWatch:
         )
 
 
-def _stat(pid: int | str) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command's name (state first), or None
-    once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-
-
-def descendants(root: int) -> dict[int, str]:
-    """Every process below `root`, each with its start time (to know it again)."""
-    children: dict[int, list[tuple[int, str]]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (fields := _stat(entry.name)):
-            children.setdefault(int(fields[1]), []).append((int(entry.name), fields[19]))
-    found: dict[int, str] = {}
-    todo = list(children.get(root, []))
-    while todo:
-        pid, start = todo.pop()
-        found[pid] = start
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _running(pid: int, start: str) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[19] == start and fields[0] != "Z"
-
-
 def stop_everything_below(root: int, grace: float = GRACE, workers: bool = False) -> None:
     """SIGTERM to every process below `root`, SIGKILL to those still running `grace`
     seconds later (their parents may have ended: each is known by its pid and start
@@ -135,23 +106,23 @@ def stop_everything_below(root: int, grace: float = GRACE, workers: bool = False
     forks a child that would be missed. With `workers` (pytest-xdist's, the children of
     `root`), those stay stopped until their SIGKILL: a worker seen to end meanwhile would
     be replaced by a new one."""
-    held: dict[int, str] = {}
-    while found := {pid: t for pid, t in descendants(root).items() if pid not in held}:
+    held: dict[int, tuple[str, int]] = {}
+    while found := {pid: seen for pid, seen in descendants(root).items() if pid not in held}:
         for pid in found:
             _signal(pid, signal.SIGSTOP)
         held.update(found)
-    frozen = {pid for pid in held if workers and (_stat(pid) or ["", ""])[1] == str(root)}
+    frozen = {pid for pid, (_, parent) in held.items() if workers and parent == root}
     for pid in held.keys() - frozen:
         _signal(pid, signal.SIGTERM)
         _signal(pid, signal.SIGCONT)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(
-        _running(pid, start) for pid, start in held.items() if pid not in frozen
+        running(pid, start) for pid, (start, _) in held.items() if pid not in frozen
     ):
         # sleep: between two looks at /proc; another process's end is no event here.
         time.sleep(0.1)
-    for pid, start in held.items():
-        if _running(pid, start):
+    for pid, (start, _) in held.items():
+        if running(pid, start):
             _signal(pid, signal.SIGKILL)
 
 

@@ -23,6 +23,7 @@ from tests.enginewatch import (
     stop_everything_below,
 )
 from tests.harness import REPO, wait_for
+from tests.procs import running
 
 NETWORKS = "GET /v1.41/networks"
 
@@ -52,14 +53,6 @@ def test_one():
 def test_two():
     hang("two")
 """
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.parametrize("workers", [2, 0])
@@ -115,7 +108,7 @@ def test_a_run_whose_engine_stops_answering_ends_saying_why_and_leaves_nothing_r
     assert "moby/moby#46661" in output
     assert "`GET /version` still answers (as `docker ps` does)" in output
     # The test processes, and the children that ignored SIGTERM: all gone.
-    wait_for(lambda: not any(_running(pid) for pid in pids), 30, what="every process to end")
+    wait_for(lambda: not any(running(pid) for pid in pids), 30, what="every process to end")
 
 
 def test_the_watch_finds_the_shared_engine_answering(tmp_path: Path) -> None:

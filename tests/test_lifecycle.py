@@ -31,6 +31,7 @@ from tests.harness import (
     run_serve,
     wait_for,
 )
+from tests.procs import children
 
 LEASE_LABEL = "openalice.scheduler.lease_id"
 STORE_LABEL = "openalice.scheduler.store"
@@ -428,13 +429,6 @@ def test_second_process_on_the_same_sqlite_file_refuses_to_start(
     assert [c.id for c in first.containers()] == [lease["provider_token"]]
 
 
-def _runs(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_lease_answered_before_kill_9_is_there_after_the_restart(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
@@ -445,21 +439,13 @@ def test_a_lease_answered_before_kill_9_is_there_after_the_restart(
     )
     assert sched.proc is not None
     first = sched.lease(ttl_seconds=600)
-    children = [p for p in Path("/proc").glob("[0-9]*/stat") if _parent(p) == sched.proc.pid]
-    assert children == []
+    assert children(sched.proc.pid) == []
     sched.kill()
     sched.start()
     assert listed_ids(sched) == {first["lease_id"]}
     second = sched.lease(ttl_seconds=600)
     assert second["lease_id"] != first["lease_id"]
     assert second["endpoint"] != first["endpoint"]  # the first still holds its endpoint
-
-
-def _parent(stat: Path) -> int | None:
-    try:
-        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def test_another_process_holding_the_sqlite_write_lock_stalls_no_one(

@@ -33,6 +33,7 @@ from openalice_scheduler.store import (
 from openalice_scheduler.store.schema import metadata
 from tests import storeops
 from tests.harness import database_url, new_lease_at, wait_for
+from tests.procs import children
 
 NOW = 1_800_000_000_000_000
 
@@ -467,7 +468,7 @@ async def test_a_write_behind_a_waiting_one_gives_up_from_its_own_arrival(
 async def test_sqlite_commits_are_full_synchronous_by_default(tmp_path: Path) -> None:
     """A write is answered after SQLite's own synchronous=FULL commit: the writer's
     connection says so, and the store starts no helper process to make it durable."""
-    before = set(_children(os.getpid()))
+    before = set(children(os.getpid()))
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}", states=STATE_SETS)
     await store.migrate()
     try:
@@ -476,18 +477,9 @@ async def test_sqlite_commits_are_full_synchronous_by_default(tmp_path: Path) ->
             lambda conn: conn.exec_driver_sql("PRAGMA synchronous").scalar()
         )
         assert level == 2  # FULL
-        assert set(_children(os.getpid())) - before == set()
+        assert set(children(os.getpid())) - before == set()
     finally:
         await store.close()
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
 
 
 async def test_a_failed_commit_fails_every_write_of_its_batch_and_keeps_none(
